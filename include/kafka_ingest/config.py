@@ -1,0 +1,197 @@
+"""Pipeline definitions: one YAML entry per pipeline (topic -> contract -> table).
+
+The file is ``include/pipelines.yaml`` unless ``KAFKA_INGEST_PIPELINES`` names another.
+Loading validates everything at once: an unknown key, a wrong type or a contract that is
+not registered raises ``ValueError`` naming the pipeline and the key, before any DAG or
+run is built from it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kafka_ingest.contracts import Contract, get_contract
+
+DEFAULT_PIPELINES_FILE = Path(__file__).resolve().parent.parent / "pipelines.yaml"
+_NAME = r"^[a-z][a-z0-9_]{0,62}$"
+_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+class StartPolicy(StrEnum):
+    """Where a partition with no stored offset starts."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class OnOffsetGap(StrEnum):
+    """What to do when retention deleted offsets that were never ingested."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class OnTombstone(StrEnum):
+    """What to do with a record whose value is null."""
+
+    SKIP = "skip"
+    DEAD_LETTER = "dead_letter"
+
+
+class UpsertMode(StrEnum):
+    """``append``: events are immutable, ``ON CONFLICT (event_id) DO NOTHING``.
+    ``latest``: keep the newest event per key (by event timestamp, then source offset)."""
+
+    APPEND = "append"
+    LATEST = "latest"
+
+
+class DlqHeaderStyle(StrEnum):
+    """Header names of dead letters: ours, Kafka Connect's ``__connect.errors.*``, or both."""
+
+    NATIVE = "native"
+    CONNECT = "connect"
+    BOTH = "both"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContractRef(_Strict):
+    event_type: str
+    version: Annotated[int, Field(ge=1)]
+
+
+class Upsert(_Strict):
+    mode: UpsertMode = UpsertMode.APPEND
+    #: ``latest`` only: the entity key column (the table's primary key).
+    key: str | None = None
+    #: ``latest`` only: the event-time column that orders versions of an entity.
+    order_by: str = "timestamp"
+
+    @model_validator(mode="after")
+    def _key_for_latest(self) -> Upsert:
+        if self.mode is UpsertMode.LATEST and not self.key:
+            raise ValueError("upsert.mode 'latest' needs upsert.key (the entity key column)")
+        if self.mode is UpsertMode.APPEND and self.key:
+            raise ValueError("upsert.key is only used with upsert.mode 'latest'")
+        return self
+
+
+class Pipeline(_Strict):
+    """One pipeline. Field names are the YAML keys."""
+
+    name: Annotated[str, Field(pattern=_NAME)]
+    topic: Annotated[str, Field(pattern=_TOPIC)]
+    contract: ContractRef
+    table: Annotated[str, Field(pattern=_NAME)]
+    dlq_topic: Annotated[str, Field(pattern=_TOPIC)]
+    schedule: str | None = "*/5 * * * *"
+    replay_schedule: str | None = None
+    max_records_per_partition: Annotated[int, Field(ge=1, le=100_000_000)] = 200_000
+    chunk_size: Annotated[int, Field(ge=1, le=500_000)] = 20_000
+    start_policy: StartPolicy = StartPolicy.EARLIEST
+    on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
+    on_tombstone: OnTombstone = OnTombstone.SKIP
+    max_message_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 262_144
+    dlq_header_style: DlqHeaderStyle = DlqHeaderStyle.BOTH
+    upsert: Upsert = Upsert()
+    consumer_group: str | None = None
+    kafka_conn_id: str = "kafka_default"
+    postgres_conn_id: str = "postgres_default"
+    owner: str = "data-platform"
+    retries: Annotated[int, Field(ge=0, le=20)] = 3
+
+    @model_validator(mode="after")
+    def _check(self) -> Pipeline:
+        get_contract(self.contract.event_type, self.contract.version)  # ValueError if unknown
+        if self.dlq_topic == self.topic:
+            raise ValueError("dlq_topic must differ from topic")
+        if self.upsert.key and self.upsert.key not in self.columns:
+            raise ValueError(f"upsert.key {self.upsert.key!r} is not a column of the contract")
+        return self
+
+    @cached_property
+    def model(self) -> type[Contract]:
+        return get_contract(self.contract.event_type, self.contract.version)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.model.SINK_COLUMNS)
+
+    @property
+    def group_id(self) -> str:
+        """The Kafka consumer group offsets are committed to (for lag tools)."""
+        return self.consumer_group or f"kafka-ingest.{self.name}"
+
+
+def _format_error(where: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key (check its spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{where}.{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, Pipeline]:
+    """Validate a loaded YAML document ``{pipelines: {name: {...}}}``."""
+    if not isinstance(document, dict) or set(document) - {"pipelines", "defaults"}:
+        raise ValueError(f"{source}: top level must be a mapping with 'pipelines' (and 'defaults')")
+    defaults = document.get("defaults") or {}
+    entries = document.get("pipelines") or {}
+    if not isinstance(entries, dict) or not isinstance(defaults, dict):
+        raise ValueError(f"{source}: 'pipelines' and 'defaults' must be mappings")
+    pipelines: dict[str, Pipeline] = {}
+    for name, body in entries.items():
+        if not isinstance(body, dict):
+            raise ValueError(f"{source}: pipelines.{name} must be a mapping")
+        try:
+            pipelines[name] = Pipeline.model_validate({**defaults, **body, "name": name})
+        except ValidationError as exc:
+            raise ValueError(f"{source}: {_format_error(f'pipelines.{name}', exc)}") from None
+        except ValueError as exc:
+            raise ValueError(f"{source}: pipelines.{name}: {exc}") from None
+    return pipelines
+
+
+def pipelines_file() -> Path:
+    return Path(os.environ.get("KAFKA_INGEST_PIPELINES") or DEFAULT_PIPELINES_FILE)
+
+
+def load_pipelines(path: Path | str | None = None) -> dict[str, Pipeline]:
+    """Load and validate the pipelines file."""
+    file = Path(path) if path else pipelines_file()
+    try:
+        document = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read pipelines file {file}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{file}: not valid YAML: {exc}") from None
+    return parse_pipelines(document, source=str(file))
+
+
+def get_pipeline(name: str, path: Path | str | None = None) -> Pipeline:
+    pipelines = load_pipelines(path)
+    try:
+        return pipelines[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown pipeline {name!r}; defined: {', '.join(sorted(pipelines))}"
+        ) from None
+
+
+def safe_identifier(name: str) -> str:
+    """Guard for identifiers that reach SQL through ``psycopg.sql.Identifier`` anyway."""
+    if not re.fullmatch(_NAME, name):
+        raise ValueError(f"not a safe identifier: {name!r}")
+    return name

@@ -1,0 +1,73 @@
+"""The base of every event contract: strict Pydantic v2 models that Postgres will accept.
+
+Pydantic's lax defaults let through values that Postgres then rejects (NaN, a 400-digit
+integer, ``"2"`` for an int, NUL inside a string, a naive timestamp), and one such value
+aborts a whole chunk. Contracts are therefore strict: ``strict=True``, no inf/NaN, integer
+bounds that fit the column, a ``max_length`` on every string, no NUL, aware datetimes and
+bounded decimals.
+
+Unknown keys are **ignored**, not rejected: producers may add fields before the contract
+learns them (additive evolution), and a rejected extra key would dead-letter good data.
+
+Each model names its ``EVENT_TYPE`` and ``VERSION``. A payload may carry ``"version"``;
+when it is absent the payload is taken as version 1. Version N of a contract accepts
+payload versions 1..N (evolution is additive: new optional fields only); a higher version
+is a data error (:class:`~kafka_ingest.errors.UnknownVersion`), never a crash.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# Postgres' text type cannot hold NUL; the pattern runs in pydantic-core, not Python.
+NO_NUL = r"^[^\x00]*$"
+
+BIGINT_MIN = -(2**63)
+BIGINT_MAX = 2**63 - 1
+# 9999-12-31T23:59:59Z: the last second every client library can turn into a date.
+EPOCH_MAX = 253_402_300_799.0
+
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
+
+
+def short_text(max_length: int) -> Any:
+    """A non-empty string of at most ``max_length`` characters, without NUL."""
+    return Annotated[str, StringConstraints(min_length=1, max_length=max_length, pattern=NO_NUL)]
+
+
+def epoch_to_datetime(seconds: float) -> datetime:
+    """Seconds since the epoch, as an aware UTC datetime."""
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+class Contract(BaseModel):
+    """A versioned event contract; subclasses declare their fields and sink columns."""
+
+    model_config = ConfigDict(
+        strict=True,
+        allow_inf_nan=False,
+        extra="ignore",
+        frozen=True,
+        str_strip_whitespace=False,
+    )
+
+    EVENT_TYPE: ClassVar[str]
+    VERSION: ClassVar[int]
+    #: (column, Postgres type) in the order :meth:`sink_values` returns them.
+    SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]]
+
+    event_id: EventId
+    version: int = Field(default=1, ge=1)
+
+    def sink_values(self) -> tuple[Any, ...]:
+        """The row for the target table, in ``SINK_COLUMNS`` order."""
+        return tuple(getattr(self, name) for name, _ in self.SINK_COLUMNS)
+
+    @classmethod
+    def key(cls) -> str:
+        """Registry key: ``<event_type>.v<version>``."""
+        return f"{cls.EVENT_TYPE}.v{cls.VERSION}"
+

@@ -1,0 +1,57 @@
+"""Telemetry metrics from devices (topic ``telemetry-metrics``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from kafka_ingest.contracts.base import EPOCH_MAX, Contract, epoch_to_datetime, short_text
+
+
+class MetricEventV1(Contract):
+    """One metric reading of one device.
+
+    ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "metric_event"
+    VERSION: ClassVar[int] = 1
+    SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("event_id", "text"),
+        ("device_id", "text"),
+        ("timestamp", "timestamptz"),
+        ("metric_value", "float8"),
+        ("status", "text"),
+    )
+
+    version: int = Field(default=1, ge=1, le=1)
+    device_id: short_text(128)  # type: ignore[valid-type]
+    timestamp: float = Field(ge=0, le=EPOCH_MAX)
+    metric_value: float
+    status: short_text(32) = "OK"  # type: ignore[valid-type]
+
+    def sink_values(self) -> tuple[Any, ...]:
+        return (
+            self.event_id,
+            self.device_id,
+            epoch_to_datetime(self.timestamp),
+            self.metric_value,
+            self.status,
+        )
+
+
+class MetricEventV2(MetricEventV1):
+    """Version 2 adds the optional ``unit`` of the reading (e.g. ``"celsius"``)."""
+
+    VERSION: ClassVar[int] = 2
+    SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]] = (
+        *MetricEventV1.SINK_COLUMNS,
+        ("unit", "text"),
+    )
+
+    version: int = Field(default=1, ge=1, le=2)
+    unit: short_text(32) | None = None  # type: ignore[valid-type]
+
+    def sink_values(self) -> tuple[Any, ...]:
+        return (*super().sink_values(), self.unit)

@@ -1,0 +1,210 @@
+"""Dead letters: build them, produce them with every delivery checked, parse them back.
+
+A DLQ record keeps the original key and value bytes unchanged and carries its provenance
+and the reason in headers. Header keys are ASCII and values are bytes: confluent-kafka
+segfaults on a str key with a lone surrogate and truncates str values at NUL.
+
+Size policy: a value too large for the DLQ topic (``max_dlq_bytes``) is replaced by its
+first ``max_dlq_bytes`` bytes and the header ``kafka-ingest.value.truncated`` gives the
+original size; the batch never crashes on it. (The source still holds the whole value.)
+
+Headers come in our own names (``kafka-ingest.*``), in Kafka Connect's
+(``__connect.errors.*``, read by tools built for Connect DLQs), or both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka_ingest.config import DlqHeaderStyle
+from kafka_ingest.errors import DeliveryFailed
+
+log = logging.getLogger(__name__)
+
+PREFIX = "kafka-ingest."
+DEFAULT_MAX_DLQ_BYTES = 900_000  # under the broker's default message.max.bytes (1 MiB)
+DETAIL_MAX = 1000
+
+# Kafka Connect's DLQ header names (errors.deadletterqueue.context.headers.enable=true).
+CONNECT = {
+    "topic": "__connect.errors.topic",
+    "partition": "__connect.errors.partition",
+    "offset": "__connect.errors.offset",
+    "error_class": "__connect.errors.exception.class.name",
+    "error_detail": "__connect.errors.exception.message",
+    "pipeline": "__connect.errors.connector.name",
+    "stage": "__connect.errors.stage",
+}
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that could not be loaded, with where it came from and why."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    error_class: str
+    error_detail: str
+    contract: str
+    dlq_topic: str
+    attempts: int = 1
+    first_failed_at: datetime = field(default_factory=lambda: datetime.now(tz=UTC))
+    # Where the record sits in the DLQ topic, when it was read from there.
+    dlq_partition: int | None = None
+    dlq_offset: int | None = None
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        return (self.source_topic, self.source_partition, self.source_offset)
+
+
+def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
+                *, truncated_from: int | None = None) -> list[tuple[str, bytes]]:
+    """The DLQ record's headers: ASCII keys, bytes values."""
+    fields: dict[str, str] = {
+        "topic": letter.source_topic,
+        "partition": str(letter.source_partition),
+        "offset": str(letter.source_offset),
+        "timestamp": "" if letter.timestamp_ms is None else str(letter.timestamp_ms),
+        "pipeline": pipeline,
+        "contract": letter.contract,
+        "error_class": letter.error_class,
+        "error_detail": letter.error_detail[:DETAIL_MAX],
+        "attempts": str(letter.attempts),
+        "first_failed_at": letter.first_failed_at.isoformat(),
+    }
+    headers: list[tuple[str, bytes]] = []
+    if style in (DlqHeaderStyle.NATIVE, DlqHeaderStyle.BOTH):
+        headers += [(PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in fields.items()]
+    if style in (DlqHeaderStyle.CONNECT, DlqHeaderStyle.BOTH):
+        connect_fields = {**fields, "stage": "VALUE_CONVERTER"}
+        headers += [(CONNECT[k], connect_fields[k].encode("utf-8", "backslashreplace"))
+                    for k in CONNECT]
+    if truncated_from is not None:
+        headers.append((PREFIX + "value.truncated", str(truncated_from).encode()))
+    return headers
+
+
+def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline: str,
+                         style: DlqHeaderStyle, *, max_dlq_bytes: int = DEFAULT_MAX_DLQ_BYTES,
+                         timeout_s: float = 30.0) -> list[tuple[int, int] | None]:
+    """Produce every dead letter and wait for each delivery report.
+
+    Returns the (partition, offset) of each record in the DLQ topic. Raises
+    :class:`DeliveryFailed` if any report is an error or missing: ``flush()`` returning 0
+    does not prove delivery. A retry re-produces the whole batch; the duplicates this makes
+    in the DLQ are absorbed by the ``dead_letters`` table (keyed by source offset) and by
+    the idempotent replay.
+    """
+    if not letters:
+        return []
+    reports: dict[int, tuple[Any, Any]] = {}
+
+    def on_delivery(index: int) -> Any:
+        def callback(err: Any, msg: Any) -> None:
+            reports[index] = (err, msg)
+        return callback
+
+    topic = letters[0].dlq_topic
+    failures: list[str] = []
+    for i, letter in enumerate(letters):
+        value, truncated_from = letter.value, None
+        if value is not None and len(value) > max_dlq_bytes:
+            value, truncated_from = value[:max_dlq_bytes], len(value)
+        try:
+            producer.produce(topic, value=value, key=letter.key,
+                             headers=headers_for(letter, pipeline, style,
+                                                 truncated_from=truncated_from),
+                             timestamp=letter.timestamp_ms or 0,
+                             on_delivery=on_delivery(i))
+        except (BufferError, Exception) as exc:  # KafkaException, BufferError: infrastructure
+            failures.append(f"offset {letter.source_offset}: produce() raised {exc!r}")
+            break
+        producer.poll(0)
+    remaining = producer.flush(timeout_s)
+    for i in range(len(letters)):
+        err, _ = reports.get(i, (None, None))
+        if i not in reports:
+            failures.append(f"offset {letters[i].source_offset}: no delivery report "
+                            f"({remaining} still queued)")
+        elif err is not None:
+            failures.append(f"offset {letters[i].source_offset}: {err.name()}: {err.str()}")
+    if failures:
+        raise DeliveryFailed(topic, failures, len(letters))
+    return [(reports[i][1].partition(), reports[i][1].offset()) for i in range(len(letters))]
+
+
+def _header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers or ():
+        out[k] = "" if v is None else v.decode("utf-8", "replace")
+    return out
+
+
+def parse_dlq_message(msg: Any) -> DeadLetter:
+    """Rebuild a :class:`DeadLetter` from a DLQ record (either header style)."""
+    h = _header_map(msg.headers())
+
+    def pick(name: str) -> str:
+        if PREFIX + name in h:
+            return h[PREFIX + name]
+        connect = CONNECT.get(name)
+        if connect and connect in h:
+            return h[connect]
+        raise ValueError(f"DLQ record {msg.topic()}[{msg.partition()}]@{msg.offset()} "
+                         f"has no {name!r} header; it was not written by kafka-ingest")
+
+    ts = h.get(PREFIX + "timestamp", "")
+    first = h.get(PREFIX + "first_failed_at")
+    letter = DeadLetter(
+        source_topic=pick("topic"),
+        source_partition=int(pick("partition")),
+        source_offset=int(pick("offset")),
+        key=msg.key(),
+        value=msg.value(),
+        timestamp_ms=int(ts) if ts else None,
+        error_class=pick("error_class"),
+        error_detail=pick("error_detail"),
+        contract=h.get(PREFIX + "contract", ""),
+        dlq_topic=msg.topic(),
+        attempts=int(h.get(PREFIX + "attempts", "1") or 1),
+        dlq_partition=msg.partition(),
+        dlq_offset=msg.offset(),
+    )
+    if first:
+        letter = replace(letter, first_failed_at=datetime.fromisoformat(first))
+    return letter
+
+
+@dataclass(frozen=True)
+class ReplayedMessage:
+    """A dead letter presented to validation as if it were the original source message."""
+
+    letter: DeadLetter
+
+    def topic(self) -> str:
+        return self.letter.source_topic
+
+    def partition(self) -> int:
+        return self.letter.source_partition
+
+    def offset(self) -> int:
+        return self.letter.source_offset
+
+    def key(self) -> bytes | None:
+        return self.letter.key
+
+    def value(self) -> bytes | None:
+        return self.letter.value
+
+    def timestamp(self) -> tuple[int, int]:
+        ts = self.letter.timestamp_ms
+        return (0, -1) if ts is None else (1, ts)

@@ -1,0 +1,202 @@
+"""Realistic sample events and every kind of poison pill, for the demo and the tests.
+
+``poison_pills()`` is the catalogue of data errors the pipeline must dead-letter (or, for
+tombstones and extra fields, handle by rule) without failing the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic
+
+from kafka_ingest.config import Pipeline
+from kafka_ingest.reader import KafkaClients
+
+
+@dataclass(frozen=True)
+class Sample:
+    kind: str  # "valid", "duplicate", or the poison kind
+    key: bytes | None
+    value: bytes | None
+    expect: str  # "row", "duplicate", "tombstone", or the error class it must get
+    partition: int | None = None
+
+
+def _metric(i: int, tag: str, rng: random.Random) -> dict[str, Any]:
+    return {
+        "event_id": f"{tag}-m-{i:08d}",
+        "device_id": f"device-{rng.randrange(500):04d}",
+        "timestamp": 1_767_225_600.0 + i * 0.5 + rng.random(),
+        "metric_value": round(rng.uniform(-40.0, 120.0), 3),
+        "status": rng.choice(["OK", "OK", "OK", "WARN", "ERROR"]),
+        "version": 2,
+        "unit": "celsius",
+    }
+
+
+def _order(i: int, tag: str, rng: random.Random) -> dict[str, Any]:
+    ts = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=i * 3)
+    return {
+        "event_id": f"{tag}-o-{i:08d}",
+        "order_id": 1_000_000 + i,
+        "customer_id": f"customer-{rng.randrange(2000):05d}",
+        "total": f"{rng.randrange(100, 5_000_000) / 100:.2f}",
+        "timestamp": ts.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def make_event(pipeline: Pipeline, i: int, tag: str, rng: random.Random) -> dict[str, Any]:
+    if pipeline.contract.event_type == "order_created":
+        return _order(i, tag, rng)
+    event = _metric(i, tag, rng)
+    if pipeline.contract.version < 2:
+        event.pop("unit")
+        event["version"] = 1
+    return event
+
+
+def _key_of(pipeline: Pipeline, event: dict[str, Any]) -> bytes:
+    field = "customer_id" if pipeline.contract.event_type == "order_created" else "device_id"
+    return str(event[field]).encode()
+
+
+def poison_pills(pipeline: Pipeline, tag: str, max_bytes: int) -> list[Sample]:
+    """One sample of every kind of poison pill for this pipeline's contract."""
+    rng = random.Random(tag)
+    base = make_event(pipeline, 0, f"{tag}-poison", rng)
+    key = _key_of(pipeline, base)
+    is_order = pipeline.contract.event_type == "order_created"
+    num_field = "order_id" if is_order else "metric_value"
+    text_field = "customer_id" if is_order else "device_id"
+
+    def mutate(kind: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        event = dict(base, event_id=f"{tag}-poison-{kind}")
+        change(event)
+        return event
+
+    def js(event: dict[str, Any]) -> bytes:
+        return json.dumps(event, allow_nan=True).encode()
+
+    def raw(kind: str, field: str, literal: str) -> bytes:
+        text = js(mutate(kind, lambda e: e.__setitem__(field, "@@")))
+        return text.replace(b'"@@"', literal.encode())
+
+    nested = b'{"event_id": "' + f"{tag}-poison-nested".encode() + b'", "x": ' \
+        + b"[" * 300 + b"]" * 300 + b"}"
+    big = js(mutate("too_large", lambda e: e.__setitem__("padding", "x" * (max_bytes + 1))))
+    bad_ts = "not-a-date" if is_order else 1e20
+    pills = [
+        ("not_utf8", b"\xff\xfe\xfa not text at all", "undecodable"),
+        ("not_json", b'{"event_id": "broken", ', "undecodable"),
+        ("json_array", b"[1, 2, 3]", "not_an_object"),
+        ("json_number", b"42", "not_an_object"),
+        ("json_string", b'"just a string"', "not_an_object"),
+        ("json_null", b"null", "not_an_object"),
+        ("empty", b"", "undecodable"),
+        ("missing_field", js(mutate("missing_field", lambda e: e.pop(num_field))),
+         "contract_violation"),
+        ("wrong_type", js(mutate("wrong_type", lambda e: e.__setitem__(num_field, "12"))),
+         "contract_violation"),
+        ("nan", raw("nan", num_field, "NaN"), "contract_violation"),
+        ("infinity", raw("infinity", num_field, "Infinity"), "contract_violation"),
+        ("out_of_range", raw("out_of_range", num_field, "1" + "0" * 400), "contract_violation"),
+        ("nul_in_text", js(mutate("nul_in_text", lambda e: e.__setitem__(text_field, "a\x00b"))),
+         "contract_violation"),
+        ("event_id_empty", js(dict(base, event_id="")), "contract_violation"),
+        ("event_id_too_long", js(dict(base, event_id="e" * 129)), "contract_violation"),
+        ("unknown_version", js(mutate("unknown_version", lambda e: e.__setitem__("version", 99))),
+         "unknown_version"),
+        ("deeply_nested", nested, "undecodable"),
+        ("too_large", big, "too_large"),
+        ("bad_timestamp", js(mutate("bad_timestamp", lambda e: e.__setitem__("timestamp", bad_ts))),
+         "contract_violation"),
+    ]
+    samples = [Sample(kind, key, value, expect) for kind, value, expect in pills]
+    samples.append(Sample("tombstone", key, None, "tombstone"))
+    extra = mutate("extra_fields", lambda e: e.update(unexpected_field=1, another={"a": 1}))
+    samples.append(Sample("extra_fields", key, js(extra), "row"))
+    return samples
+
+
+def sample_stream(pipeline: Pipeline, count: int, poison_rounds: int, *, tag: str,
+                  partitions: int, seed: int = 7) -> Iterator[Sample]:
+    """``count`` valid events, duplicates of some (same partition and across partitions),
+    and ``poison_rounds`` copies of every poison pill, interleaved."""
+    rng = random.Random(seed)
+    pills = [
+        Sample(s.kind, s.key, s.value, s.expect)
+        for r in range(poison_rounds)
+        for s in poison_pills(pipeline, f"{tag}-r{r}", pipeline.max_message_bytes)
+    ]
+    every = max(1, count // (len(pills) + 1)) if pills else count + 1
+    for i in range(count):
+        event = make_event(pipeline, i, tag, rng)
+        value = json.dumps(event).encode()
+        yield Sample("valid", _key_of(pipeline, event), value, "row")
+        if i % 1000 == 1:  # the same event again: same partition, then another partition
+            yield Sample("duplicate", _key_of(pipeline, event), value, "duplicate")
+            yield Sample("duplicate", b"elsewhere-" + _key_of(pipeline, event), value,
+                         "duplicate", partition=(i + 1) % partitions)
+        if pills and i % every == 0:
+            yield pills.pop()
+    yield from pills
+
+
+def ensure_topics(clients: KafkaClients, topics: dict[str, int], *,
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create the missing topics (name -> partitions); return the ones created."""
+    admin = clients.admin()
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    wanted = [NewTopic(t, num_partitions=n, replication_factor=1)
+              for t, n in topics.items() if t not in existing]
+    if not wanted:
+        return []
+    for topic, future in admin.create_topics(wanted, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout_s)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return [t.topic for t in wanted]
+
+
+def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poison: int,
+                   partitions: int = 3, tag: str | None = None) -> dict[str, Any]:
+    """Create the topics if missing and produce a sample; return what to expect."""
+    tag = tag or uuid.uuid4().hex[:8]
+    ensure_topics(clients, {pipeline.topic: partitions, pipeline.dlq_topic: partitions})
+    producer = clients.producer()
+    expect: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for s in sample_stream(pipeline, count, poison, tag=tag, partitions=partitions):
+        extra = {} if s.partition is None else {"partition": s.partition}
+        while True:
+            try:
+                producer.produce(pipeline.topic, value=s.value, key=s.key,
+                                 on_delivery=on_delivery, **extra)
+                break
+            except BufferError:
+                producer.poll(0.5)
+        producer.poll(0)
+        expect[s.expect] += 1
+        kinds[s.kind] += 1
+    producer.flush(60)
+    if errors:
+        raise RuntimeError(f"{len(errors)} sample messages were not delivered: {errors[:3]}")
+    return {"tag": tag, "topic": pipeline.topic, "produced": sum(kinds.values()),
+            "expect": dict(expect), "kinds": dict(kinds)}
