@@ -1,0 +1,879 @@
+"""The real local stack: Apache Kafka (KRaft), PostgreSQL and Airflow's metadata database.
+
+``kafka-ingest stack up`` runs the same software a deployment runs, without Docker, on
+loopback only, so integration, DAG and chaos tests exercise real brokers and a real
+database rather than fakes:
+
+- **Kafka**: the official ``org.apache.kafka`` jars from Maven Central (fetched once by
+  Maven into ``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/kafka-<version>/libs``), one JVM
+  acting as broker and controller with a static quorum; ``127.0.0.1:19092``.
+- **PostgreSQL**: Debian's server binaries, a cluster under ``<state>/postgres/data``;
+  ``127.0.0.1:15432``, role/password ``kafka_ingest``, databases ``kafka_ingest`` (the
+  pipelines) and ``airflow`` (Airflow's metadata).
+- **Airflow**: no daemon; ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate``
+  against the ``airflow`` database, re-run only when the installed Airflow version changes.
+
+Everything lives in the state directory (data survives ``down``/``up``); ``down`` stops
+only the processes whose pid files this module wrote. Trade-off: the processes are not
+supervised, so a crashed broker stays down until the next ``up`` (which is idempotent and
+cheap when everything already runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import importlib.metadata
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "KAFKA_VERSION",
+    "PartStatus",
+    "StackError",
+    "down",
+    "env",
+    "main",
+    "restart_kafka",
+    "restart_postgres",
+    "state_dir",
+    "status",
+    "up",
+]
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+PG_ROLE = "kafka_ingest"
+PG_PASSWORD = "kafka_ingest"
+PG_DATABASE = "kafka_ingest"
+AIRFLOW_DATABASE = "airflow"
+KAFKA_GROUP_ID = "kafka-ingest"
+
+_BROKER_DIR = Path(__file__).resolve().parent / "broker"
+_KAFKA_START_TIMEOUT_S = 90.0
+_KAFKA_STOP_TIMEOUT_S = 30.0
+_PG_TIMEOUT_S = 60
+_MIGRATE_TIMEOUT_S = 900.0
+_POLL_S = 0.1
+
+# Processes started by this interpreter, so they can be reaped (not left as zombies that
+# still look alive) when the same process also stops them, as the tests do.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+Report = Callable[[str], None]
+
+
+class StackError(RuntimeError):
+    """The stack cannot be brought up: a missing binary, a busy port, a part that died.
+
+    The message is one line saying what to install or free; ``main`` prints it and exits 2.
+    """
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    """One part of the stack as ``status`` sees it."""
+
+    name: str
+    address: str
+    up: bool
+    pid: int | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        """Render as the fixed-width line ``stack status`` prints."""
+        state = "up" if self.up else "down"
+        pid = f" pid {self.pid}" if self.pid else ""
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.name:<11} {state:<5} {self.address}{pid}{detail}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the stack lives and which loopback ports it uses (env-overridable)."""
+
+    state: Path
+    cache: Path
+    repo: Path | None
+    kafka_port: int
+    controller_port: int
+    pg_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state / "kafka"
+
+    @property
+    def kafka_pidfile(self) -> Path:
+        return self.kafka_dir / "kafka.pid"
+
+    @property
+    def kafka_props(self) -> Path:
+        return self.kafka_dir / "server.properties"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.state / "postgres"
+
+    @property
+    def pg_data(self) -> Path:
+        return self.pg_dir / "data"
+
+    @property
+    def pg_socket_dir(self) -> Path:
+        return self.pg_dir / "run"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.state / "airflow"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def repo_root() -> Path | None:
+    """The checkout this package sits in (``include/kafka_ingest`` -> repo), if any."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def state_dir() -> Path:
+    """``$KAFKA_INGEST_STATE_DIR``, else ``<repo>/.state`` in a checkout, else XDG state."""
+    explicit = os.environ.get("KAFKA_INGEST_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    root = repo_root()
+    if root is not None:
+        return root / ".state"
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "kafka-ingest"
+
+
+def _cache_dir() -> Path:
+    """Jars are shared by every checkout and state dir, so they go to the user cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "kafka-ingest" / f"kafka-{KAFKA_VERSION}"
+
+
+def _port(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a port number") from None
+
+
+def settings() -> Settings:
+    """Read the environment once per call: tests change ports and state dirs at will."""
+    return Settings(
+        state=state_dir(),
+        cache=_cache_dir(),
+        repo=repo_root(),
+        kafka_port=_port("KAFKA_INGEST_KAFKA_PORT", 19092),
+        controller_port=_port("KAFKA_INGEST_CONTROLLER_PORT", 19093),
+        pg_port=_port("KAFKA_INGEST_PG_PORT", 15432),
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child so it stops looking alive."""
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` is a live, non-zombie process."""
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _cmdline(pid: int) -> str | None:
+    """The command line of ``pid``, or None where /proc is not available."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None
+
+
+def _our_pid(pidfile: Path, marker: str) -> int | None:
+    """The pid in ``pidfile`` if that process is alive and is the one we started.
+
+    The marker (a path only our process has on its command line) guards against a pid
+    reused by an unrelated process after a reboot or crash.
+    """
+    try:
+        pid = int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not _alive(pid):
+        return None
+    cmdline = _cmdline(pid)
+    return pid if cmdline is None or marker in cmdline else None
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(_POLL_S)
+    return not _alive(pid)
+
+
+def _terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM (a clean, durable shutdown), then SIGKILL if it does not exit in time."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if _wait_gone(pid, timeout_s):
+            return
+    raise StackError(f"process {pid} survived SIGKILL; stop it by hand")
+
+
+def _port_free(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:port (TIME_WAIT does not count as busy)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _require_free(port: int, what: str, env_name: str) -> None:
+    if not _port_free(port):
+        raise StackError(
+            f"port 127.0.0.1:{port} for {what} is held by a process this stack did not "
+            f"start: stop it, or choose another port with {env_name}"
+        )
+
+
+def _accepts(port: int) -> bool:
+    """A cheap, silent liveness probe before asking a client library (which logs errors)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+def _binary(name: str, install: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"{name} not found on PATH: install {install}")
+    return found
+
+
+@contextlib.contextmanager
+def _locked(s: Settings) -> Iterator[None]:
+    """Serialise ``up``/``down`` across processes (pytest-xdist workers, two shells)."""
+    s.state.mkdir(parents=True, exist_ok=True)
+    with (s.state / ".stack.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- kafka
+
+
+def _fetch_kafka_jars(s: Settings) -> Path:
+    """Download the broker's jars once; the marker makes an interrupted download redo."""
+    libs = s.cache / "libs"
+    marker = s.cache / ".complete"
+    if marker.is_file():
+        return libs
+    mvn = _binary("mvn", "Maven (apt-get install maven)")
+    shutil.rmtree(libs, ignore_errors=True)
+    libs.mkdir(parents=True)
+    cmd = [
+        mvn, "-q", "-B", "-f", str(_BROKER_DIR / "pom.xml"), "dependency:copy-dependencies",
+        f"-DoutputDirectory={libs}", "-Dmdep.includeScope=runtime",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise StackError(f"mvn could not fetch Kafka {KAFKA_VERSION} jars: {detail[0]}")
+    marker.write_text(f"{KAFKA_VERSION}\n")
+    return libs
+
+
+def _kafka_properties(s: Settings) -> str:
+    """A single KRaft node; one replica of everything because there is one broker."""
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{s.controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},"
+        f"CONTROLLER://127.0.0.1:{s.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{s.bootstrap}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(s.kafka_dir / "data"),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    header = "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
+    return header + "".join(f"{key}={value}\n" for key, value in props.items())
+
+
+def _java_cmd(java: str, libs: Path, main_class: str, *args: str) -> list[str]:
+    return [java, "-cp", f"{libs}/*", main_class, *args]
+
+
+def _format_kafka_storage(s: Settings, java: str, libs: Path) -> None:
+    """Format the log dir on first start only: formatting again would lose the data."""
+    if (s.kafka_dir / "data" / "meta.properties").is_file():
+        return
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # `--cluster-id=<id>`, not `-t <id>`: a random id may start with "-".
+    cmd = _java_cmd(
+        java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+        "-c", str(s.kafka_props),
+    )  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stdout + done.stderr).strip().replace("\n", " | ")
+        raise StackError(f"formatting Kafka storage failed: {detail[-300:]}")
+
+
+def _launch_kafka(s: Settings) -> tuple[int, bool]:
+    """Start the broker if it is not running; return (pid, started). Does not wait."""
+    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    if pid is not None:
+        return pid, False
+    java = _binary("java", "a Java 17+ runtime (apt-get install openjdk-17-jre-headless)")
+    _require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
+    _require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
+    libs = _fetch_kafka_jars(s)
+    s.kafka_dir.mkdir(parents=True, exist_ok=True)
+    s.kafka_props.write_text(_kafka_properties(s))
+    _format_kafka_storage(s, java, libs)
+    jvm = [
+        "-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={_BROKER_DIR / 'log4j2.yaml'}",
+    ]  # fmt: skip
+    cmd = [java, *jvm, "-cp", f"{libs}/*", "kafka.Kafka", str(s.kafka_props)]
+    with (s.kafka_dir / "broker.log").open("ab") as out:
+        child = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=s.kafka_dir, start_new_session=True,
+        )  # fmt: skip
+    _CHILDREN[child.pid] = child
+    s.kafka_pidfile.write_text(f"{child.pid}\n")
+    return child.pid, True
+
+
+def _kafka_answers(s: Settings, timeout_s: float) -> bool:
+    """Health: the broker answers a metadata request (AdminClient.list_topics)."""
+    if not _accepts(s.kafka_port):
+        return False
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    # librdkafka logs through ours, not to stderr, while the broker is still booting.
+    config: dict[str, Any] = {"bootstrap.servers": s.bootstrap, "logger": log}
+    admin = AdminClient(config)
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return True
+
+
+def _await_kafka(s: Settings, pid: int) -> None:
+    """Poll until the broker answers; fail fast (with its log) if the JVM exits."""
+    deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            s.kafka_pidfile.unlink(missing_ok=True)
+            log_tail = _tail(s.kafka_dir / "broker.log")
+            raise StackError(f"the Kafka broker exited while starting: {log_tail}")
+        if _kafka_answers(s, timeout_s=2.0):
+            return
+        time.sleep(_POLL_S)
+    raise StackError(
+        f"Kafka did not answer on {s.bootstrap} within {_KAFKA_START_TIMEOUT_S:.0f} s; "
+        f"see {s.kafka_dir / 'broker.log'}"
+    )
+
+
+def _stop_kafka(s: Settings) -> str:
+    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    if pid is None:
+        s.kafka_pidfile.unlink(missing_ok=True)
+        return "kafka: not running"
+    _terminate(pid, _KAFKA_STOP_TIMEOUT_S)
+    s.kafka_pidfile.unlink(missing_ok=True)
+    return f"kafka: stopped (pid {pid})"
+
+
+def _kafka_status(s: Settings) -> PartStatus:
+    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    healthy = pid is not None and _kafka_answers(s, timeout_s=3.0)
+    detail = "" if healthy or pid is None else "process alive, not answering"
+    return PartStatus("kafka", s.bootstrap, healthy, pid, detail)
+
+
+# --------------------------------------------------------------------------- postgres
+
+
+def _pg_bindir() -> Path:
+    """The newest Debian PostgreSQL server under /usr/lib/postgresql/<major>/bin."""
+    candidates = [
+        path.parent
+        for path in Path("/usr/lib/postgresql").glob("*/bin/pg_ctl")
+        if path.parent.parent.name.isdigit()
+    ]
+    if not candidates:
+        raise StackError(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin: run the "
+            "setup step (apt-get install postgresql)"
+        )
+    return max(candidates, key=lambda path: int(path.parent.name))
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    """Postgres refuses to run as root; as root run its tools as the ``postgres`` user."""
+    if os.geteuid() != 0:
+        return cmd
+    # runuser lives in sbin, which a non-login root shell may not have on PATH.
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser is None:
+        raise StackError("runuser not found: install util-linux, or run the stack as non-root")
+    return [runuser, "-u", "postgres", "--", *cmd]
+
+
+def _pg_run(cmd: list[str], what: str) -> None:
+    done = subprocess.run(_as_postgres(cmd), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stdout + done.stderr).strip().replace("\n", " | ")
+        raise StackError(f"{what} failed: {detail[-300:]}")
+
+
+def _chown_postgres(path: Path, *, recursive: bool = False) -> None:
+    if os.geteuid() != 0:
+        return
+    paths = [path, *path.rglob("*")] if recursive else [path]
+    for each in paths:
+        shutil.chown(each, "postgres", "postgres")
+
+
+def _check_traversable(s: Settings) -> None:
+    """As root, the ``postgres`` user must reach the data dir through every parent."""
+    if os.geteuid() != 0:
+        return
+    s.state.chmod(s.state.stat().st_mode | 0o111)
+    for parent in s.state.parents:
+        if not parent.stat().st_mode & 0o001:
+            raise StackError(
+                f"the postgres OS user cannot enter {parent}: run `chmod o+x {parent}` or "
+                "set KAFKA_INGEST_STATE_DIR to a directory it can reach"
+            )
+
+
+def _pg_config(s: Settings) -> str:
+    """Settings for tests: durable (fsync stays on), loopback only, room for workers."""
+    return (
+        "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
+        "listen_addresses = '127.0.0.1'\n"
+        f"port = {s.pg_port}\n"
+        f"unix_socket_directories = '{s.pg_socket_dir}'\n"
+        "max_connections = 200\n"
+        "shared_buffers = 128MB\n"
+        "fsync = on\n"
+        "password_encryption = 'scram-sha-256'\n"
+        "log_min_messages = warning\n"
+        "log_line_prefix = '%m [%p] %q%u@%d '\n"
+    )
+
+
+def _init_postgres(s: Settings, bindir: Path) -> None:
+    """initdb once: trust on the private unix socket, SCRAM on 127.0.0.1."""
+    if (s.pg_data / "PG_VERSION").is_file():
+        return
+    s.pg_socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _chown_postgres(s.pg_dir, recursive=True)
+    _pg_run(
+        [
+            str(bindir / "initdb"), "-D", str(s.pg_data), "--username=postgres",
+            "--encoding=UTF8", "--no-locale", "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+        ],
+        "initdb",
+    )  # fmt: skip
+    with (s.pg_data / "postgresql.conf").open("a") as conf:
+        conf.write("\ninclude = 'kafka_ingest.conf'\n")
+
+
+def _postmaster_pid(s: Settings) -> int | None:
+    return _our_pid(s.pg_data / "postmaster.pid", str(s.pg_data))
+
+
+def _start_postgres(s: Settings) -> tuple[int, bool]:
+    """Start the cluster unless it runs; pg_ctl -w polls until it accepts connections."""
+    pid = _postmaster_pid(s)
+    if pid is not None:
+        return pid, False
+    bindir = _pg_bindir()
+    _require_free(s.pg_port, "PostgreSQL", "KAFKA_INGEST_PG_PORT")
+    s.pg_dir.mkdir(parents=True, exist_ok=True)
+    _check_traversable(s)
+    _init_postgres(s, bindir)
+    (s.pg_data / "kafka_ingest.conf").write_text(_pg_config(s))
+    _chown_postgres(s.pg_data / "kafka_ingest.conf")
+    logfile = s.pg_dir / "postgres.log"
+    logfile.touch()
+    _chown_postgres(logfile)
+    cmd = [
+        str(bindir / "pg_ctl"), "-D", str(s.pg_data), "-l", str(logfile), "-w",
+        "-t", str(_PG_TIMEOUT_S), "start",
+    ]  # fmt: skip
+    done = subprocess.run(
+        _as_postgres(cmd), capture_output=True, text=True, check=False, start_new_session=True
+    )
+    if done.returncode != 0:
+        raise StackError(f"PostgreSQL did not start: {_tail(logfile, 3)}")
+    pid = _postmaster_pid(s)
+    if pid is None:
+        raise StackError(f"PostgreSQL started but left no postmaster.pid in {s.pg_data}")
+    return pid, True
+
+
+def _bootstrap_postgres(s: Settings) -> None:
+    """Create the role and both databases if missing (cheap, so done on every ``up``)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        host=str(s.pg_socket_dir), port=s.pg_port, user="postgres", dbname="postgres",
+        autocommit=True, connect_timeout=10,
+    ) as conn:  # fmt: skip
+        role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_ROLE,))
+        if role.fetchone() is None:
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(PG_ROLE), sql.Literal(PG_PASSWORD)
+                )
+            )
+        for database in (PG_DATABASE, AIRFLOW_DATABASE):
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+            if found.fetchone() is None:
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(database), sql.Identifier(PG_ROLE)
+                    )
+                )
+
+
+def _stop_postgres(s: Settings) -> str:
+    pid = _postmaster_pid(s)
+    if pid is None:
+        return "postgres: not running"
+    cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(s.pg_data), "-m", "fast", "-w", "stop"]
+    subprocess.run(_as_postgres(cmd), capture_output=True, check=False)
+    _terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
+    return f"postgres: stopped (pid {pid})"
+
+
+def _pg_dsn(s: Settings, database: str) -> str:
+    return f"postgresql://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{database}"
+
+
+def _pg_answers(s: Settings) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(_pg_dsn(s, PG_DATABASE), connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _postgres_status(s: Settings) -> PartStatus:
+    pid = _postmaster_pid(s)
+    healthy = pid is not None and _pg_answers(s)
+    detail = "" if healthy or pid is None else "process alive, not answering"
+    return PartStatus("postgres", f"127.0.0.1:{s.pg_port}", healthy, pid, detail)
+
+
+# --------------------------------------------------------------------------- airflow
+
+
+def _airflow_version() -> str | None:
+    """The installed Airflow, read from package metadata (the core never imports it)."""
+    for dist in ("apache-airflow-core", "apache-airflow"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    return None
+
+
+def _airflow_secrets(s: Settings) -> dict[str, str]:
+    """JWT secret and Fernet key, generated once: every Airflow process must share them."""
+    path = s.state / "airflow-secrets.json"
+    if not path.is_file():
+        s.state.mkdir(parents=True, exist_ok=True)
+        fresh = {
+            "jwt_secret": secrets.token_urlsafe(32),
+            "fernet_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+        }
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(fresh, indent=2) + "\n")
+        tmp.chmod(0o600)
+        # link() fails if another process won the race; then its secrets are the ones.
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+        tmp.unlink()
+    stored: dict[str, str] = json.loads(path.read_text())
+    return stored
+
+
+def _migrate_marker(s: Settings) -> Path:
+    return s.airflow_home / ".db-migrated"
+
+
+def _airflow_db_current(s: Settings, version: str) -> bool:
+    """Migrated by this Airflow version, and the database still has its schema."""
+    marker = _migrate_marker(s)
+    if not marker.is_file() or marker.read_text().strip() != version:
+        return False
+    import psycopg
+
+    try:
+        with psycopg.connect(_pg_dsn(s, AIRFLOW_DATABASE), connect_timeout=3) as conn:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except psycopg.Error:
+        return False
+    return row is not None
+
+
+def _ensure_airflow_db(s: Settings) -> str:
+    version = _airflow_version()
+    if version is None:
+        return "airflow-db: skipped (apache-airflow is not installed)"
+    if _airflow_db_current(s, version):
+        return f"airflow-db: up to date (airflow {version})"
+    s.airflow_home.mkdir(parents=True, exist_ok=True)
+    logfile = s.airflow_home / "db-migrate.log"
+    started = time.monotonic()
+    with logfile.open("ab") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            env={**os.environ, **env()}, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, timeout=_MIGRATE_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise StackError(f"airflow db migrate failed: {_tail(logfile, 3)}")
+    _migrate_marker(s).write_text(f"{version}\n")
+    took = time.monotonic() - started
+    return f"airflow-db: migrated (airflow {version}) in {took:.1f} s"
+
+
+def _airflow_status(s: Settings) -> PartStatus:
+    version = _airflow_version()
+    address = f"127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
+    if version is None:
+        return PartStatus("airflow-db", address, False, detail="apache-airflow not installed")
+    current = _airflow_db_current(s, version)
+    detail = f"airflow {version}" if current else "not migrated (run stack up)"
+    return PartStatus("airflow-db", address, current, detail=detail)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def env() -> dict[str, str]:
+    """The environment that points clients, tests and Airflow at the local stack."""
+    s = settings()
+    airflow_secrets = _airflow_secrets(s)
+    project = s.repo or Path.cwd()
+    kafka_conn = {
+        "conn_type": "kafka",
+        "extra": {
+            "bootstrap.servers": s.bootstrap,
+            "group.id": KAFKA_GROUP_ID,
+            "socket.timeout.ms": 10000,
+        },
+    }
+    pg_conn = {
+        "conn_type": "postgres",
+        "host": "127.0.0.1",
+        "port": s.pg_port,
+        "login": PG_ROLE,
+        "password": PG_PASSWORD,
+        "schema": PG_DATABASE,
+    }
+    airflow_db = (
+        f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
+    )
+    return {
+        "KAFKA_INGEST_STATE_DIR": str(s.state),
+        "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
+        "KAFKA_INGEST_PG_DSN": _pg_dsn(s, PG_DATABASE),
+        "AIRFLOW_HOME": str(s.airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__FERNET_KEY": airflow_secrets["fernet_key"],
+        "AIRFLOW__API_AUTH__JWT_SECRET": airflow_secrets["jwt_secret"],
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_db,
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka_conn),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(pg_conn),
+    }
+
+
+def _started(name: str, address: str, pid: int, started: bool, since: float) -> str:
+    if not started:
+        return f"{name}: already running on {address} (pid {pid})"
+    return f"{name}: started on {address} (pid {pid}) in {time.monotonic() - since:.1f} s"
+
+
+def up(*, report: Report | None = None) -> dict[str, str]:
+    """Start whatever is not running, wait until each part answers, return ``env()``.
+
+    Idempotent: when everything runs it only checks health (well under a second). The
+    broker boots while Postgres starts and Airflow migrates, so a cold start costs the
+    slower of the two rather than their sum. ``report`` receives one line per part.
+    """
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        since = time.monotonic()
+        kafka_pid, kafka_started = _launch_kafka(s)
+        pg_pid, pg_started = _start_postgres(s)
+        _bootstrap_postgres(s)
+        emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, since))
+        emit(_ensure_airflow_db(s))
+        _await_kafka(s, kafka_pid)
+        emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, since))
+    return env()
+
+
+def down(*, report: Report | None = None) -> None:
+    """Stop the broker and Postgres this stack started (by pid file); keep their data."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        emit(_stop_kafka(s))
+        emit(_stop_postgres(s))
+
+
+def restart_kafka() -> None:
+    """Stop the broker cleanly and start it again on the same data (durability tests)."""
+    s = settings()
+    with _locked(s):
+        _stop_kafka(s)
+        pid, _ = _launch_kafka(s)
+        _await_kafka(s, pid)
+
+
+def restart_postgres() -> None:
+    """Stop Postgres (fast mode: connections are cut) and start it on the same data."""
+    s = settings()
+    with _locked(s):
+        _stop_postgres(s)
+        _start_postgres(s)
+        _bootstrap_postgres(s)
+
+
+def status() -> list[PartStatus]:
+    """Each part with its address and whether it answers right now."""
+    s = settings()
+    return [_kafka_status(s), _postgres_status(s), _airflow_status(s)]
+
+
+def _print_env() -> None:
+    for name, value in env().items():
+        print(f"export {name}={shlex.quote(value)}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kafka-ingest stack",
+        description="Run the real local stack: Kafka (KRaft), PostgreSQL, Airflow metadata.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("up", help="start what is not running and wait until it answers")
+    commands.add_parser("down", help="stop what `up` started; data is kept")
+    commands.add_parser("status", help="show each part; exit 1 if any is down")
+    commands.add_parser("env", help='print `export` lines: eval "$(kafka-ingest stack env)"')
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``kafka-ingest stack up|down|status|env``; exit 2 with one line on a StackError."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "up":
+            up(report=print)
+        elif args.command == "down":
+            down(report=print)
+        elif args.command == "status":
+            parts = status()
+            for part in parts:
+                print(part.line())
+            return 0 if all(part.up for part in parts) else 1
+        else:
+            _print_env()
+    except StackError as exc:
+        print(f"kafka-ingest stack {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m kafka_ingest.stack up`
+    sys.exit(main(sys.argv[1:]))

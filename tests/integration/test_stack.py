@@ -1,0 +1,246 @@
+"""The local stack against itself: a real broker, a real Postgres, real processes.
+
+These tests are the contract the other integration, DAG and chaos tests rely on: ``up`` is
+idempotent, Kafka keeps acknowledged messages across a restart, Postgres accepts the
+role, and ``down`` leaves no process behind. The ``down`` test runs last and brings the
+stack back up, so later modules still find it running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_ingest import stack
+
+pytestmark = pytest.mark.integration
+
+# librdkafka's connection errors while the broker restarts go to logging, not stderr.
+LOG = logging.getLogger(__name__)
+PARTITIONS = 3
+PER_PARTITION = 50
+
+
+@pytest.fixture(scope="module")
+def stack_env() -> dict[str, str]:
+    started = time.monotonic()
+    env = stack.up()
+    print(f"\nstack.up() for the module took {time.monotonic() - started:.2f} s")
+    return env
+
+
+@pytest.fixture
+def topic(stack_env: dict[str, str]) -> Iterator[str]:
+    """A fresh 3-partition topic, deleted afterwards whatever happens."""
+    name = f"test-stack-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": stack_env["KAFKA_BOOTSTRAP_SERVERS"]})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=PARTITIONS, replication_factor=1)], operation_timeout=30
+    )
+    futures[name].result(timeout=30)
+    try:
+        yield name
+    finally:
+        admin = AdminClient({"bootstrap.servers": stack_env["KAFKA_BOOTSTRAP_SERVERS"]})
+        admin.delete_topics([name], operation_timeout=30)[name].result(timeout=30)
+
+
+def _produce(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
+    """Produce PER_PARTITION messages to each partition; every delivery report checked."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "logger": LOG}
+    )
+    errors: list[KafkaError] = []
+    delivered: dict[tuple[int, int], bytes] = {}
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered[(msg.partition(), msg.offset())] = msg.value()
+
+    for partition in range(PARTITIONS):
+        for i in range(PER_PARTITION):
+            value = json.dumps({"partition": partition, "i": i}).encode()
+            producer.produce(
+                topic, value=value, key=f"k{i}".encode(), partition=partition,
+                on_delivery=on_delivery,
+            )  # fmt: skip
+    assert producer.flush(30) == 0
+    assert errors == []
+    assert len(delivered) == PARTITIONS * PER_PARTITION
+    return delivered
+
+
+def _read_all(bootstrap: str, topic: str, expected: int) -> dict[tuple[int, int], bytes]:
+    """Read every partition from offset 0 by assign (no group subscription)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-stack-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "logger": LOG,
+        }
+    )
+    seen: dict[tuple[int, int], bytes] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 30
+        while len(seen) < expected and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=100, timeout=1.0):
+                assert msg.error() is None, msg.error()
+                seen[(msg.partition(), msg.offset())] = msg.value()
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_kafka_round_trip_by_assign(stack_env: dict[str, str], topic: str) -> None:
+    bootstrap = stack_env["KAFKA_BOOTSTRAP_SERVERS"]
+    produced = _produce(bootstrap, topic)
+    assert _read_all(bootstrap, topic, len(produced)) == produced
+
+
+def test_messages_survive_a_broker_restart(stack_env: dict[str, str], topic: str) -> None:
+    bootstrap = stack_env["KAFKA_BOOTSTRAP_SERVERS"]
+    produced = _produce(bootstrap, topic)
+    before = _pids()
+    started = time.monotonic()
+    stack.restart_kafka()
+    print(f"\nrestart_kafka() took {time.monotonic() - started:.2f} s")
+    assert _pids()["kafka"] != before["kafka"]
+    assert _read_all(bootstrap, topic, len(produced)) == produced
+
+
+def test_postgres_round_trip(stack_env: dict[str, str]) -> None:
+    with psycopg.connect(stack_env["KAFKA_INGEST_PG_DSN"]) as conn:
+        conn.execute("CREATE TEMP TABLE probe (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO probe VALUES (%s, %s)", (1, "ünïcode ✓"))
+        assert conn.execute("SELECT note FROM probe WHERE id = 1").fetchone() == ("ünïcode ✓",)
+        owners = conn.execute(
+            "SELECT datname, pg_get_userbyid(datdba) FROM pg_database "
+            "WHERE datname IN ('kafka_ingest', 'airflow') ORDER BY datname"
+        ).fetchall()
+    assert owners == [("airflow", "kafka_ingest"), ("kafka_ingest", "kafka_ingest")]
+
+
+def test_airflow_metadata_is_migrated(stack_env: dict[str, str]) -> None:
+    dsn = stack_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", "")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+        assert conn.execute("SELECT count(*) FROM dag").fetchone() is not None
+
+
+def test_env_is_evaluable_by_a_shell(
+    stack_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert stack.main(["env"]) == 0
+    exports = capsys.readouterr().out
+    names = [
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "AIRFLOW_CONN_KAFKA_DEFAULT",
+        "AIRFLOW_CONN_POSTGRES_DEFAULT",
+    ]
+    script = exports + "".join(f'printf "%s\\0" "${name}"\n' for name in names)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    values = dict(zip(names, out.decode().split("\0"), strict=False))
+    assert values["KAFKA_BOOTSTRAP_SERVERS"] == stack_env["KAFKA_BOOTSTRAP_SERVERS"]
+    kafka_conn = json.loads(values["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    assert kafka_conn["conn_type"] == "kafka"
+    assert kafka_conn["extra"]["bootstrap.servers"] == stack_env["KAFKA_BOOTSTRAP_SERVERS"]
+    pg_conn = json.loads(values["AIRFLOW_CONN_POSTGRES_DEFAULT"])
+    assert (pg_conn["conn_type"], pg_conn["login"], pg_conn["schema"]) == (
+        "postgres", "kafka_ingest", "kafka_ingest",
+    )  # fmt: skip
+    assert all(shlex.split(line)[0] == "export" for line in exports.splitlines())
+
+
+def test_status_reports_every_part_up(stack_env: dict[str, str]) -> None:
+    parts = {part.name: part for part in stack.status()}
+    assert set(parts) == {"kafka", "postgres", "airflow-db"}
+    assert all(part.up for part in parts.values()), parts
+
+
+def test_up_twice_is_a_noop(stack_env: dict[str, str]) -> None:
+    before = _pids()
+    started = time.monotonic()
+    assert stack.up() == stack_env
+    took = time.monotonic() - started
+    print(f"\nwarm stack.up() took {took:.3f} s")
+    assert _pids() == before
+    assert took < 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_cold_up_in_a_fresh_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second, independent stack from nothing (the jar cache stays warm): timings only.
+
+    The state dir is a mkdtemp directly under /tmp, not pytest's tmp_path: as root the
+    ``postgres`` user must traverse every parent, and tmp_path's parents are private.
+    """
+    state = Path(tempfile.mkdtemp(prefix="kafka-ingest-cold-"))
+    monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(state))
+    for name in ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT"):
+        monkeypatch.setenv(name, str(_free_port()))
+    try:
+        started = time.monotonic()
+        env = stack.up(report=print)
+        cold = time.monotonic() - started
+        started = time.monotonic()
+        stack.up()
+        warm = time.monotonic() - started
+        print(f"\nfresh state dir: cold up {cold:.2f} s, warm up {warm:.3f} s")
+        assert env["KAFKA_INGEST_STATE_DIR"] == str(state)
+        assert all(part.up for part in stack.status())
+    finally:
+        stack.down()
+        assert not any(part.up for part in stack.status())
+        shutil.rmtree(state)
+
+
+def _pids() -> dict[str, int | None]:
+    return {part.name: part.pid for part in stack.status() if part.name != "airflow-db"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_down_leaves_no_process_then_up_again(stack_env: dict[str, str]) -> None:
+    """Last in the module: stops everything, then restores the stack for later modules."""
+    pids = _pids()
+    assert all(pid is not None for pid in pids.values()), pids
+    try:
+        stack.down()
+        still_running = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
+        assert still_running == {}
+        assert not any(part.up for part in stack.status())
+    finally:
+        stack.up()
