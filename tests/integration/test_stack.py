@@ -33,6 +33,8 @@ pytestmark = pytest.mark.integration
 # librdkafka's connection errors while the broker restarts go to logging, not stderr.
 LOG = logging.getLogger(__name__)
 PARTITIONS = 3
+# (partition, offset) -> value, as the client types them
+Records = dict[tuple[int | None, int | None], bytes | None]
 PER_PARTITION = 50
 
 
@@ -60,13 +62,13 @@ def topic(stack_env: dict[str, str]) -> Iterator[str]:
         admin.delete_topics([name], operation_timeout=30)[name].result(timeout=30)
 
 
-def _produce(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
+def _produce(bootstrap: str, topic: str) -> Records:
     """Produce PER_PARTITION messages to each partition; every delivery report checked."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "logger": LOG}
     )
     errors: list[KafkaError] = []
-    delivered: dict[tuple[int, int], bytes] = {}
+    delivered: Records = {}
 
     def on_delivery(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
@@ -87,7 +89,7 @@ def _produce(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
     return delivered
 
 
-def _read_all(bootstrap: str, topic: str, expected: int) -> dict[tuple[int, int], bytes]:
+def _read_all(bootstrap: str, topic: str, expected: int) -> Records:
     """Read every partition from offset 0 by assign (no group subscription)."""
     consumer = Consumer(
         {
@@ -98,7 +100,7 @@ def _read_all(bootstrap: str, topic: str, expected: int) -> dict[tuple[int, int]
             "logger": LOG,
         }
     )
-    seen: dict[tuple[int, int], bytes] = {}
+    seen: Records = {}
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         deadline = time.monotonic() + 30
