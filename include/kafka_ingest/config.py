@@ -109,6 +109,9 @@ class Pipeline(_Strict):
     kafka_conn_id: str = "kafka_default"
     postgres_conn_id: str = "postgres_default"
     owner: str = "data-platform"
+    #: Where the table lives, for the Airflow Asset URI (lineage); not used to connect.
+    asset_host: str = "localhost:5432"
+    asset_database: str = "kafka_ingest"
     retries: Annotated[int, Field(ge=0, le=20)] = 3
 
     @model_validator(mode="after")
@@ -127,6 +130,10 @@ class Pipeline(_Strict):
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.model.SINK_COLUMNS)
+
+    @property
+    def asset_uri(self) -> str:
+        return f"postgres://{self.asset_host}/{self.asset_database}/public/{self.table}"
 
     @property
     def group_id(self) -> str:

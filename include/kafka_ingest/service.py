@@ -351,3 +351,57 @@ __all__ = [
     "time_request",
     "ReplayedMessage",
 ]
+
+
+def request_from_params(params: Mapping[str, Any], *, run_type: str,
+                        interval: tuple[datetime, datetime] | None,
+                        now: datetime) -> dict[str, Any]:
+    """Turn a run's trigger params (or Airflow backfill interval) into a plan request.
+
+    Manual runs: ``partitions`` ``{"0": [start, end]}`` or ``from``/``to`` (ISO-8601),
+    not both; neither means a live run. Airflow backfill runs (``run_type == "backfill"``)
+    map their data interval to offsets by time. Raises :class:`TriggerParamsError` with
+    what to fix.
+    """
+    partitions = params.get("partitions") or {}
+    start, end = params.get("from"), params.get("to")
+    if partitions and (start or end):
+        raise TriggerParamsError("give either 'partitions' (offsets) or 'from'/'to' (time), "
+                                 "not both")
+    if partitions:
+        return {"partitions": _offset_request(partitions)}
+    if start or end:
+        if not (start and end):
+            raise TriggerParamsError("a time backfill needs both 'from' and 'to'")
+        return time_request(_parse_time("from", start), _parse_time("to", end), now=now)
+    if run_type == "backfill" and interval is not None:
+        return time_request(interval[0], interval[1], now=now)
+    return {}
+
+
+def _offset_request(partitions: Any) -> dict[int, tuple[int, int]]:
+    if not isinstance(partitions, Mapping):
+        raise TriggerParamsError('partitions must be an object like {"0": [0, 100]}')
+    out: dict[int, tuple[int, int]] = {}
+    for p, bounds in partitions.items():
+        try:
+            part = int(p)
+            lo, hi = (int(b) for b in bounds)
+        except (TypeError, ValueError):
+            raise TriggerParamsError(
+                f'partitions[{p!r}] must be [start, end] offsets, e.g. {{"0": [0, 100]}}'
+            ) from None
+        if hi < lo:
+            raise TriggerParamsError(f"partition {part}: end {hi} is before start {lo}")
+        out[part] = (lo, hi)
+    return out
+
+
+def _parse_time(name: str, value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise TriggerParamsError(f"{name!r} is not an ISO-8601 time: {value!r} "
+                                 "(e.g. 2026-01-01T00:00:00Z)") from None

@@ -1,0 +1,84 @@
+"""Airflow's side of Kafka and Postgres for kafka_ingest: a hook and a DSN helper.
+
+``KafkaIngestHook`` subclasses the Kafka provider's ``KafkaBaseHook`` and overrides only
+``_get_client``: the connection's extra (the librdkafka dict) becomes a
+:class:`kafka_ingest.reader.KafkaClients`, which forces ``enable.auto.commit=false``,
+``enable.auto.offset.store=false`` and ``auto.offset.reset=error`` whatever the connection
+says. It never uses ``KafkaConsumerHook.get_consumer()``: that subscribes; we assign.
+
+No side effects at import time (the plugin manager imports every file here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+from airflow.sdk import BaseHook
+
+from kafka_ingest.reader import KafkaClients, commit_offset, read_range, watermarks
+from kafka_ingest.sink import Database
+
+
+class KafkaIngestHook(KafkaBaseHook):
+    """Kafka clients for bounded reads, DLQ produce and offset commits.
+
+    :param kafka_config_id: the Kafka connection (its extra is the librdkafka config).
+    """
+
+    hook_name = "Apache Kafka (kafka-ingest)"
+
+    def __init__(self, kafka_config_id: str = KafkaBaseHook.default_conn_name) -> None:
+        super().__init__(kafka_config_id=kafka_config_id)
+
+    def _get_client(self, config: dict[str, Any]) -> KafkaClients:
+        self.log.info("Kafka clients for %s: auto commit and auto offset reset are off; "
+                      "offsets are committed after the database commit", self.kafka_config_id)
+        return KafkaClients(config)
+
+    @property
+    def clients(self) -> KafkaClients:
+        client: KafkaClients = self.get_conn
+        return client
+
+    def read_range(self, group_id: str, topic: str, partition: int, start: int, end: int,
+                   *, chunk_size: int) -> Any:
+        """Yield chunks of ``[start, end)`` (assign + seek, never subscribe)."""
+        consumer = self.clients.consumer(group_id)
+        try:
+            yield from read_range(consumer, topic, partition, start, end, chunk_size=chunk_size)
+        finally:
+            consumer.close()
+
+    def watermarks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        consumer = self.clients.consumer("kafka-ingest.watermarks")
+        try:
+            return watermarks(consumer, topic, partitions)
+        finally:
+            consumer.close()
+
+    def commit_offsets(self, group_id: str, topic: str, offsets: dict[int, int]) -> bool:
+        consumer = self.clients.consumer(group_id)
+        try:
+            return all(commit_offset(consumer, topic, p, o) for p, o in offsets.items())
+        finally:
+            consumer.close()
+
+
+def postgres_database(conn_id: str) -> Database:
+    """A :class:`Database` for an Airflow Postgres connection (only its DSN is used).
+
+    Writes go through psycopg 3 in one transaction per chunk, never through
+    ``DbApiHook.insert_rows`` (it commits per batch on its own connection).
+    """
+    conn = BaseHook.get_connection(conn_id)
+    from psycopg.conninfo import make_conninfo
+
+    dsn = make_conninfo(
+        host=conn.host or "localhost",
+        port=str(conn.port or 5432),
+        user=conn.login or "",
+        password=conn.password or "",
+        dbname=conn.schema or "postgres",
+    )
+    return Database(dsn)

@@ -1,0 +1,131 @@
+"""Shared fixtures: the real local stack, a fresh database per test, random topics.
+
+Unit tests (tests/unit) use none of these and need no service. Everything else runs
+against the real Kafka broker and Postgres started by ``kafka_ingest.stack``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+
+@pytest.fixture(scope="session")
+def stack_env() -> dict[str, str]:
+    """Start (or reuse) the local stack and export its environment to this process."""
+    from kafka_ingest import stack
+
+    env = stack.up()
+    os.environ.update(env)
+    return env
+
+
+@pytest.fixture(scope="session")
+def kafka_config(stack_env: dict[str, str]) -> dict[str, Any]:
+    return {"bootstrap.servers": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+
+
+@pytest.fixture(scope="session")
+def clients(kafka_config: dict[str, Any]) -> Any:
+    from kafka_ingest.reader import KafkaClients
+
+    return KafkaClients(kafka_config)
+
+
+def _dsn_for(dsn: str, dbname: str) -> str:
+    return make_conninfo(dsn, dbname=dbname)
+
+
+@pytest.fixture
+def pg_dsn(stack_env: dict[str, str]) -> Iterator[str]:
+    """A fresh, migrated database for one test, dropped afterwards."""
+    from kafka_ingest.sink import migrate
+
+    admin_dsn = stack_env["KAFKA_INGEST_PG_DSN"]
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = _dsn_for(admin_dsn, name)
+    with psycopg.connect(dsn) as conn:
+        migrate(conn)
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Any:
+    from kafka_ingest.sink import Database
+
+    return Database(pg_dsn, lock_timeout_s=5.0)
+
+
+@pytest.fixture
+def topics(clients: Any) -> Iterator[Callable[..., str]]:
+    """``topics(partitions=3)`` creates a randomly named topic; all are deleted after."""
+    from kafka_ingest.samples import ensure_topics
+
+    made: list[str] = []
+
+    def make(partitions: int = 3, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        ensure_topics(clients, {name: partitions})
+        made.append(name)
+        return name
+
+    yield make
+    if made:
+        admin = clients.admin()
+        for future in admin.delete_topics(made, operation_timeout=30).values():
+            try:
+                future.result(30)
+            except Exception:  # cleanup is best effort; a leftover topic is harmless
+                pass
+
+
+@pytest.fixture
+def make_pipeline(topics: Callable[..., str]) -> Callable[..., Any]:
+    """``make_pipeline("telemetry_metrics", chunk_size=500)``: a shipped pipeline on fresh
+    random source and DLQ topics, with overrides."""
+    from kafka_ingest.config import load_pipelines, parse_pipelines
+
+    shipped = load_pipelines()
+
+    def make(base: str = "telemetry_metrics", *, partitions: int = 3,
+             **overrides: Any) -> Any:
+        body = shipped[base].model_dump(mode="json", exclude={"name"})
+        body.update(topic=topics(partitions, "src"), dlq_topic=topics(partitions, "dlq"))
+        body.update(overrides)
+        return parse_pipelines({"pipelines": {base: body}})[base]
+
+    return make
+
+
+def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
+    """Write pipelines as a YAML file (for DAGs and the CLI run in a subprocess)."""
+    doc = {"pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def airflow_postgres_conn(dsn: str) -> str:
+    """``AIRFLOW_CONN_POSTGRES_DEFAULT`` (JSON form) pointing at ``dsn``."""
+    import json
+
+    d = conninfo_to_dict(dsn)
+    return json.dumps({"conn_type": "postgres", "host": d.get("host"), "port": int(d.get("port", 5432)),
+                       "login": d.get("user"), "password": d.get("password"), "schema": d.get("dbname")})
