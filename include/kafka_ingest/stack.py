@@ -602,13 +602,17 @@ def _bootstrap_postgres(s: Settings) -> None:
         host=str(s.pg_socket_dir), port=s.pg_port, user="postgres", dbname="postgres",
         autocommit=True, connect_timeout=10,
     ) as conn:  # fmt: skip
-        role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_ROLE,))
-        if role.fetchone() is None:
+        role = conn.execute("SELECT rolcreatedb FROM pg_roles WHERE rolname = %s", (PG_ROLE,))
+        found_role = role.fetchone()
+        if found_role is None:
+            # CREATEDB: the test fixtures make a fresh database per test as this role.
             conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
                     sql.Identifier(PG_ROLE), sql.Literal(PG_PASSWORD)
                 )
             )
+        elif not found_role[0]:
+            conn.execute(sql.SQL("ALTER ROLE {} CREATEDB").format(sql.Identifier(PG_ROLE)))
         for database in (PG_DATABASE, AIRFLOW_DATABASE):
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
             if found.fetchone() is None:
