@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+.PHONY: demo test bootstrap lint stack-up stack-down bench lock
+
+demo:            ## install, start the local stack, run the ingest DAG on sample data
+	bash scripts/demo.sh
+
+test:            ## install, start the local stack, lint, type-check and run every test
+	bash scripts/test.sh
+
+bootstrap:
+	bash scripts/bootstrap.sh
+
+lint: bootstrap
+	.venv/bin/ruff check . && .venv/bin/mypy
+
+stack-up: bootstrap
+	.venv/bin/kafka-ingest stack up
+
+stack-down:
+	.venv/bin/kafka-ingest stack down
+
+bench: bootstrap
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000
+
+lock:            ## re-resolve and pin requirements.txt (review the diff)
+	.venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize)==' > requirements.txt.new && mv requirements.txt.new requirements.txt

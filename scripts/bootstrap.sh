@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
+# system packages (Java 17, Maven, PostgreSQL server) when missing, then a virtualenv in
+# .venv with the pinned requirements and the project (editable). Fast when up to date.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: missing ${need[*]}; install them (sudo apt-get install ${need[*]}) and rerun" >&2
+    exit 2
+  fi
+  echo "bootstrap: installing ${need[*]} from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # The Debian package starts its own cluster on 5432; the project runs its own cluster.
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v c; do
+      pg_ctlcluster "$v" "$c" stop >/dev/null 2>&1 || true
+    done
+  fi
+fi
+
+python3 - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"bootstrap: Python 3.11+ is needed, found {sys.version.split()[0]}")
+PY
+
+stamp=.venv/.requirements.sha256
+want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "bootstrap: creating .venv and installing the pinned requirements"
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements-dev.txt
+.venv/bin/python -m pip install -q --no-deps -e .
+echo "$want" > "$stamp"
