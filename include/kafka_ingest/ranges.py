@@ -113,7 +113,10 @@ def plan_explicit(topic: str, requested: Mapping[int, tuple[int, int]],
                 f"(partitions: {', '.join(map(str, sorted(marks)))})"
             )
         low, high = marks[partition]
-        if start < 0 or end < start:
+        if start < 0:
+            raise TriggerParamsError(f"partition {partition}: start {start} is negative; "
+                                     "offsets start at 0")
+        if end < start:
             raise TriggerParamsError(
                 f"partition {partition}: end {end} is before start {start}; give [start, end) "
                 "with start <= end"
