@@ -296,6 +296,9 @@ class RowsRepository:
         ).format(**fmt))
         cur = self.conn.execute(sql.SQL(
             "INSERT INTO {t} ({c}) SELECT DISTINCT ON ({k}) {c} FROM {s}"
+            # A replay of the stored event is a duplicate (counted above), not a newer
+            # version: its later source_offset must not rewrite the row nor count twice.
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id)"
             " ORDER BY {k}, {o} DESC, source_offset DESC"
             " ON CONFLICT ({k}) DO UPDATE SET {u}, ingested_at = now()"
             " WHERE ({t}.{o}, {t}.source_offset) < (EXCLUDED.{o}, EXCLUDED.source_offset)"
