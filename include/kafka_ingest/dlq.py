@@ -9,7 +9,8 @@ first ``max_dlq_bytes`` bytes and the header ``kafka-ingest.value.truncated`` gi
 original size; the batch never crashes on it. (The source still holds the whole value.)
 
 Headers come in our own names (``kafka-ingest.*``), in Kafka Connect's
-(``__connect.errors.*``, read by tools built for Connect DLQs), or both.
+(``__connect.errors.*``, read by tools built for Connect DLQs, plus ours for the fields
+Connect has no name for), or both.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
         connect_fields = {**fields, "stage": "VALUE_CONVERTER"}
         headers += [(CONNECT[k], connect_fields[k].encode("utf-8", "backslashreplace"))
                     for k in CONNECT]
+    if style is DlqHeaderStyle.CONNECT:
+        # Connect has no names for these, and replay needs them (the source timestamp of
+        # the rows it loads, the attempt count, first-failed-at): keep them under ours.
+        headers += [(PREFIX + k, v.encode("utf-8", "backslashreplace"))
+                    for k, v in fields.items() if k not in CONNECT]
     if truncated_from is not None:
         headers.append((PREFIX + "value.truncated", str(truncated_from).encode()))
     return headers
