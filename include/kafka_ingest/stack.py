@@ -613,6 +613,10 @@ def _bootstrap_postgres(s: Settings) -> None:
             )
         elif not found_role[0]:
             conn.execute(sql.SQL("ALTER ROLE {} CREATEDB").format(sql.Identifier(PG_ROLE)))
+        # DROP DATABASE ... WITH (FORCE) of a per-test database must also end the autovacuum
+        # worker that a fresh, just-filled database attracts; without this it fails with
+        # "must be a member of the role whose process is being terminated".
+        conn.execute(sql.SQL("GRANT pg_signal_backend TO {}").format(sql.Identifier(PG_ROLE)))
         for database in (PG_DATABASE, AIRFLOW_DATABASE):
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
             if found.fetchone() is None:
