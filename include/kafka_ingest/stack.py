@@ -800,14 +800,15 @@ def up(*, report: Report | None = None) -> dict[str, str]:
     emit = report or log.info
     s = settings()
     with _locked(s):
-        since = time.monotonic()
+        kafka_since = time.monotonic()
         kafka_pid, kafka_started = _launch_kafka(s)
+        pg_since = time.monotonic()
         pg_pid, pg_started = _start_postgres(s)
         _bootstrap_postgres(s)
-        emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, since))
+        emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, pg_since))
         emit(_ensure_airflow_db(s))
         _await_kafka(s, kafka_pid)
-        emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, since))
+        emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, kafka_since))
     return env()
 
 
