@@ -202,7 +202,12 @@ def map_psycopg_error(operation: str, exc: BaseException) -> IngestError | None:
     """
     import psycopg
 
-    if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
+    # Lock and statement timeouts, and the server ending an idle or too long transaction's
+    # session (SQLSTATE 25P03, 25P04: psycopg files those under InternalError).
+    server_gave_up = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
+                      psycopg.errors.IdleInTransactionSessionTimeout,
+                      psycopg.errors.TransactionTimeout)
+    if isinstance(exc, server_gave_up):
         return DatabaseUnavailable(operation, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
         return RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
