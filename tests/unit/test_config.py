@@ -1,0 +1,172 @@
+"""Pipeline config: the shipped file loads, and every mistake is a ValueError naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kafka_ingest.config import (
+    DEFAULT_PIPELINES_FILE,
+    OnOffsetGap,
+    OnTombstone,
+    Pipeline,
+    StartPolicy,
+    UpsertMode,
+    get_pipeline,
+    load_pipelines,
+    parse_pipelines,
+    pipelines_file,
+)
+from kafka_ingest.contracts import MetricEventV2, OrderCreatedV1
+
+GOOD: dict[str, Any] = {
+    "topic": "t-in",
+    "contract": {"event_type": "metric_event", "version": 2},
+    "table": "t_rows",
+    "dlq_topic": "t-in-dlq",
+}
+
+
+def document(**body: Any) -> dict[str, Any]:
+    return {"pipelines": {"p1": {**GOOD, **body}}}
+
+
+def test_the_shipped_file_loads(shipped: dict[str, Pipeline]) -> None:
+    assert set(shipped) >= {"telemetry_metrics", "orders_created"}
+    telemetry, orders = shipped["telemetry_metrics"], shipped["orders_created"]
+    assert (telemetry.topic, telemetry.table, telemetry.dlq_topic) == (
+        "telemetry-metrics", "telemetry_metrics", "telemetry-metrics-dlq")
+    assert telemetry.model is MetricEventV2
+    assert (orders.topic, orders.table, orders.dlq_topic) == (
+        "pedidos-criados", "orders_created", "pedidos-criados-dlq")
+    assert orders.model is OrderCreatedV1
+    for name, p in shipped.items():
+        assert p.name == name
+        assert p.start_policy is StartPolicy.EARLIEST  # from the file's defaults
+        assert p.on_offset_gap is OnOffsetGap.FAIL
+        assert p.on_tombstone is OnTombstone.SKIP
+        assert p.asset_uri == f"postgres://{p.asset_host}/{p.asset_database}/public/{p.table}"
+        assert p.group_id == f"kafka-ingest.{name}"
+
+
+def test_shipped_latest_upsert_pipeline(shipped: dict[str, Pipeline]) -> None:
+    state = shipped["device_state"]
+    assert state.upsert.mode is UpsertMode.LATEST
+    assert state.upsert.key in state.columns
+
+
+def test_defaults_apply_and_an_entry_overrides_them() -> None:
+    doc = {"defaults": {"chunk_size": 7, "on_tombstone": "dead_letter"},
+           "pipelines": {"p1": {**GOOD, "chunk_size": 9}, "p2": {**GOOD, "dlq_topic": "x"}}}
+    pipelines = parse_pipelines(doc)
+    assert pipelines["p1"].chunk_size == 9
+    assert pipelines["p2"].chunk_size == 7
+    assert pipelines["p2"].on_tombstone is OnTombstone.DEAD_LETTER
+
+
+BAD_ENTRIES = [
+    # a typo in a key is an error, not a silently ignored setting
+    ({"chunk_sise": 10}, r"pipelines\.p1\.chunk_sise: unknown key"),
+    # a typo inside a nested mapping names the full path
+    ({"contract": {"event_type": "metric_event", "version": 2, "verison": 2}},
+     r"pipelines\.p1\.contract\.verison: unknown key"),
+    # wrong type: not a number
+    ({"chunk_size": "many"}, r"pipelines\.p1\.chunk_size: Input should be a valid integer"),
+    # out of bounds
+    ({"chunk_size": 0}, r"pipelines\.p1\.chunk_size: Input should be greater than or equal to 1"),
+    # wrong type: a list where a mapping belongs
+    ({"contract": ["metric_event", 2]}, r"pipelines\.p1\.contract: Input should be"),
+    # an enum value that does not exist
+    ({"start_policy": "newest"}, r"pipelines\.p1\.start_policy: Input should be 'earliest'"),
+    # a topic name Kafka would refuse
+    ({"topic": "has space"}, r"pipelines\.p1\.topic: String should match pattern"),
+    # a table name that is not a safe identifier
+    ({"table": "Rows; DROP"}, r"pipelines\.p1\.table: String should match pattern"),
+    # a missing required key
+    ({"table": None}, r"pipelines\.p1\.table: Input should be a valid string"),
+    # a contract that is not registered
+    ({"contract": {"event_type": "metric_event", "version": 9}},
+     r"pipelines\.p1.*unknown contract 'metric_event\.v9'"),
+    # upsert latest needs the entity key
+    ({"upsert": {"mode": "latest"}}, r"pipelines\.p1\.upsert: .*needs upsert\.key"),
+    # an upsert key that is not a column of the contract
+    ({"upsert": {"mode": "latest", "key": "nope"}},
+     r"pipelines\.p1.*upsert\.key 'nope' is not a column"),
+    # append with a key is a contradiction
+    ({"upsert": {"key": "device_id"}}, r"pipelines\.p1\.upsert: .*only used with upsert\.mode"),
+    # the DLQ must not be the source topic (the pipeline would read its own dead letters)
+    ({"dlq_topic": "t-in"}, r"pipelines\.p1.*dlq_topic must differ from topic"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_ENTRIES)
+def test_bad_entry_names_pipeline_and_key(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_pipelines(document(**change), source="pipes.yaml")
+    assert str(info.value).startswith("pipes.yaml: ")
+
+
+def test_a_required_key_left_out_is_named() -> None:
+    body = {k: v for k, v in GOOD.items() if k != "dlq_topic"}
+    with pytest.raises(ValueError, match=r"pipelines\.p1\.dlq_topic: Field required"):
+        parse_pipelines({"pipelines": {"p1": body}})
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([1, 2], "top level must be a mapping"),  # a list at the top
+        ({"pipelines": {}, "pipeline": {}}, "top level must be a mapping"),  # unknown top key
+        ({"pipelines": [GOOD]}, "'pipelines' and 'defaults' must be mappings"),  # a list
+        ({"pipelines": {"p1": "topic"}}, "pipelines.p1 must be a mapping"),  # scalar entry
+        ({"defaults": {"chunk_sise": 1}, "pipelines": {"p1": GOOD}},  # typo in defaults
+         r"pipelines\.p1\.chunk_sise: unknown key"),
+        ({"pipelines": {"Bad-Name": GOOD}}, r"pipelines\.Bad-Name\.name"),  # unsafe name
+    ],
+)
+def test_bad_document_shape(doc: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_pipelines(doc)
+
+
+def test_bad_yaml(tmp_path: Path) -> None:
+    file = tmp_path / "pipelines.yaml"
+    file.write_text("pipelines:\n  p1: {topic: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not valid YAML") as info:
+        load_pipelines(file)
+    assert str(file) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    file = tmp_path / "absent.yaml"
+    with pytest.raises(ValueError, match="cannot read pipelines file") as info:
+        load_pipelines(file)
+    assert str(file) in str(info.value)
+
+
+def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "other.yaml"
+    file.write_text(yaml.safe_dump(document(chunk_size=123)), encoding="utf-8")
+    monkeypatch.setenv("KAFKA_INGEST_PIPELINES", str(file))
+    assert pipelines_file() == file
+    pipelines = load_pipelines()
+    assert list(pipelines) == ["p1"]
+    assert pipelines["p1"].chunk_size == 123
+    assert get_pipeline("p1").topic == "t-in"
+    monkeypatch.delenv("KAFKA_INGEST_PIPELINES")
+    assert pipelines_file() == DEFAULT_PIPELINES_FILE
+
+
+def test_get_pipeline_unknown_name_lists_the_defined_ones(tmp_path: Path) -> None:
+    file = tmp_path / "p.yaml"
+    file.write_text(yaml.safe_dump(document()), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"unknown pipeline 'nope'; defined: p1"):
+        get_pipeline("nope", file)
+
+
+def test_pipelines_are_frozen(shipped: dict[str, Pipeline]) -> None:
+    with pytest.raises(ValueError, match="frozen"):
+        shipped["orders_created"].chunk_size = 1  # type: ignore[misc]

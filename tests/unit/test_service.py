@@ -1,0 +1,68 @@
+"""The service layer's pure parts: reconciliation and the run summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kafka_ingest.errors import IngestError, ReconciliationError
+from kafka_ingest.service import RangeReport, reconcile, summarize
+
+COUNTS = {"inserted": 6, "duplicates": 2, "stale": 1, "dead_lettered": 3, "tombstones": 1}
+
+
+def test_reconcile_passes_when_every_message_is_accounted_for() -> None:
+    reconcile(4, 13, COUNTS)
+    reconcile(0, 0, dict.fromkeys(COUNTS, 0))
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        12,  # one message counted twice
+        14,  # one message lost
+    ],
+)
+def test_reconcile_raises_naming_the_counts(read: int) -> None:
+    with pytest.raises(ReconciliationError) as info:
+        reconcile(4, read, COUNTS)
+    err = info.value
+    assert isinstance(err, IngestError)
+    assert (err.partition, err.read, err.accounted) == (4, read, COUNTS)
+    assert str(err) == (f"partition 4: read {read} but inserted 6 + duplicates 2 + stale 1 + "
+                        "dead_lettered 3 + tombstones 1 = 13")
+
+
+def report(partition: int, **counts: Any) -> dict[str, Any]:
+    return RangeReport("p", "t", partition, 0, 10, "live", **counts).to_dict()
+
+
+def test_summarize_sums_the_mapped_results() -> None:
+    summary = summarize([
+        report(0, read=100, inserted=90, duplicates=4, dead_lettered=5, tombstones=1,
+               bytes=12_000, seconds=1.5, lag_after=7),
+        report(1, read=300, inserted=280, stale=5, dead_lettered=15, bytes=36_000,
+               seconds=2.25, lag_after=0),
+        report(2, lag_after=None),  # a slice whose lag could not be read
+    ])
+    assert summary == {
+        "read": 400, "inserted": 370, "duplicates": 4, "stale": 5, "dead_lettered": 20,
+        "tombstones": 1, "bytes": 48_000, "seconds": 3.75, "partitions": 3, "lag_after": 7,
+        "dlq_rate": 0.05,
+    }
+
+
+def test_summarize_rounds_the_dlq_rate() -> None:
+    assert summarize([report(0, read=3, dead_lettered=1)])["dlq_rate"] == 0.333333
+
+
+def test_summarize_nothing_read() -> None:
+    summary = summarize([])
+    assert (summary["partitions"], summary["dlq_rate"], summary["lag_after"]) == (0, 0.0, 0)
+    assert summarize([report(0)])["dlq_rate"] == 0.0  # no division by zero
+
+
+def test_summarize_accepts_partial_dicts() -> None:
+    # XCom may carry reports from an older version without every key.
+    assert summarize([{"read": 2, "dead_lettered": 2}])["dlq_rate"] == 1.0

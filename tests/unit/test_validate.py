@@ -1,0 +1,141 @@
+"""Validation: every poison pill gets its error class; good rows carry their provenance."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.dlq import DeadLetter, ReplayedMessage
+from kafka_ingest.errors import DataError
+from kafka_ingest.samples import make_event, poison_pills
+from kafka_ingest.validate import DETAIL_MAX, validate_chunk
+
+PIPELINES = ["telemetry_metrics", "orders_created"]
+MAX_BYTES = 4096
+
+
+def small(pipeline: Pipeline, **changes: Any) -> Pipeline:
+    """The pipeline with a small size limit, so the too_large pill stays small too."""
+    return pipeline.model_copy(update={"max_message_bytes": MAX_BYTES, **changes})
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_every_poison_pill_gets_its_expected_error_class(
+        name: str, shipped: dict[str, Pipeline], message: Any) -> None:
+    pipeline = small(shipped[name])
+    pills = poison_pills(pipeline, "unit", MAX_BYTES)
+    msgs = [message(s.value, topic_=pipeline.topic, partition_=2, offset_=100 + i, key_=s.key)
+            for i, s in enumerate(pills)]
+
+    result = validate_chunk(msgs, pipeline)
+
+    dead_by_offset = {d.source_offset: d for d in result.dead}
+    row_offsets = {row[-3] for row in result.rows}
+    for i, sample in enumerate(pills):
+        offset = 100 + i
+        if sample.expect == "row":
+            assert offset in row_offsets, sample.kind
+        elif sample.expect == "tombstone":
+            assert offset not in dead_by_offset and offset not in row_offsets, sample.kind
+        else:
+            assert offset in dead_by_offset, f"{sample.kind} was not dead-lettered"
+            assert dead_by_offset[offset].error_class == sample.expect, (
+                f"{sample.kind}: {dead_by_offset[offset].error_detail}")
+    expects = [s.expect for s in pills]
+    assert result.read == len(pills)
+    assert result.tombstones == expects.count("tombstone")
+    assert len(result.rows) == expects.count("row")
+    assert len(result.dead) == len(pills) - expects.count("row") - expects.count("tombstone")
+    assert result.bytes == sum(len(s.value) for s in pills if s.value is not None)
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_dead_letters_keep_bytes_provenance_and_a_bounded_reason(
+        name: str, shipped: dict[str, Pipeline], message: Any) -> None:
+    pipeline = small(shipped[name])
+    pills = [s for s in poison_pills(pipeline, "unit", MAX_BYTES) if s.expect not in
+             ("row", "tombstone")]
+    msgs = [message(s.value, topic_=pipeline.topic, partition_=1, offset_=i, key_=s.key,
+                    timestamp_=(1, 1_700_000_000_000 + i)) for i, s in enumerate(pills)]
+    result = validate_chunk(msgs, pipeline)
+    assert len(result.dead) == len(pills)
+    for i, (sample, letter) in enumerate(zip(pills, result.dead, strict=True)):
+        assert letter.source == (pipeline.topic, 1, i)
+        assert (letter.key, letter.value) == (sample.key, sample.value)  # bytes unchanged
+        assert letter.timestamp_ms == 1_700_000_000_000 + i
+        assert letter.contract == pipeline.model.key()
+        assert letter.dlq_topic == pipeline.dlq_topic
+        assert 0 < len(letter.error_detail) <= DETAIL_MAX
+
+
+@pytest.mark.parametrize(
+    ("rule", "dead", "tombstones"),
+    [
+        (OnTombstone.SKIP, 0, 1),  # default: counted, not dead-lettered
+        (OnTombstone.DEAD_LETTER, 1, 0),  # by rule: parked in the DLQ with the generic class
+    ],
+)
+def test_tombstone_rule(rule: OnTombstone, dead: int, tombstones: int,
+                        shipped: dict[str, Pipeline], message: Any) -> None:
+    pipeline = small(shipped["telemetry_metrics"], on_tombstone=rule)
+    result = validate_chunk([message(None, key_=b"k", offset_=5)], pipeline)
+    assert (result.read, len(result.dead), result.tombstones, result.rows) == (
+        1, dead, tombstones, [])
+    assert result.bytes == 0
+    if dead:
+        letter = result.dead[0]
+        assert (letter.error_class, letter.value, letter.key) == (
+            DataError.error_class, None, b"k")
+        assert "tombstone" in letter.error_detail
+
+
+def test_rows_carry_provenance(shipped: dict[str, Pipeline], message: Any) -> None:
+    pipeline = shipped["orders_created"]
+    event = make_event(pipeline, 3, "prov", random.Random(1))
+    value = json.dumps(event).encode()
+    msg = message(value, topic_="pedidos-criados", partition_=4, offset_=987,
+                  key_=b"customer-1", timestamp_=(1, 1_767_225_600_123))
+    no_ts = message(json.dumps(dict(event, event_id="b")).encode(), offset_=988,
+                    timestamp_=(0, -1))
+
+    result = validate_chunk([msg, no_ts], pipeline)
+
+    assert result.dead == []
+    assert (result.read, result.bytes) == (2, len(value) + len(no_ts.value()))
+    row = result.rows[0]
+    assert len(row) == len(pipeline.model.SINK_COLUMNS) + 5
+    assert row[: len(pipeline.model.SINK_COLUMNS)] == pipeline.model.model_validate_json(
+        value).sink_values()
+    topic, partition, offset, key, kafka_ts = row[-5:]
+    assert (topic, partition, offset, key) == ("pedidos-criados", 4, 987, b"customer-1")
+    assert kafka_ts == datetime(2026, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
+    assert kafka_ts.tzinfo is not None
+    assert result.rows[1][-1] is None  # no broker timestamp: NULL, not the epoch
+
+
+def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipeline]) -> None:
+    pipeline = shipped["telemetry_metrics"]
+    good = json.dumps({"event_id": "r1", "device_id": "d", "timestamp": 1.0,
+                       "metric_value": 2.0}).encode()
+    letters = [
+        DeadLetter("telemetry-metrics", 1, 10, b"k", good, 1_000, "contract_violation", "was",
+                   "metric_event.v2", pipeline.dlq_topic),
+        DeadLetter("telemetry-metrics", 1, 11, None, b"[]", None, "not_an_object", "still",
+                   "metric_event.v2", pipeline.dlq_topic),
+    ]
+    result = validate_chunk([ReplayedMessage(d) for d in letters], pipeline)
+    assert [r[-5:] for r in result.rows] == [
+        ("telemetry-metrics", 1, 10, b"k", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC))]
+    assert [(d.source, d.error_class, d.timestamp_ms) for d in result.dead] == [
+        (("telemetry-metrics", 1, 11), "not_an_object", None)]
+
+
+def test_an_empty_chunk(shipped: dict[str, Pipeline]) -> None:
+    result = validate_chunk([], shipped["orders_created"])
+    assert (result.read, result.bytes, result.rows, result.dead, result.tombstones) == (
+        0, 0, [], [], 0)
