@@ -1,0 +1,60 @@
+"""Every DAG file imports cleanly, and every DAG has what operating it needs."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def dag_bag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.fixture(scope="module")
+def bag(stack_env: dict[str, str]) -> Any:
+    return dag_bag()
+
+
+def test_no_import_errors(bag: Any) -> None:
+    assert bag.import_errors == {}
+
+
+def test_one_ingest_dag_per_pipeline(bag: Any) -> None:
+    from kafka_ingest.config import load_pipelines
+
+    for name in load_pipelines():
+        assert f"{name}_ingest" in bag.dags
+
+
+@pytest.mark.parametrize("attr", ["tags", "owner", "retries"])
+def test_dags_are_operable(bag: Any, attr: str) -> None:
+    for dag_id, dag in bag.dags.items():
+        if attr == "tags":
+            assert "kafka-ingest" in dag.tags, dag_id
+        for t in dag.tasks:
+            if attr == "owner":
+                assert t.owner and t.owner != "airflow", (dag_id, t.task_id)
+            if attr == "retries":
+                assert t.retries >= 1, (dag_id, t.task_id)
+
+
+def test_ingest_dags_run_one_at_a_time_with_a_trigger_form(bag: Any) -> None:
+    for dag_id, dag in bag.dags.items():
+        if not dag_id.endswith("_ingest"):
+            continue
+        assert dag.max_active_runs == 1
+        assert dag.catchup is False
+        params = dag.params.dump()
+        assert {"partitions", "from", "to"} <= set(params)
+        for name in ("partitions", "from", "to"):
+            param = dag.params.get_param(name)
+            assert param.description and param.schema.get("title"), (dag_id, name)
+        assert [o.uri for o in dag.get_task("report").outlets][0].startswith("postgres://")
