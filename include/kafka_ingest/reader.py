@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kafka_ingest.errors import KafkaUnavailable, map_kafka_error
+from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, map_kafka_error
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _read_chunk(consumer: Any, topic: str, partition: int, start: int, chunk_end
         got = consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 100_000)),
                                timeout=poll_timeout_s)
         for m in got:
-            _raise_on_error(m, topic, partition)
+            _raise_on_error(consumer, m, topic, partition, last + 1)
         inside = [m for m in got if m.offset() < chunk_end]
         batch.extend(inside)
         if len(inside) < len(got):
@@ -208,10 +208,15 @@ def _read_chunk(consumer: Any, topic: str, partition: int, start: int, chunk_end
     return batch, []
 
 
-def _raise_on_error(msg: Any, topic: str, partition: int) -> None:
+def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, position: int) -> None:
+    """Raise for an error event; a range deleted under us is an offset gap, not a retry."""
     err = msg.error()
     if err is None or err.code() == KafkaError._PARTITION_EOF:
         return
+    if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+        low, _ = watermarks(consumer, topic, [partition])[partition]
+        if position < low:
+            raise OffsetGapError(topic, partition, position, low)
     raise map_kafka_error(f"read {topic}[{partition}]", err)
 
 
