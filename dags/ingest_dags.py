@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, dag, get_current_context, task
-from kafka_ingest_hook import KafkaIngestHook, postgres_database
+from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.ranges import OffsetRange
@@ -63,17 +63,20 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         @task
         def plan() -> list[dict[str, Any]]:
             context = get_current_context()
-            ranges = plan_run(pipeline, hook(pipeline.kafka_conn_id).clients,
-                              postgres_database(pipeline.postgres_conn_id),
-                              run_id=context["run_id"], request=_request(context))
+            with fail_without_retry():
+                ranges = plan_run(pipeline, hook(pipeline.kafka_conn_id).clients,
+                                  postgres_database(pipeline.postgres_conn_id),
+                                  run_id=context["run_id"], request=_request(context))
             return [r.to_dict() for r in ranges]
 
         @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
         def ingest(offset_range: dict[str, Any]) -> dict[str, Any]:
             run_id = get_current_context()["run_id"]
-            report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),
-                                  hook(pipeline.kafka_conn_id).clients,
-                                  postgres_database(pipeline.postgres_conn_id), run_id=run_id)
+            with fail_without_retry():
+                report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),
+                                      hook(pipeline.kafka_conn_id).clients,
+                                      postgres_database(pipeline.postgres_conn_id),
+                                      run_id=run_id)
             return report.to_dict()
 
         @task(trigger_rule="none_failed", outlets=[Asset(pipeline.asset_uri)])

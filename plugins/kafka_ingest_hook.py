@@ -11,11 +11,15 @@ No side effects at import time (the plugin manager imports every file here).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException
 
+from kafka_ingest.errors import PERMANENT_ERRORS
 from kafka_ingest.reader import KafkaClients, commit_offset, read_range, watermarks
 from kafka_ingest.sink import Database
 
@@ -82,3 +86,14 @@ def postgres_database(conn_id: str) -> Database:
         dbname=conn.schema or "postgres",
     )
     return Database(dsn)
+
+
+@contextmanager
+def fail_without_retry() -> Iterator[None]:
+    """Fail the task at once (no retry) for errors a retry cannot cure: a retention gap,
+    counts that do not reconcile, a trigger form that cannot be honoured. Infrastructure
+    errors propagate unchanged, so Airflow retries them with backoff."""
+    try:
+        yield
+    except PERMANENT_ERRORS as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc

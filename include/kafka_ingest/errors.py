@@ -163,6 +163,13 @@ class RejectedByDatabase(DataError):
     error_class = "rejected_by_database"
 
 
+#: Errors a retry cannot cure: the task should fail at once and say why.
+PERMANENT_ERRORS: tuple[type[IngestError], ...] = (
+    OffsetGapError,
+    ReconciliationError,
+    TriggerParamsError,
+)
+
 DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     Undecodable,
     NotAnObject,
