@@ -118,6 +118,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reset_offsets(args: argparse.Namespace) -> int:
+    """Move a partition's stored offset by hand, under its advisory lock."""
+    from kafka_ingest.reader import partitions_of, watermarks
+    from kafka_ingest.sink import OffsetsRepository, lock_partition
+
+    pipeline = get_pipeline(args.pipeline)
+    consumer = kafka_clients().consumer(pipeline.group_id)
+    try:
+        parts = partitions_of(consumer, pipeline.topic)
+        if args.partition not in parts:
+            raise ValueError(f"partition {args.partition} does not exist in {pipeline.topic!r} "
+                             f"(partitions: {', '.join(map(str, parts))})")
+        low, high = watermarks(consumer, pipeline.topic, [args.partition])[args.partition]
+    finally:
+        consumer.close()
+    target = {"earliest": low, "latest": high}.get(args.to, None)
+    target = int(args.to) if target is None else target
+    if not low <= target <= high:
+        raise ValueError(f"offset {target} is outside [{low}, {high}] of "
+                         f"{pipeline.topic}[{args.partition}]")
+    if not args.yes:
+        print(f"would set {pipeline.name} {pipeline.topic}[{args.partition}] to {target}; "
+              "add --yes to do it")
+        return 1
+    db = database()
+    with db.session() as conn:
+        lock_partition(conn, pipeline.name, args.partition, timeout_s=db.lock_timeout_s)
+        before = OffsetsRepository(conn).reset(pipeline.name, pipeline.topic, args.partition,
+                                               target)
+        conn.commit()
+    print(f"{pipeline.name} {pipeline.topic}[{args.partition}]: {before} -> {target}")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from kafka_ingest.contracts import json_schema
 
@@ -177,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline", nargs="?")
     p.add_argument("--limit", type=int, default=10)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("reset-offsets", help="set a partition's stored offset by hand")
+    p.add_argument("pipeline")
+    p.add_argument("--partition", type=int, required=True)
+    p.add_argument("--to", required=True, help="an offset, 'earliest' or 'latest'")
+    p.add_argument("--yes", action="store_true", help="do it (otherwise only say what)")
+    p.set_defaults(func=cmd_reset_offsets)
 
     p = sub.add_parser("schema", help="print a contract's JSON Schema")
     p.add_argument("event_type")

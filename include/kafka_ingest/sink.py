@@ -339,6 +339,17 @@ class OffsetsRepository:
         assert stored is not None
         return stored
 
+    def reset(self, pipeline: str, topic: str, partition: int, offset: int) -> int | None:
+        """Set the stored offset by hand (operators only); return the previous value."""
+        before = self.get(pipeline, topic, partition)
+        self.conn.execute(
+            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (pipeline, topic, partition)"
+            " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+            (pipeline, topic, partition, offset),
+        )
+        return before
+
     def advance(self, pipeline: str, topic: str, partition: int, expected: int, new: int) -> None:
         """Compare-and-set: exactly one row moves from ``expected`` to ``new``, or fence."""
         cur = self.conn.execute(
