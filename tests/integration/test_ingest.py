@@ -1,0 +1,298 @@
+"""The ingest pipeline against the real broker and database (DESIGN §3, §4, §5).
+
+Every run goes through ``plan_run`` / ``ingest_range``, the code path of the DAG and of
+``kafka-ingest run``. Expectations come from what was produced (the sample stream is
+regenerated from its tag) and from reading the topics back, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from helpers_ingest import (
+    DeadProducerClients,
+    assert_invariants,
+    dead_letter_rows,
+    execute,
+    expected_from_sample,
+    group_offsets,
+    highs,
+    metric,
+    produce,
+    query,
+    read_topic,
+    run,
+    stored_offsets,
+    table_ids,
+    total,
+)
+
+from kafka_ingest.config import OnOffsetGap
+from kafka_ingest.errors import DeliveryFailed, OffsetGapError, TransientError
+from kafka_ingest.reader import KafkaClients
+from kafka_ingest.samples import produce_sample, sample_stream
+from kafka_ingest.service import ingest_range, plan_run
+
+pytestmark = pytest.mark.integration
+
+COUNT = 20_000
+
+
+def _runs_count(dsn: str) -> int:
+    return int(query(dsn, "SELECT count(*) FROM ingest_runs")[0][0])
+
+
+def test_one_run_lands_every_valid_event_once_and_dead_letters_every_poison(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=2_500)
+    sample = produce_sample(clients, pipeline, count=COUNT, poison=1)
+    expected = expected_from_sample(pipeline, sample, count=COUNT, poison=1)
+
+    reports = run(pipeline, clients, db)
+
+    assert len(reports) == 3
+    assert total(reports, "read") == sample["produced"]
+    assert total(reports, "inserted") == len(expected.ids) == sample["expect"]["row"]
+    assert total(reports, "duplicates") == sample["expect"]["duplicate"] > 0
+    assert total(reports, "tombstones") == sample["expect"]["tombstone"] == 1
+    assert total(reports, "dead_lettered") == len(expected.poison)
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+    assert all(attempts == 1 for _, attempts in dead_letter_rows(pg_dsn, pipeline).values())
+    audited = query(pg_dsn, "SELECT sum(read), sum(inserted), sum(dead_lettered)"
+                            " FROM ingest_runs WHERE mode = 'live'")[0]
+    assert tuple(map(int, audited)) == (sample["produced"], len(expected.ids),
+                                        len(expected.poison))
+
+    # A second run plans nothing and reads nothing.
+    runs_before = _runs_count(pg_dsn)
+    assert run(pipeline, clients, db) == []
+    assert _runs_count(pg_dsn) == runs_before
+
+    # An explicit range over ingested offsets adds no row and leaves the stored offset.
+    end = highs(clients, pipeline.topic)
+    request = {"partitions": {str(p): [0, hi] for p, hi in end.items()}}
+    again = run(pipeline, clients, db, request=request)
+    assert {r.mode for r in again} == {"backfill"}
+    assert total(again, "read") == sample["produced"]
+    assert total(again, "inserted") == 0
+    assert len(table_ids(pg_dsn, pipeline.table)) == len(expected.ids)
+    assert stored_offsets(pg_dsn, pipeline) == end
+    assert group_offsets(clients, pipeline) == end
+    assert len(dead_letter_rows(pg_dsn, pipeline)) == len(expected.poison)
+
+
+def test_same_event_in_one_chunk_and_across_partitions_lands_once(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics")
+    a, b = metric("dup-a", "d1", 1.0), metric("dup-b", "d2", 2.0)
+    produce(clients, pipeline.topic, [(b"k", a), (b"k", a)], partition=0)  # same chunk
+    produce(clients, pipeline.topic, [(b"k", a), (b"k", b)], partition=1)  # other partition
+    produce(clients, pipeline.topic, [(b"k", b)], partition=2)
+
+    reports = run(pipeline, clients, db)
+
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == ["dup-a", "dup-b"]
+    assert total(reports, "read") == 5
+    assert total(reports, "inserted") == 2
+    assert total(reports, "duplicates") == 3
+
+
+def test_orders_decimal_totals_are_exact(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("orders_created", chunk_size=700)
+    count = 2_000
+    sample = produce_sample(clients, pipeline, count=count, poison=1)
+    expected = expected_from_sample(pipeline, sample, count=count, poison=1)
+
+    run(pipeline, clients, db)
+
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+    want = {}
+    for s in sample_stream(pipeline, count, 1, tag=sample["tag"], partitions=3):
+        if s.expect == "row":
+            event = json.loads(s.value or b"")
+            want[event["event_id"]] = Decimal(event["total"])
+    got = dict(query(pg_dsn, "SELECT event_id, total FROM orders_created"))
+    assert got == want
+    assert all(isinstance(v, Decimal) for v in got.values())
+
+
+def _device_state(dsn: str) -> dict[str, str]:
+    return dict(query(dsn, "SELECT device_id, event_id FROM device_state"))
+
+
+def _counts(reports: list[Any]) -> tuple[int, int, int, int]:
+    return (total(reports, "read"), total(reports, "inserted"),
+            total(reports, "duplicates"), total(reports, "stale"))
+
+
+def test_device_state_keeps_the_newest_event_per_device(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("device_state", partitions=1)
+    events = {
+        "e1": metric("e1", "d1", 100.0), "e2": metric("e2", "d1", 200.0),
+        "e3": metric("e3", "d1", 150.0), "e4": metric("e4", "d2", 50.0),
+        "e5": metric("e5", "d1", 120.0), "e6": metric("e6", "d2", 300.0),
+        "e7": metric("e7", "d3", 10.0), "e8": metric("e8", "d3", 20.0),
+    }
+
+    def send(*names: str) -> list[Any]:
+        produce(clients, pipeline.topic, [(b"k", events[n]) for n in names])
+        return run(pipeline, clients, db)
+
+    # In one chunk: e3 (older) arrives after e2 (newer); e1 and e3 are superseded.
+    first = send("e1", "e2", "e3", "e4")
+    assert _device_state(pg_dsn) == {"d1": "e2", "d2": "e4"}
+    assert _counts(first) == (4, 2, 0, 2)
+    # Next run: e5 is older than the stored e2 (stale), e2 is replayed (duplicate),
+    # e6 supersedes e4, e7 is a new device.
+    second = send("e5", "e2", "e6", "e7")
+    assert _device_state(pg_dsn) == {"d1": "e2", "d2": "e6", "d3": "e7"}
+    assert _counts(second) == (4, 2, 1, 1)
+    # Replays of a stored event and of a superseded one change nothing; e8 supersedes e7.
+    third = send("e6", "e3", "e8")
+    assert _device_state(pg_dsn) == {"d1": "e2", "d2": "e6", "d3": "e8"}
+    assert _counts(third) == (3, 1, 1, 1)
+    # The stored e2 is the original one (offset 1), not rewritten by its replay.
+    assert query(pg_dsn, "SELECT source_offset FROM device_state WHERE device_id = 'd1'") \
+        == [(1,)]
+    audited = query(pg_dsn, "SELECT sum(read), sum(inserted + duplicates + stale"
+                            " + dead_lettered + tombstones) FROM ingest_runs")[0]
+    assert audited[0] == audited[1] == 11
+    assert stored_offsets(pg_dsn, pipeline) == {0: 11}
+
+
+def test_rows_postgres_rejects_are_isolated_and_dead_lettered(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", partitions=1, chunk_size=100)
+    execute(pg_dsn, "ALTER TABLE telemetry_metrics"
+                  " ADD CONSTRAINT small_values CHECK (metric_value < 1000)")
+    bad = {7, 23, 41}
+    values = [metric(f"r-{i}", "d1", float(i), 5_000.0 if i in bad else 1.0) for i in range(50)]
+    produce(clients, pipeline.topic, [(f"k{i}".encode(), v) for i, v in enumerate(values)])
+
+    reports = run(pipeline, clients, db)
+
+    assert total(reports, "inserted") == 47
+    assert total(reports, "dead_lettered") == 3
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(
+        f"r-{i}" for i in range(50) if i not in bad)
+    letters = dead_letter_rows(pg_dsn, pipeline)
+    assert letters == {(0, i): ("rejected_by_database", 1) for i in bad}
+    dlq = read_topic(clients, pipeline.dlq_topic)
+    assert sorted((int(r.headers["kafka-ingest.offset"]), r.value, r.key) for r in dlq.values()) \
+        == [(i, values[i], f"k{i}".encode()) for i in sorted(bad)]
+    assert {r.headers["kafka-ingest.error_class"] for r in dlq.values()} \
+        == {b"rejected_by_database"}
+    assert stored_offsets(pg_dsn, pipeline) == {0: 50}
+
+
+def _delete_records(clients: KafkaClients, topic: str, before: int) -> None:
+    admin = clients.admin()  # keep it alive: its futures never resolve once it is gone
+    futures = admin.delete_records([TopicPartition(topic, 0, before)], operation_timeout=30)
+    for future in futures.values():
+        deleted = future.result(30)
+        assert deleted.low_watermark == before
+
+
+def test_retention_gap_fails_or_is_recorded_and_skipped(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", partitions=1, max_records_per_partition=30)
+    produce(clients, pipeline.topic, [(b"k", metric(f"g-{i}", "d1", float(i)))
+                                      for i in range(100)])
+    run(pipeline, clients, db)
+    assert stored_offsets(pg_dsn, pipeline) == {0: 30}
+    _delete_records(clients, pipeline.topic, 60)  # retention took [0, 60) before we read it
+
+    failing = pipeline.model_copy(update={"on_offset_gap": OnOffsetGap.FAIL,
+                                          "max_records_per_partition": 1_000})
+    with pytest.raises(OffsetGapError) as gap:
+        run(failing, clients, db)
+    assert (gap.value.partition, gap.value.start, gap.value.low) == (0, 30, 60)
+    assert stored_offsets(pg_dsn, pipeline) == {0: 30}
+    assert query(pg_dsn, "SELECT count(*) FROM offset_gaps") == [(0,)]
+
+    skipping = failing.model_copy(update={"on_offset_gap": OnOffsetGap.SKIP})
+    reports = run(skipping, clients, db, run_id="after-gap")
+    assert [(r.start, r.end) for r in reports] == [(60, 100)]
+    assert query(pg_dsn, "SELECT partition, from_offset, to_offset, run_id FROM offset_gaps") \
+        == [(0, 30, 60, "after-gap")]
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(
+        [f"g-{i}" for i in range(30)] + [f"g-{i}" for i in range(60, 100)])
+    assert stored_offsets(pg_dsn, pipeline) == {0: 100}
+    assert group_offsets(clients, pipeline) == {0: 100}
+
+
+def test_max_records_caps_a_run_and_the_next_continues_where_it_stopped(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", max_records_per_partition=700, chunk_size=300)
+    count = 3_000
+    sample = produce_sample(clients, pipeline, count=count, poison=0)
+    expected = expected_from_sample(pipeline, sample, count=count, poison=0)
+    end = highs(clients, pipeline.topic)
+
+    first = plan_run(pipeline, clients, db, run_id="capped-1")
+    assert first == plan_run(pipeline, clients, db, run_id="capped-1")  # pinned
+    assert {(r.partition, r.start, r.end) for r in first} == {
+        (p, 0, min(hi, 700)) for p, hi in end.items()}
+    reached = {p: 0 for p in end}
+    ranges, runs = first, 0
+    while ranges:
+        runs += 1
+        for r in ranges:
+            assert r.start == reached[r.partition]  # exactly where the last run stopped
+            assert r.size <= 700
+            ingest_range(pipeline, r, clients, db, run_id=f"capped-{runs}")
+            reached[r.partition] = r.end
+        assert stored_offsets(pg_dsn, pipeline) == {p: reached[p] for p in end}
+        ranges = plan_run(pipeline, clients, db, run_id=f"capped-{runs + 1}")
+    assert runs == -(-max(end.values()) // 700)
+    assert set(table_ids(pg_dsn, pipeline.table)) == expected.ids
+    # Replanning a finished pinned run gives its slice again; ingesting it reads nothing.
+    replanned = plan_run(pipeline, clients, db, run_id="capped-1")
+    assert replanned == first
+    assert total([ingest_range(pipeline, r, clients, db, run_id="capped-1")
+                  for r in replanned], "read") == 0
+
+
+def _missing_dlq_topic(pipeline: Any, clients: KafkaClients) -> tuple[Any, KafkaClients]:
+    broken = pipeline.model_copy(update={"dlq_topic": f"missing-{uuid.uuid4().hex[:10]}"})
+    return broken, KafkaClients({**clients.config, "message.timeout.ms": 3_000})
+
+
+def _dead_producer(pipeline: Any, clients: KafkaClients) -> tuple[Any, KafkaClients]:
+    return pipeline, DeadProducerClients(clients.config)
+
+
+@pytest.mark.parametrize("breakage", [
+    _missing_dlq_topic,  # the DLQ topic does not exist (auto-create is off)
+    _dead_producer,      # the producer's broker is a closed port
+])
+def test_a_dlq_that_cannot_be_written_is_an_infrastructure_error(
+        breakage: Callable[..., Any], make_pipeline: Callable[..., Any],
+        clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline, broken_clients = breakage(make_pipeline("telemetry_metrics", partitions=1),
+                                        clients)
+    produce(clients, pipeline.topic, [(b"k", metric(f"i-{i}", "d1", float(i)))
+                                      for i in range(20)] + [(b"k", b"not json")])
+
+    with pytest.raises(DeliveryFailed) as failed:
+        run(pipeline, broken_clients, db)
+
+    assert isinstance(failed.value, TransientError)
+    assert failed.value.total == 1
+    assert stored_offsets(pg_dsn, pipeline) == {0: 0}
+    assert table_ids(pg_dsn, pipeline.table) == []
+    assert dead_letter_rows(pg_dsn, pipeline) == {}
+    assert _runs_count(pg_dsn) == 0
+    assert group_offsets(clients, pipeline) == {0: None}
+    # The same run with a working DLQ finishes the job.
+    run(pipeline.model_copy(update={"dlq_topic": make_pipeline().dlq_topic}), clients, db)
+    assert len(table_ids(pg_dsn, pipeline.table)) == 20
+    assert stored_offsets(pg_dsn, pipeline) == {0: 21}
