@@ -1,0 +1,250 @@
+"""The unit of work and the fences around it, on the real database (STYLE §26).
+
+The unit of work rolls back unless told to commit; a rerun resumes from the stored offset;
+a DLQ delivery failure aborts before the commit; the compare-and-set fences a zombie; the
+advisory lock serialises two runs of one partition.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from helpers_ingest import (
+    DeadProducerClients,
+    dead_letter_rows,
+    group_offsets,
+    metric,
+    produce,
+    query,
+    stored_offsets,
+    table_ids,
+)
+
+from kafka_ingest import service
+from kafka_ingest.errors import DatabaseUnavailable, DeliveryFailed, FencedError
+from kafka_ingest.reader import KafkaClients
+from kafka_ingest.service import RangeReport, ingest_range, plan_run
+from kafka_ingest.sink import Database, OffsetsRepository, UnitOfWork
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "uow-topic"
+
+
+class Boom(Exception):
+    """Stands for any failure inside the transaction."""
+
+
+def _rows(n: int, *, start: int = 0) -> list[tuple[Any, ...]]:
+    """Target-table tuples (contract columns + provenance) for ``telemetry_metrics``."""
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    return [(f"u-{i}", "d1", ts, float(i), "OK", None, TOPIC, 0, i, b"k", ts)
+            for i in range(start, start + n)]
+
+
+@pytest.fixture
+def pipeline(make_pipeline: Callable[..., Any]) -> Any:
+    return make_pipeline("telemetry_metrics", partitions=1, chunk_size=100)
+
+
+@pytest.fixture
+def conn(db: Database, pipeline: Any) -> Iterator[psycopg.Connection[Any]]:
+    """A connection whose stored offset for partition 0 starts at 0."""
+    c = db.connect()
+    OffsetsRepository(c).initialise(pipeline.name, TOPIC, 0, 0)
+    c.commit()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _stored(dsn: str, pipeline: Any) -> int | None:
+    rows = query(dsn, "SELECT next_offset FROM ingest_offsets WHERE pipeline = %s"
+                      " AND topic = %s", (pipeline.name, TOPIC))
+    return int(rows[0][0]) if rows else None
+
+
+def test_uow_rolls_back_by_default(conn: Any, pipeline: Any, pg_dsn: str) -> None:
+    with UnitOfWork(conn, pipeline) as uow:
+        assert uow.rows.upsert(_rows(3)).inserted == 3
+        uow.offsets.advance(pipeline.name, TOPIC, 0, 0, 3)
+    assert table_ids(pg_dsn, "telemetry_metrics") == []
+    assert _stored(pg_dsn, pipeline) == 0
+
+
+def test_uow_rolls_back_on_error(conn: Any, pipeline: Any, pg_dsn: str) -> None:
+    with pytest.raises(Boom), UnitOfWork(conn, pipeline) as uow:
+        uow.rows.upsert(_rows(3))
+        uow.offsets.advance(pipeline.name, TOPIC, 0, 0, 3)
+        raise Boom
+    assert table_ids(pg_dsn, "telemetry_metrics") == []
+    assert _stored(pg_dsn, pipeline) == 0
+
+
+def test_uow_commit_keeps_rows_and_offset_together(conn: Any, pipeline: Any,
+                                                   pg_dsn: str) -> None:
+    with UnitOfWork(conn, pipeline) as uow:
+        uow.rows.upsert(_rows(3))
+        uow.offsets.advance(pipeline.name, TOPIC, 0, 0, 3)
+        uow.commit()
+    assert sorted(table_ids(pg_dsn, "telemetry_metrics")) == ["u-0", "u-1", "u-2"]
+    assert _stored(pg_dsn, pipeline) == 3
+
+
+def test_compare_and_set_fences_a_zombie(conn: Any, pipeline: Any, pg_dsn: str) -> None:
+    with UnitOfWork(conn, pipeline) as uow:  # the live run moves the offset to 5
+        uow.rows.upsert(_rows(5))
+        uow.offsets.advance(pipeline.name, TOPIC, 0, 0, 5)
+        uow.commit()
+    # A zombie that still believes the offset is 0 writes [0, 10).
+    with pytest.raises(FencedError) as fenced, UnitOfWork(conn, pipeline) as uow:
+        uow.rows.upsert(_rows(10))
+        uow.offsets.advance(pipeline.name, TOPIC, 0, 0, 10)
+        uow.commit()
+    assert (fenced.value.expected, fenced.value.found) == (0, 5)
+    assert len(table_ids(pg_dsn, "telemetry_metrics")) == 5
+    assert _stored(pg_dsn, pipeline) == 5
+
+
+# --------------------------------------------------------------------------- service level
+
+
+def _produce_events(clients: KafkaClients, pipeline: Any, n: int,
+                    poison_at: set[int] | None = None) -> None:
+    poison_at = poison_at or set()
+    produce(clients, pipeline.topic, [
+        (b"k", b"{not json" if i in poison_at else metric(f"s-{i}", "d1", float(i)))
+        for i in range(n)])
+
+
+def _fail_at(stage: str, nth: int) -> Callable[[str], None]:
+    seen = {"n": 0}
+
+    def hook(at: str) -> None:
+        if at == stage:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                raise Boom(f"{stage} #{nth}")
+    return hook
+
+
+def test_a_rerun_resumes_from_the_stored_offset(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _produce_events(clients, pipeline, 250)
+    (rng,) = plan_run(pipeline, clients, db, run_id="resume")
+    monkeypatch.setattr(service, "CHUNK_HOOK", _fail_at("upserted", 2))
+    with pytest.raises(Boom):
+        ingest_range(pipeline, rng, clients, db, run_id="resume")
+    assert stored_offsets(pg_dsn, pipeline) == {0: 100}
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(f"s-{i}" for i in range(100))
+    assert group_offsets(clients, pipeline) == {0: 100}
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", None)
+    (again,) = plan_run(pipeline, clients, db, run_id="resume")
+    assert again == rng  # the pinned slice, not a new plan
+    report = ingest_range(pipeline, again, clients, db, run_id="resume")
+    assert (report.resumed_from, report.read, report.inserted) == (100, 150, 150)
+    assert len(table_ids(pg_dsn, pipeline.table)) == 250
+    assert stored_offsets(pg_dsn, pipeline) == {0: 250}
+    assert group_offsets(clients, pipeline) == {0: 250}
+
+
+def test_a_dlq_delivery_failure_aborts_before_the_commit(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str) -> None:
+    _produce_events(clients, pipeline, 150, poison_at={115})  # in the second chunk
+    (rng,) = plan_run(pipeline, clients, db, run_id="dlq-down")
+    with pytest.raises(DeliveryFailed):
+        ingest_range(pipeline, rng, DeadProducerClients(clients.config), db, run_id="dlq-down")
+    # The first chunk (no dead letter) committed; the second left no trace.
+    assert stored_offsets(pg_dsn, pipeline) == {0: 100}
+    assert len(table_ids(pg_dsn, pipeline.table)) == 100
+    assert dead_letter_rows(pg_dsn, pipeline) == {}
+    assert query(pg_dsn, "SELECT start_offset, end_offset FROM ingest_runs") == [(0, 100)]
+    assert group_offsets(clients, pipeline) == {0: 100}
+
+
+def test_a_zombie_run_is_fenced_by_the_stored_offset(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _produce_events(clients, pipeline, 150)
+    (rng,) = plan_run(pipeline, clients, db, run_id="zombie")
+
+    def another_run_commits_first(stage: str) -> None:
+        if stage == "upserted":  # mid-transaction: someone else moves the offset on
+            with psycopg.connect(pg_dsn) as other:
+                OffsetsRepository(other).advance(pipeline.name, pipeline.topic, 0, 0, 100)
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", another_run_commits_first)
+    with pytest.raises(FencedError) as fenced:
+        ingest_range(pipeline, rng, clients, db, run_id="zombie")
+    assert (fenced.value.expected, fenced.value.found) == (0, 100)
+    assert table_ids(pg_dsn, pipeline.table) == []  # the zombie's chunk was rolled back
+    assert stored_offsets(pg_dsn, pipeline) == {0: 100}
+    assert query(pg_dsn, "SELECT count(*) FROM ingest_runs") == [(0,)]
+
+
+def _waiting_for_advisory_lock(dsn: str) -> bool:
+    return query(dsn, "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid ="
+                      " l.database WHERE l.locktype = 'advisory' AND NOT l.granted"
+                      " AND d.datname = current_database()")[0][0] > 0
+
+
+def _poll(condition: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_advisory_lock_serialises_two_runs_of_one_partition(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _produce_events(clients, pipeline, 150)
+    (rng,) = plan_run(pipeline, clients, db, run_id="locked")
+    holding, release = threading.Event(), threading.Event()
+    first = threading.current_thread()  # replaced by the holder's thread below
+    results: dict[str, RangeReport | BaseException] = {}
+
+    def hold(stage: str) -> None:
+        if threading.current_thread() is first and stage == "upserted":
+            holding.set()
+            assert release.wait(60)
+
+    def ingest(name: str, database: Database) -> None:
+        try:
+            results[name] = ingest_range(pipeline, rng, clients, database, run_id="locked")
+        except BaseException as exc:
+            results[name] = exc
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
+    holder = threading.Thread(target=ingest, args=("first", db))
+    first = holder
+    holder.start()
+    assert holding.wait(30)
+    try:
+        # A second run gives up after its lock timeout: a transient error, nothing written.
+        with pytest.raises(DatabaseUnavailable):
+            ingest_range(pipeline, rng, clients, Database(pg_dsn, lock_timeout_s=0.5),
+                         run_id="locked")
+        # A patient one waits for the lock, then re-reads the stored offset.
+        waiter = threading.Thread(target=ingest, args=("second", db))
+        waiter.start()
+        _poll(lambda: _waiting_for_advisory_lock(pg_dsn), "the second run to wait")
+    finally:
+        release.set()
+    holder.join(60)
+    waiter.join(60)
+    done, later = results["first"], results["second"]
+    assert isinstance(done, RangeReport) and isinstance(later, RangeReport), results
+    assert (done.read, done.inserted) == (150, 150)
+    assert (later.resumed_from, later.read) == (150, 0)
+    assert len(table_ids(pg_dsn, pipeline.table)) == 150
+    assert query(pg_dsn, "SELECT count(*) FROM ingest_runs") == [(2,)]
