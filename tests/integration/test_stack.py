@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -46,27 +47,41 @@ def stack_env() -> dict[str, str]:
     return env
 
 
+def _config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    """Client config; librdkafka logs to ours, not stderr (reconnects while restarting)."""
+    return {"bootstrap.servers": bootstrap, "logger": LOG, **extra}
+
+
+def _create_topic(bootstrap: str, name: str) -> None:
+    admin = AdminClient(_config(bootstrap))
+    new_topic = NewTopic(name, num_partitions=PARTITIONS, replication_factor=1)
+    admin.create_topics([new_topic], operation_timeout=30)[name].result(timeout=30)
+
+
+def _delete_topic(bootstrap: str, name: str) -> None:
+    admin = AdminClient(_config(bootstrap))
+    admin.delete_topics([name], operation_timeout=30)[name].result(timeout=30)
+
+
 @pytest.fixture
 def topic(stack_env: dict[str, str]) -> Iterator[str]:
-    """A fresh 3-partition topic, deleted afterwards whatever happens."""
+    """A fresh 3-partition topic, deleted afterwards whatever happens.
+
+    Each admin call gets its own short-lived client: one kept open across a broker
+    restart would only add reconnect noise.
+    """
+    bootstrap = stack_env["KAFKA_BOOTSTRAP_SERVERS"]
     name = f"test-stack-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": stack_env["KAFKA_BOOTSTRAP_SERVERS"]})
-    futures = admin.create_topics(
-        [NewTopic(name, num_partitions=PARTITIONS, replication_factor=1)], operation_timeout=30
-    )
-    futures[name].result(timeout=30)
+    _create_topic(bootstrap, name)
     try:
         yield name
     finally:
-        admin = AdminClient({"bootstrap.servers": stack_env["KAFKA_BOOTSTRAP_SERVERS"]})
-        admin.delete_topics([name], operation_timeout=30)[name].result(timeout=30)
+        _delete_topic(bootstrap, name)
 
 
 def _produce(bootstrap: str, topic: str) -> Records:
     """Produce PER_PARTITION messages to each partition; every delivery report checked."""
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "logger": LOG}
-    )
+    producer = Producer(_config(bootstrap, **{"acks": "all", "enable.idempotence": True}))
     errors: list[KafkaError] = []
     delivered: Records = {}
 
@@ -92,13 +107,14 @@ def _produce(bootstrap: str, topic: str) -> Records:
 def _read_all(bootstrap: str, topic: str, expected: int) -> Records:
     """Read every partition from offset 0 by assign (no group subscription)."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-stack-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",
-            "logger": LOG,
-        }
+        _config(
+            bootstrap,
+            **{
+                "group.id": f"test-stack-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",
+            },
+        )
     )
     seen: Records = {}
     try:
