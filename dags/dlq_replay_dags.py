@@ -14,10 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, dag, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_ingest import Pipeline, load_pipelines
-from kafka_ingest.errors import TriggerParamsError
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.replay import (
     KNOWN_ERROR_CLASSES,
@@ -27,7 +25,7 @@ from kafka_ingest.replay import (
     replay_request,
     summarize_replay,
 )
-from kafka_ingest_hook import KafkaIngestHook, postgres_database
+from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
 
 DRY_RUN_PARAM = Param(False, type="boolean", title="Dry run",
                       description="Validate and report the counts; write nothing (no rows, "
@@ -58,14 +56,6 @@ def _params() -> dict[str, Any]:
     return dict(get_current_context()["params"])
 
 
-def _checked(params: dict[str, Any]) -> dict[str, Any]:
-    """The plan request; a bad form fails the task at once (retrying will not fix it)."""
-    try:
-        return replay_request(params, now=datetime.now(tz=UTC))
-    except TriggerParamsError as exc:
-        raise AirflowFailException(f"bad trigger form: {exc}") from exc
-
-
 def build_replay_dag(pipeline: Pipeline) -> DAG:
     hook = KafkaIngestHook  # built inside tasks: nothing at parse time touches a connection
 
@@ -92,22 +82,24 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         @task
         def plan() -> list[dict[str, Any]]:
             params = _params()
-            request = _checked(params)
-            ranges = plan_replay(pipeline, hook(pipeline.kafka_conn_id).clients,
-                                 postgres_database(pipeline.postgres_conn_id),
-                                 run_id=get_current_context()["run_id"], request=request,
-                                 dry_run=bool(params["dry_run"]))
+            with fail_without_retry():  # a bad form fails here, before anything is read
+                request = replay_request(params, now=datetime.now(tz=UTC))
+                ranges = plan_replay(pipeline, hook(pipeline.kafka_conn_id).clients,
+                                     postgres_database(pipeline.postgres_conn_id),
+                                     run_id=get_current_context()["run_id"], request=request,
+                                     dry_run=bool(params["dry_run"]))
             return [r.to_dict() for r in ranges]
 
         @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
         def replay(offset_range: dict[str, Any]) -> dict[str, Any]:
             params = _params()
-            report = replay_range(pipeline, OffsetRange.from_dict(offset_range),
-                                  hook(pipeline.kafka_conn_id).clients,
-                                  postgres_database(pipeline.postgres_conn_id),
-                                  run_id=get_current_context()["run_id"],
-                                  dry_run=bool(params["dry_run"]),
-                                  filters=ReplayFilters.from_params(params))
+            with fail_without_retry():
+                report = replay_range(pipeline, OffsetRange.from_dict(offset_range),
+                                      hook(pipeline.kafka_conn_id).clients,
+                                      postgres_database(pipeline.postgres_conn_id),
+                                      run_id=get_current_context()["run_id"],
+                                      dry_run=bool(params["dry_run"]),
+                                      filters=ReplayFilters.from_params(params))
             return report.to_dict()
 
         @task(trigger_rule="none_failed")
