@@ -48,6 +48,7 @@ from kafka_ingest.sink import (
     RunsRepository,
     UnitOfWork,
     lock_partition,
+    translate_errors,
     unlock_partition,
 )
 from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
@@ -199,16 +200,19 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     producer = clients.producer()
     conn = db.connect()
     try:
-        lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
-        start = _resume_point(conn, pipeline, rng)
-        report.resumed_from = start if start != rng.start else None
-        for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
-                                chunk_size=pipeline.chunk_size):
-            _ingest_chunk(pipeline, rng, chunk, conn, producer, report, run_id)
-            if rng.mode is Mode.LIVE:
-                commit_offset(consumer, rng.topic, rng.partition, chunk.end)
-                _at("kafka_committed")
-        report.lag_after = _lag_after(consumer, rng)
+        # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
+        # psycopg error.
+        with translate_errors("ingest"):
+            lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
+            start = _resume_point(conn, pipeline, rng)
+            report.resumed_from = start if start != rng.start else None
+            for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
+                                    chunk_size=pipeline.chunk_size):
+                _ingest_chunk(pipeline, rng, chunk, conn, producer, report, run_id)
+                if rng.mode is Mode.LIVE:
+                    commit_offset(consumer, rng.topic, rng.partition, chunk.end)
+                    _at("kafka_committed")
+            report.lag_after = _lag_after(consumer, rng)
     finally:
         if not conn.closed:
             unlock_partition(conn, pipeline.name, rng.partition)
