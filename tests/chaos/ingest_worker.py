@@ -1,0 +1,94 @@
+"""A worker the crash-safety tests run as a subprocess: one ``kafka-ingest run``, then SIGKILL.
+
+It runs ``kafka_ingest.cli.run_once`` (the code path of ``kafka-ingest run`` and the DAG)
+for the pipeline named on the command line; the pipeline comes from the YAML file in
+``KAFKA_INGEST_PIPELINES``, Kafka from ``KAFKA_BOOTSTRAP_SERVERS``, Postgres from
+``KAFKA_INGEST_PG_DSN``. It kills itself with SIGKILL (no cleanup, no ``finally``, like
+the OOM killer or a lost node) at the ``CHAOS_KILL_NTH``-th time it reaches
+``CHAOS_KILL_STAGE``:
+
+- a stage of :data:`kafka_ingest.service.CHUNK_HOOK` ("validated", "upserted",
+  "dlq_produced", "db_committed", "kafka_committed");
+- ``copy``: in the middle of the COPY into the staging table, half the rows sent.
+
+With ``CHAOS_KILL_WITH_DEAD=1`` only chunks that had dead letters count, so a kill at
+"dlq_produced" lands after records really reached the DLQ topic.
+
+Usage: ``python ingest_worker.py <pipeline> <run_id>``; exit 0 means it was never killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from psycopg import sql
+
+from kafka_ingest import service
+from kafka_ingest.cli import run_once
+from kafka_ingest.config import get_pipeline
+from kafka_ingest.sink import RowsRepository
+
+STAGE = os.environ["CHAOS_KILL_STAGE"]
+NTH = int(os.environ.get("CHAOS_KILL_NTH", "1"))
+WITH_DEAD = os.environ.get("CHAOS_KILL_WITH_DEAD") == "1"
+_state = {"seen": 0, "dead": 0}
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _count_and_maybe_die() -> None:
+    _state["seen"] += 1
+    if _state["seen"] == NTH:
+        _die()
+
+
+def _hook(stage: str) -> None:
+    if stage != STAGE or (WITH_DEAD and not _state["dead"]):
+        return
+    _count_and_maybe_die()
+
+
+def _counting_produce(producer: Any, letters: Any, *args: Any, **kwargs: Any) -> Any:
+    _state["dead"] = len(letters)
+    return _real_produce(producer, letters, *args, **kwargs)
+
+
+def _copy_then_die(self: RowsRepository, rows: list[tuple[Any, ...]]) -> None:
+    """``RowsRepository._copy``, killed half way through the nth COPY."""
+    _state["seen"] += 1
+    if _state["seen"] != NTH:
+        _real_copy(self, rows)
+        return
+    self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        self.stage, sql.SQL(", ").join(map(sql.Identifier, self.columns)))
+    with self.conn.cursor().copy(stmt) as copy:
+        copy.set_types(self.types)
+        for row in rows[: len(rows) // 2]:
+            copy.write_row(row)
+        _die()
+
+
+_real_produce = service.produce_dead_letters
+_real_copy = RowsRepository._copy
+
+
+def main(pipeline_name: str, run_id: str) -> int:
+    if STAGE == "copy":
+        RowsRepository._copy = _copy_then_die  # type: ignore[method-assign]
+    else:
+        service.produce_dead_letters = _counting_produce  # type: ignore[assignment]
+        service.CHUNK_HOOK = _hook
+    summary = run_once(get_pipeline(pipeline_name), run_id=run_id)
+    print(f"never killed: {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
