@@ -1,0 +1,629 @@
+"""Ingest benchmark: events/s read -> committed in Postgres, and peak memory, per path.
+
+Usage (the local stack is started if it is not running)::
+
+    python benchmarks/bench_ingest.py [--events 200000] [--chunk-size 20000]
+                                      [--partitions 3] [--repeat 3] [--no-parallel]
+
+One run produces the sample once (telemetry events, every poison pill once, so the DLQ
+path runs) to a fresh random topic, then measures every path on that same data, each in
+its own freshly spawned process so peak RSS (``VmHWM``) is that path's alone:
+
+- ``A  raw read``: ``reader.read_range`` over each partition, nothing else (Kafka's ceiling);
+- ``B  naive loader``: ``json.loads`` + ``executemany(INSERT ... ON CONFLICT DO NOTHING)``
+  per chunk, what a simple DAG does (no DLQ, no offsets, no audit; it drops what it cannot
+  load, with a hand-written guard for values Postgres would reject);
+- ``project``: ``service.plan_run`` + ``service.ingest_range`` per range, the DAG's path,
+  ranges one after another (as ``kafka-ingest run`` does);
+- ``project, parallel``: the same, one process per range started together (as mapped tasks
+  on separate workers);
+- ``validate only`` / ``sink only``: ``validate.validate_chunk`` and ``RowsRepository.upsert``
+  (+ COMMIT) timed alone; reading (and validating, for the sink) is done but not timed.
+
+Why spawn and not fork: the parent holds librdkafka clients (threads); forking them is
+unsafe, and a forked child would inherit the parent's memory high-water mark.
+Every project run is checked against what the sample promised (rows, duplicates, dead
+letters, tombstones) before its figure is accepted: a fast wrong run is not a result.
+The database and topics are created for the run and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
+from kafka_ingest.ranges import OffsetRange
+from kafka_ingest.reader import KafkaClients, read_range
+from kafka_ingest.sink import Database, RowsRepository, migrate
+from kafka_ingest.validate import validate_chunk
+
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+BASE_PIPELINE = "telemetry_metrics"
+TEMPLATE_TABLE = "telemetry_metrics"
+EPOCH_MAX = 253_402_300_799.0
+_CTX = mp.get_context("spawn")
+
+
+# --------------------------------------------------------------------------- data types
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a child needs to reach the data: picklable, no open clients."""
+
+    kafka: dict[str, Any]
+    dsn: str
+    topic: str
+    ranges: dict[int, tuple[int, int]]
+    chunk_size: int
+    group: str
+
+
+@dataclass
+class Measure:
+    """One measured path: what it did, how long, how much memory."""
+
+    path: str
+    events: int
+    seconds: float
+    peak_rss_mb: float
+    start_rss_mb: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def _rss_mb(key: str = "VmHWM") -> float:
+    """Peak (``VmHWM``) or current (``VmRSS``) resident memory of this process, in MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _chunks(t: Target, consumer: Any) -> Iterator[Any]:
+    for p, (start, end) in sorted(t.ranges.items()):
+        yield from read_range(consumer, t.topic, p, start, end, chunk_size=t.chunk_size)
+
+
+def _pipeline(doc: tuple[str, dict[str, Any]]) -> Pipeline:
+    name, body = doc
+    return parse_pipelines({"pipelines": {name: body}})[name]
+
+
+def child_read(t: Target) -> dict[str, Any]:
+    """Baseline A: bounded read only."""
+    start_rss = _rss_mb()
+    consumer = KafkaClients(t.kafka).consumer(t.group)
+    n = size = 0
+    t0 = time.perf_counter()
+    try:
+        for chunk in _chunks(t, consumer):
+            n += len(chunk.messages)
+            size += sum(len(m.value() or b"") for m in chunk.messages)
+    finally:
+        consumer.close()
+    secs = time.perf_counter() - t0
+    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
+            "detail": {"value_mb": round(size / 1e6, 1)}}
+
+
+_NAIVE_COLUMNS = ("event_id", "device_id", "timestamp", "metric_value", "status", "unit",
+                  "source_topic", "source_partition", "source_offset", "kafka_key",
+                  "kafka_timestamp")
+
+
+def _naive_insert(table: str) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {} ({}) VALUES (%s, %s, to_timestamp(%s), %s, %s, %s, %s, %s, %s, %s,"
+        " to_timestamp(%s)) ON CONFLICT (event_id) DO NOTHING"
+    ).format(sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, _NAIVE_COLUMNS)))
+
+
+def _text_ok(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit and "\x00" not in value
+
+
+def _naive_row(msg: Any) -> tuple[Any, ...] | None:
+    """What a simple loader keeps: loadable objects whose values the table accepts."""
+    try:
+        e = json.loads(msg.value())
+        ts, value = float(e["timestamp"]), float(e["metric_value"])
+        row = (e["event_id"], e["device_id"], ts, value, e.get("status", "OK"), e.get("unit"))
+    except (TypeError, ValueError, KeyError, OverflowError):
+        return None
+    fits = (_text_ok(row[0], 128) and _text_ok(row[1], 128) and _text_ok(row[4], 32)
+            and (row[5] is None or _text_ok(row[5], 32))
+            and math.isfinite(value) and 0 <= ts <= EPOCH_MAX)
+    if not fits:
+        return None
+    kind, ms = msg.timestamp()
+    return (*row, msg.topic(), msg.partition(), msg.offset(), msg.key(),
+            ms / 1000 if kind and ms >= 0 else None)
+
+
+def child_naive(t: Target, table: str) -> dict[str, Any]:
+    """Baseline B: json.loads + executemany INSERT ... ON CONFLICT DO NOTHING per chunk."""
+    start_rss = _rss_mb()
+    insert = _naive_insert(table)
+    consumer = KafkaClients(t.kafka).consumer(t.group)
+    n = kept = 0
+    t0 = time.perf_counter()
+    try:
+        with psycopg.connect(t.dsn) as conn:
+            for chunk in _chunks(t, consumer):
+                n += len(chunk.messages)
+                rows = [r for r in map(_naive_row, chunk.messages) if r is not None]
+                kept += len(rows)
+                with conn.cursor() as cur:
+                    cur.executemany(insert, rows)
+                conn.commit()
+    finally:
+        consumer.close()
+    secs = time.perf_counter() - t0
+    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
+            "detail": {"rows_sent": kept, "skipped": n - kept}}
+
+
+def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
+    """The project: plan_run + ingest_range per range, one after another."""
+    from kafka_ingest.service import ingest_range, plan_run, summarize
+
+    start_rss = _rss_mb()
+    pipeline = _pipeline(doc)
+    clients, db = KafkaClients(t.kafka), Database(t.dsn)
+    t0 = time.perf_counter()
+    ranges = plan_run(pipeline, clients, db, run_id=run_id)
+    reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
+    secs = time.perf_counter() - t0
+    summary = summarize(reports)
+    return {"events": summary["read"], "seconds": secs, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": summary}
+
+
+def child_project_range(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
+                        rng: dict[str, Any], barrier: Any) -> dict[str, Any]:
+    """One mapped task: ingest_range of one planned range, started with its siblings."""
+    from kafka_ingest.service import ingest_range
+
+    start_rss = _rss_mb()
+    pipeline = _pipeline(doc)
+    clients, db = KafkaClients(t.kafka), Database(t.dsn)
+    barrier.wait(60)
+    began = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes on Linux
+    report = ingest_range(pipeline, OffsetRange.from_dict(rng), clients, db, run_id=run_id)
+    ended = time.monotonic()
+    return {"events": report.read, "seconds": ended - began, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": {**report.to_dict(), "began": began,
+                                                 "ended": ended}}
+
+
+def child_validate(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """validate_chunk alone, chunk by chunk (the read is not timed)."""
+    start_rss = _rss_mb()
+    pipeline = _pipeline(doc)
+    consumer = KafkaClients(t.kafka).consumer(t.group)
+    n = rows = dead = 0
+    secs = 0.0
+    try:
+        for chunk in _chunks(t, consumer):
+            t0 = time.perf_counter()
+            result = validate_chunk(chunk.messages, pipeline)
+            secs += time.perf_counter() - t0
+            n, rows, dead = n + result.read, rows + len(result.rows), dead + len(result.dead)
+    finally:
+        consumer.close()
+    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
+            "detail": {"rows": rows, "dead": dead}}
+
+
+def child_sink(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """RowsRepository.upsert + COMMIT of validated rows, per chunk (read + validate untimed).
+
+    ``events`` here are rows sent to Postgres, not messages read.
+    """
+    start_rss = _rss_mb()
+    pipeline = _pipeline(doc)
+    consumer = KafkaClients(t.kafka).consumer(t.group)
+    rows = inserted = 0
+    secs = 0.0
+    try:
+        with psycopg.connect(t.dsn) as conn:
+            for chunk in _chunks(t, consumer):
+                prepared = validate_chunk(chunk.messages, pipeline).rows
+                t0 = time.perf_counter()
+                result = RowsRepository(conn, pipeline).upsert(prepared)  # new repo per chunk,
+                conn.commit()  # as the unit of work builds one per chunk
+                secs += time.perf_counter() - t0
+                rows, inserted = rows + len(prepared), inserted + result.inserted
+    finally:
+        consumer.close()
+    return {"events": rows, "seconds": secs, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": {"inserted": inserted}}
+
+
+def _child_main(queue: Any, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> None:
+    try:
+        queue.put(("ok", fn(*args)))
+    except BaseException:
+        queue.put(("error", traceback.format_exc()))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def start_child(fn: Callable[..., dict[str, Any]], *args: Any) -> tuple[Any, Any]:
+    queue = _CTX.Queue()
+    proc = _CTX.Process(target=_child_main, args=(queue, fn, args), daemon=True)
+    proc.start()
+    return proc, queue
+
+
+def collect(proc: Any, queue: Any, *, timeout_s: float = 1800) -> dict[str, Any]:
+    """The child's result; raise with its traceback if it failed or died."""
+    import queue as queue_mod
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status, payload = queue.get(timeout=1.0)
+            break
+        except queue_mod.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"child {proc.pid} died (exit {proc.exitcode})") from None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"child {proc.pid} timed out after {timeout_s}s") from None
+    proc.join(30)
+    if status != "ok":
+        raise RuntimeError(f"child failed:\n{payload}")
+    return payload
+
+
+def run_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    return collect(*start_child(fn, *args))
+
+
+def as_measure(path: str, raw: dict[str, Any]) -> Measure:
+    return Measure(path, raw["events"], raw["seconds"], raw["peak_rss_mb"],
+                   raw["start_rss_mb"], raw.get("detail", {}))
+
+
+@contextmanager
+def fresh_database(admin_dsn: str) -> Iterator[str]:
+    """A new database migrated like tests/conftest.py's ``pg_dsn``; dropped on exit."""
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = make_conninfo(admin_dsn, dbname=name)
+    try:
+        with psycopg.connect(dsn) as conn:
+            migrate(conn)
+        yield dsn
+    finally:
+        _drop_database(admin_dsn, name)
+
+
+def _drop_database(admin_dsn: str, name: str, *, timeout_s: float = 120.0) -> None:
+    """Drop ``name``, waiting for Postgres if it is restarting (the chaos tests restart it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                             .format(sql.Identifier(name)))
+            return
+        except psycopg.OperationalError as exc:
+            if time.monotonic() > deadline:
+                print(f"warning: database {name} was not dropped: {exc}", file=sys.stderr)
+                return
+            time.sleep(1.0)  # a retry interval while Postgres restarts, not a wait for a result
+
+
+@contextmanager
+def fresh_topics(clients: KafkaClients, tag: str, partitions: int) -> Iterator[tuple[str, str]]:
+    """A random source topic and DLQ topic, deleted (with the bench's groups) on exit."""
+    from kafka_ingest.samples import ensure_topics
+
+    source, dlq = f"bench-{tag}", f"bench-{tag}-dlq"
+    ensure_topics(clients, {source: partitions, dlq: partitions})
+    try:
+        yield source, dlq
+    finally:
+        admin = clients.admin()
+        for future in admin.delete_topics([source, dlq], operation_timeout=30).values():
+            try:
+                future.result(30)
+            except Exception as exc:  # best effort: a leftover topic is harmless
+                print(f"warning: could not delete a topic: {exc}", file=sys.stderr)
+        _delete_groups(clients, tag)
+
+
+def _delete_groups(clients: KafkaClients, tag: str) -> None:
+    admin = clients.admin()
+    try:
+        listed = admin.list_consumer_groups(request_timeout=10).result()
+        ours = [g.group_id for g in listed.valid if g.group_id.startswith(f"bench-{tag}")]
+        if ours:
+            for future in admin.delete_consumer_groups(ours, request_timeout=10).values():
+                future.result()
+    except Exception as exc:  # best effort, as above
+        print(f"warning: could not delete consumer groups: {exc}", file=sys.stderr)
+
+
+def make_table(dsn: str, name: str) -> None:
+    """An empty copy of the example target table (columns, defaults, primary key)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+            sql.Identifier(name), sql.Identifier(TEMPLATE_TABLE)))
+
+
+def count_rows(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+@dataclass
+class Bench:
+    """The run's fixed inputs: where the data is and what the sample promised."""
+
+    args: argparse.Namespace
+    clients: KafkaClients
+    dsn: str
+    tag: str
+    source: str
+    dlq: str
+    expect: dict[str, int]
+    produced: int
+    target: Target
+    base_body: dict[str, Any]
+
+    def pipeline_doc(self, name: str) -> tuple[str, dict[str, Any]]:
+        """A pipeline on the bench topics writing to its own table ``name``."""
+        body = {**self.base_body, "table": name, "consumer_group": f"bench-{self.tag}-{name}"}
+        return name, body
+
+
+def check_project(b: Bench, summary: dict[str, Any], table: str) -> None:
+    """The run must have done exactly what the sample promised, or the figure is void."""
+    e = b.expect
+    dead = sum(v for k, v in e.items() if k not in {"row", "duplicate", "tombstone"})
+    want = {"read": b.produced, "inserted": e.get("row", 0),
+            "duplicates": e.get("duplicate", 0), "tombstones": e.get("tombstone", 0),
+            "dead_lettered": dead}
+    got = {k: summary.get(k) for k in want}
+    stored = count_rows(b.dsn, table)
+    if got != want or stored != want["inserted"]:
+        raise RuntimeError(f"project run into {table} is wrong: got {got}, table has {stored}"
+                           f" rows; expected {want}")
+
+
+def measure_project(b: Bench, rep: int) -> Measure:
+    name = f"bench_project_{rep}"
+    make_table(b.dsn, name)
+    raw = run_child(child_project, b.target, b.pipeline_doc(name), f"bench__{b.tag}_{rep}")
+    check_project(b, raw["detail"], name)
+    return as_measure("project (DAG path, ranges in turn)", raw)
+
+
+def measure_parallel(b: Bench, rep: int) -> Measure:
+    """Plan in this process (a few ms), then one child per range, released together."""
+    from kafka_ingest.service import plan_run, summarize
+
+    name = f"bench_parallel_{rep}"
+    make_table(b.dsn, name)
+    doc, run_id = b.pipeline_doc(name), f"bench__{b.tag}_par{rep}"
+    t0 = time.perf_counter()
+    ranges = plan_run(_pipeline(doc), b.clients, Database(b.dsn), run_id=run_id)
+    plan_s = time.perf_counter() - t0
+    barrier = _CTX.Barrier(len(ranges))
+    procs = [start_child(child_project_range, b.target, doc, run_id, r.to_dict(), barrier)
+             for r in ranges]
+    raws = [collect(p, q) for p, q in procs]
+    began = min(r["detail"]["began"] for r in raws)
+    ended = max(r["detail"]["ended"] for r in raws)
+    summary = summarize([r["detail"] for r in raws])
+    check_project(b, summary, name)
+    return Measure("project, parallel (one process per range)", summary["read"],
+                   plan_s + ended - began, max(r["peak_rss_mb"] for r in raws),
+                   max(r["start_rss_mb"] for r in raws), summary)
+
+
+def measure_naive(b: Bench, rep: int) -> Measure:
+    name = f"bench_naive_{rep}"
+    make_table(b.dsn, name)
+    raw = run_child(child_naive, b.target, name)
+    raw["detail"]["stored"] = count_rows(b.dsn, name)
+    return as_measure("B  naive loader (json.loads + executemany)", raw)
+
+
+def measure_sink(b: Bench, rep: int) -> Measure:
+    name = f"bench_sink_{rep}"
+    make_table(b.dsn, name)
+    raw = run_child(child_sink, b.target, b.pipeline_doc(name))
+    return as_measure("sink only (RowsRepository.upsert + COMMIT; rows)", raw)
+
+
+def measure_read(b: Bench, _rep: int) -> Measure:
+    return as_measure("A  raw read (reader.read_range)", run_child(child_read, b.target))
+
+
+def measure_validate(b: Bench, _rep: int) -> Measure:
+    raw = run_child(child_validate, b.target, b.pipeline_doc(BASE_PIPELINE))
+    return as_measure("validate only (validate_chunk)", raw)
+
+
+def median_of(runs: list[Measure]) -> Measure:
+    """The run with the median time, carrying every run's seconds and the worst RSS."""
+    ordered = sorted(runs, key=lambda m: m.seconds)
+    mid = ordered[(len(ordered) - 1) // 2]
+    return Measure(mid.path, mid.events, mid.seconds, max(m.peak_rss_mb for m in runs),
+                   mid.start_rss_mb, {**mid.detail, "all_seconds": [round(m.seconds, 3)
+                                                                    for m in runs]})
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def machine() -> dict[str, Any]:
+    import confluent_kafka
+    import pydantic
+    import pydantic_core
+
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {
+        "nproc": len(os.sched_getaffinity(0)), "cpu": cpu,
+        "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "confluent_kafka": confluent_kafka.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "pydantic": pydantic.VERSION, "pydantic_core": pydantic_core.__version__,
+        "psycopg": psycopg.__version__, "libpq": psycopg.pq.version(),
+    }
+
+
+def server_versions(b: Bench) -> dict[str, str]:
+    with psycopg.connect(b.dsn) as conn:
+        pg = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+    return {"postgres": pg}
+
+
+def table(results: list[Measure], baseline: Measure | None) -> str:
+    head = "| path | events | seconds | events/s | vs B | peak RSS MB |"
+    rows = [head, "|---|--:|--:|--:|--:|--:|"]
+    for m in results:
+        ratio = f"{m.rate / baseline.rate:.2f}x" if baseline and baseline.rate else "-"
+        rows.append(f"| {m.path} | {m.events:,} | {m.seconds:.2f} | {m.rate:,.0f} | {ratio} "
+                    f"| {m.peak_rss_mb:.0f} |")
+    return "\n".join(rows)
+
+
+def write_json(results: list[Measure], info: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**info, "results": [{**asdict(m), "events_per_s": round(m.rate)} for m in results]}
+    RESULTS.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=200_000, help="valid events to produce")
+    p.add_argument("--chunk-size", type=int, default=20_000)
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of each path; the median run is reported (default 3)")
+    p.add_argument("--no-parallel", action="store_true",
+                   help="skip the one-process-per-range project run")
+    return p.parse_args(argv)
+
+
+def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
+            topics: tuple[str, str]) -> Bench:
+    """Produce the sample once; every path reads this same data."""
+    from kafka_ingest.reader import partitions_of, watermarks
+    from kafka_ingest.samples import produce_sample
+
+    source, dlq = topics
+    base = load_pipelines()[BASE_PIPELINE].model_dump(mode="json", exclude={"name"})
+    body = {**base, "topic": source, "dlq_topic": dlq, "chunk_size": args.chunk_size,
+            "max_records_per_partition": 100_000_000}
+    t0 = time.perf_counter()
+    sample = produce_sample(clients, _pipeline((BASE_PIPELINE, body)), count=args.events,
+                            poison=1, partitions=args.partitions, tag=tag)
+    print(f"produced {sample['produced']:,} messages to {source} in "
+          f"{time.perf_counter() - t0:.1f}s; expect {sample['expect']}")
+    consumer = clients.consumer(f"bench-{tag}-plan")
+    try:
+        marks = watermarks(consumer, source, partitions_of(consumer, source))
+    finally:
+        consumer.close()
+    target = Target(clients.config, dsn, source, marks, args.chunk_size, f"bench-{tag}-read")
+    return Bench(args, clients, dsn, tag, source, dlq, sample["expect"], sample["produced"],
+                 target, body)
+
+
+PATHS: list[tuple[str, Callable[[Bench, int], Measure]]] = [
+    ("read", measure_read),
+    ("naive", measure_naive),
+    ("project", measure_project),
+    ("parallel", measure_parallel),
+    ("validate", measure_validate),
+    ("sink", measure_sink),
+]
+
+
+def measure_all(b: Bench) -> list[Measure]:
+    """Each path ``--repeat`` times, interleaved so drift hits every path alike."""
+    runs: dict[str, list[Measure]] = {}
+    paths = [(k, f) for k, f in PATHS if not (k == "parallel" and b.args.no_parallel)]
+    for rep in range(1, b.args.repeat + 1):
+        for key, fn in paths:
+            m = fn(b, rep)
+            runs.setdefault(key, []).append(m)
+            print(f"  run {rep} {m.path}: {m.events:,} in {m.seconds:.2f}s = "
+                  f"{m.rate:,.0f}/s, peak RSS {m.peak_rss_mb:.0f} MB", flush=True)
+    return [median_of(v) for v in runs.values()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kafka_ingest import stack
+
+    args = parse_args(argv)
+    env = stack.up(report=lambda line: print(line, flush=True))
+    clients = KafkaClients({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]})
+    tag = uuid.uuid4().hex[:8]
+    load_before = [round(x, 2) for x in os.getloadavg()]  # other work on the box skews figures
+    command = "python benchmarks/bench_ingest.py " + " ".join(sys.argv[1:] if argv is None
+                                                              else argv)
+    with fresh_database(env["KAFKA_INGEST_PG_DSN"]) as dsn, \
+            fresh_topics(clients, tag, args.partitions) as topics:
+        b = prepare(args, clients, dsn, tag, topics)
+        results = measure_all(b)
+        info = {"command": command.strip(), "when": datetime.now(tz=UTC).isoformat(),
+                "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+                "machine": {**machine(), **server_versions(b)}, "produced": b.produced,
+                "expect": b.expect, "args": vars(args)}
+    baseline = next((m for m in results if m.path.startswith("B ")), None)
+    print(f"\n{info['command']}\nmachine: {json.dumps(info['machine'])}\n"
+          f"load average (1, 5, 15 min) before {load_before}, after {info['load_after']}\n")
+    print(table(results, baseline))
+    write_json(results, info)
+    print(f"\nwritten: {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
