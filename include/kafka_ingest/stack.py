@@ -39,6 +39,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -389,14 +390,22 @@ def _format_kafka_storage(s: Settings, java: str, libs: Path) -> None:
         raise StackError(f"formatting Kafka storage failed: {detail[-300:]}")
 
 
-def _launch_kafka(s: Settings) -> tuple[int, bool]:
-    """Start the broker if it is not running; return (pid, started). Does not wait."""
-    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
-    if pid is not None:
-        return pid, False
+def _kafka_pid(s: Settings) -> int | None:
+    return _our_pid(s.kafka_pidfile, str(s.kafka_props))
+
+
+def _kafka_preflight(s: Settings) -> str:
+    """Fail in a second, before any slow step, on what the user must fix; return java."""
     java = _binary("java", "a Java 17+ runtime (apt-get install openjdk-17-jre-headless)")
+    if not (s.cache / ".complete").is_file():
+        _binary("mvn", "Maven (apt-get install maven)")
     _require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
     _require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
+    return java
+
+
+def _launch_kafka(s: Settings, java: str) -> int:
+    """Fetch the jars if needed, format on first start, spawn the broker; do not wait."""
     libs = _fetch_kafka_jars(s)
     s.kafka_dir.mkdir(parents=True, exist_ok=True)
     s.kafka_props.write_text(_kafka_properties(s))
@@ -414,7 +423,7 @@ def _launch_kafka(s: Settings) -> tuple[int, bool]:
         )  # fmt: skip
     _CHILDREN[child.pid] = child
     s.kafka_pidfile.write_text(f"{child.pid}\n")
-    return child.pid, True
+    return child.pid
 
 
 def _kafka_answers(s: Settings, timeout_s: float) -> bool:
@@ -452,7 +461,7 @@ def _await_kafka(s: Settings, pid: int) -> None:
 
 
 def _stop_kafka(s: Settings) -> str:
-    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    pid = _kafka_pid(s)
     if pid is None:
         s.kafka_pidfile.unlink(missing_ok=True)
         return "kafka: not running"
@@ -462,7 +471,7 @@ def _stop_kafka(s: Settings) -> str:
 
 
 def _kafka_status(s: Settings) -> PartStatus:
-    pid = _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    pid = _kafka_pid(s)
     healthy = pid is not None and _kafka_answers(s, timeout_s=3.0)
     detail = "" if healthy or pid is None else "process alive, not answering"
     return PartStatus("kafka", s.bootstrap, healthy, pid, detail)
@@ -790,23 +799,40 @@ def _started(name: str, address: str, pid: int, started: bool, since: float) -> 
     return f"{name}: started on {address} (pid {pid}) in {time.monotonic() - since:.1f} s"
 
 
+def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, bool]]:
+    """(pid, started) of the broker, launching it in ``pool`` when it is not running.
+
+    The first start downloads the jars: that runs beside Postgres and Airflow. The
+    preflight (java, mvn, ports) stays in the caller so its errors come at once.
+    """
+    running = _kafka_pid(s)
+    if running is None:
+        java = _kafka_preflight(s)
+        return pool.submit(lambda: (_launch_kafka(s, java), True))
+    done: Future[tuple[int, bool]] = Future()
+    done.set_result((running, False))
+    return done
+
+
 def up(*, report: Report | None = None) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
-    broker boots while Postgres starts and Airflow migrates, so a cold start costs the
-    slower of the two rather than their sum. ``report`` receives one line per part.
+    jar download and the broker's boot run while Postgres starts and Airflow migrates, so
+    a cold start costs the slower of the two rather than their sum. ``report`` receives
+    one line per part.
     """
     emit = report or log.info
     s = settings()
-    with _locked(s):
+    with _locked(s), ThreadPoolExecutor(max_workers=1) as pool:
         kafka_since = time.monotonic()
-        kafka_pid, kafka_started = _launch_kafka(s)
+        launch = _begin_kafka(s, pool)
         pg_since = time.monotonic()
         pg_pid, pg_started = _start_postgres(s)
         _bootstrap_postgres(s)
         emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, pg_since))
         emit(_ensure_airflow_db(s))
+        kafka_pid, kafka_started = launch.result()
         _await_kafka(s, kafka_pid)
         emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, kafka_since))
     return env()
@@ -826,8 +852,7 @@ def restart_kafka() -> None:
     s = settings()
     with _locked(s):
         _stop_kafka(s)
-        pid, _ = _launch_kafka(s)
-        _await_kafka(s, pid)
+        _await_kafka(s, _launch_kafka(s, _kafka_preflight(s)))
 
 
 def restart_postgres() -> None:
