@@ -25,6 +25,7 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -116,6 +117,7 @@ class Settings:
     kafka_port: int
     controller_port: int
     pg_port: int
+    pg_home: Path
 
     @property
     def bootstrap(self) -> str:
@@ -135,7 +137,7 @@ class Settings:
 
     @property
     def pg_dir(self) -> Path:
-        return self.state / "postgres"
+        return self.pg_home
 
     @property
     def pg_data(self) -> Path:
@@ -171,6 +173,17 @@ def state_dir() -> Path:
     return Path(xdg) / "kafka-ingest"
 
 
+def _pg_home(state: Path) -> Path:
+    """``<state>/postgres``, unless Postgres (run as the ``postgres`` user when we are root)
+    could not reach it through a private parent such as ``/root``: then a directory under
+    ``/var/tmp`` named after the state dir, so each checkout still gets its own cluster."""
+    inside = state / "postgres"
+    if os.geteuid() != 0 or all(p.stat().st_mode & 0o001 for p in state.parents if p.exists()):
+        return inside
+    digest = hashlib.sha256(str(state).encode()).hexdigest()[:12]
+    return Path("/var/tmp/kafka-ingest") / digest / "postgres"
+
+
 def _cache_dir() -> Path:
     """Jars are shared by every checkout and state dir, so they go to the user cache."""
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -189,13 +202,15 @@ def _port(name: str, default: int) -> int:
 
 def settings() -> Settings:
     """Read the environment once per call: tests change ports and state dirs at will."""
+    state = state_dir()
     return Settings(
-        state=state_dir(),
+        state=state,
         cache=_cache_dir(),
         repo=repo_root(),
         kafka_port=_port("KAFKA_INGEST_KAFKA_PORT", 19092),
         controller_port=_port("KAFKA_INGEST_CONTROLLER_PORT", 19093),
         pg_port=_port("KAFKA_INGEST_PG_PORT", 15432),
+        pg_home=_pg_home(state),
     )
 
 
@@ -525,8 +540,10 @@ def _check_traversable(s: Settings) -> None:
     """As root, the ``postgres`` user must reach the data dir through every parent."""
     if os.geteuid() != 0:
         return
-    s.state.chmod(s.state.stat().st_mode | 0o111)
-    for parent in s.state.parents:
+    for parent in s.pg_dir.parents:
+        if parent.is_relative_to(s.state) and parent.exists():
+            parent.chmod(parent.stat().st_mode | 0o111)
+            continue
         if not parent.stat().st_mode & 0o001:
             raise StackError(
                 f"the postgres OS user cannot enter {parent}: run `chmod o+x {parent}` or "
