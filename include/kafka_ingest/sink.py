@@ -280,31 +280,33 @@ class RowsRepository:
             for c in self.columns if c != self.pipeline.upsert.key
         )
         fmt = {"t": self.table, "s": self.stage, "k": key, "o": order, "c": cols, "u": updates}
-        # Same event already stored (a replay): a duplicate, not a stale version.
-        dup_stored = self._count(sql.SQL(
-            "SELECT count(*) FROM {s} JOIN {t} USING (event_id)"
-        ).format(**fmt))
-        # Older than what is stored for the entity: stale, ignored.
-        stale_stored = self._count(sql.SQL(
-            "SELECT count(*) FROM {s} s JOIN {t} t ON t.{k} = s.{k}"
-            " WHERE t.event_id <> s.event_id AND (s.{o}, s.source_offset) <= (t.{o}, t.source_offset)"
-        ).format(**fmt))
+        # Classify each staged row before writing. "copy" 1 is the copy of an event the
+        # INSERT below would pick (same event => same key and time; the highest offset wins).
+        row = self.conn.execute(sql.SQL(
+            "WITH s AS (SELECT event_id, {k}, {o}, source_offset, row_number() OVER"
+            " (PARTITION BY event_id ORDER BY source_offset DESC, source_partition DESC) AS copy"
+            " FROM {s}), f AS (SELECT s.copy, EXISTS (SELECT 1 FROM {t} x"
+            " WHERE x.event_id = s.event_id) AS stored, EXISTS (SELECT 1 FROM {t} y"
+            " WHERE y.{k} = s.{k} AND (s.{o}, s.source_offset) <= (y.{o}, y.source_offset))"
+            " AS older FROM s)"
+            " SELECT count(*) FILTER (WHERE copy > 1),"
+            " count(*) FILTER (WHERE copy = 1 AND stored),"
+            " count(*) FILTER (WHERE copy = 1 AND NOT stored AND older) FROM f"
+        ).format(**fmt)).fetchone()
+        dup_in_chunk, dup_stored, stale_stored = (int(v) for v in row) if row else (0, 0, 0)
         cur = self.conn.execute(sql.SQL(
             "INSERT INTO {t} ({c}) SELECT DISTINCT ON ({k}) {c} FROM {s}"
             # A replay of the stored event is a duplicate (counted above), not a newer
             # version: its later source_offset must not rewrite the row nor count twice.
             " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id)"
-            " ORDER BY {k}, {o} DESC, source_offset DESC"
+            " ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC"
             " ON CONFLICT ({k}) DO UPDATE SET {u}, ingested_at = now()"
             " WHERE ({t}.{o}, {t}.source_offset) < (EXCLUDED.{o}, EXCLUDED.source_offset)"
         ).format(**fmt))
         inserted = cur.rowcount
-        # The rest were superseded inside the chunk by a newer event of the same entity.
-        superseded = n - inserted - dup_stored - stale_stored
-        if superseded < 0:  # a row both newer-in-chunk and stale; never negative counts
-            stale_stored += superseded
-            superseded = 0
-        return UpsertResult(inserted, dup_stored, stale_stored + superseded, [])
+        # The rest lost, inside the chunk, to a newer event of the same entity: stale too.
+        superseded = n - inserted - dup_in_chunk - dup_stored - stale_stored
+        return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [])
 
 
 class OffsetsRepository:
@@ -409,7 +411,8 @@ class DeadLettersRepository:
                 [(pipeline, *k) for k in keys],
             )
 
-    def status_of(self, pipeline: str, keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+    def status_of(self, pipeline: str,
+                  keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
         rows = self.conn.execute(
             "SELECT source_topic, source_partition, source_offset, status FROM dead_letters"
             " WHERE pipeline = %s AND (source_topic, source_partition, source_offset)"

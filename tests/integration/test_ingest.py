@@ -159,13 +159,18 @@ def test_device_state_keeps_the_newest_event_per_device(
     third = send("e6", "e3", "e8")
     assert _device_state(pg_dsn) == {"d1": "e2", "d2": "e6", "d3": "e8"}
     assert _counts(third) == (3, 1, 1, 1)
+    # The same new event twice in one chunk: one lands, the copy is a duplicate, not stale.
+    events["e9"] = metric("e9", "d4", 5.0)
+    fourth = send("e9", "e9")
+    assert _device_state(pg_dsn)["d4"] == "e9"
+    assert _counts(fourth) == (2, 1, 1, 0)
     # The stored e2 is the original one (offset 1), not rewritten by its replay.
     assert query(pg_dsn, "SELECT source_offset FROM device_state WHERE device_id = 'd1'") \
         == [(1,)]
     audited = query(pg_dsn, "SELECT sum(read), sum(inserted + duplicates + stale"
                             " + dead_lettered + tombstones) FROM ingest_runs")[0]
-    assert audited[0] == audited[1] == 11
-    assert stored_offsets(pg_dsn, pipeline) == {0: 11}
+    assert audited[0] == audited[1] == 13
+    assert stored_offsets(pg_dsn, pipeline) == {0: 13}
 
 
 def test_rows_postgres_rejects_are_isolated_and_dead_lettered(
