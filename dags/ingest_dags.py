@@ -11,7 +11,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, Param, dag, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    CronDataIntervalTimetable,
+    Param,
+    dag,
+    get_current_context,
+    task,
+)
 from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
 
 from kafka_ingest import Pipeline, load_pipelines
@@ -39,12 +47,25 @@ def _request(context: Any) -> dict[str, Any]:
     )
 
 
+def _schedule(expression: str | None) -> Any:
+    """A cron schedule with data intervals ``[previous tick, tick)``.
+
+    Airflow 3 turns a cron string into ``CronTriggerTimetable``, whose runs have a point
+    interval (start == end): every ``airflow backfill`` run would then ask for an empty
+    time window and fail. Intervals that tile the time line map to adjacent half-open
+    offset windows instead.
+    """
+    if expression is None or expression in ("@once", "@continuous"):
+        return expression
+    return CronDataIntervalTimetable(expression, timezone="UTC")
+
+
 def build_ingest_dag(pipeline: Pipeline) -> DAG:
     hook = KafkaIngestHook  # built inside tasks: nothing at parse time touches a connection
 
     @dag(
         dag_id=f"{pipeline.name}_ingest",
-        schedule=pipeline.schedule,
+        schedule=_schedule(pipeline.schedule),
         start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         max_active_runs=1,
