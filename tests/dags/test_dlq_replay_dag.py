@@ -109,3 +109,36 @@ def test_a_bad_replay_form_fails_in_plan(stack_env: dict[str, str], parked: Pipe
     assert _rows(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == [(GOOD,)]
     assert _rows(pg_dsn, "SELECT count(*) FROM ingest_runs WHERE mode = 'replay'") == [(0,)]
     assert _rows(pg_dsn, "SELECT count(*) FROM run_plans WHERE mode = 'replay'") == [(0,)]
+
+
+def test_airflow_backfill_runs_of_the_ingest_dag_get_adjacent_time_windows(
+        stack_env: dict[str, str]) -> None:
+    """``airflow backfill create`` runs carry the data interval of their schedule; Airflow
+    3's default cron timetable makes it a point (start == end), which no time window can
+    be made of. The ingest DAGs use intervals that tile the time line instead."""
+    import sys
+
+    import pendulum
+    from airflow.sdk import CronDataIntervalTimetable
+    from airflow.timetables.base import TimeRestriction
+    from airflow.timetables.interval import CronDataIntervalTimetable as CoreTimetable
+
+    from kafka_ingest.service import request_from_params
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dags"))
+    import ingest_dags
+
+    dag = ingest_dags.build_ingest_dag(next(iter(ingest_dags.load_pipelines().values())))
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    timetable = CoreTimetable(dag.timetable.expression, timezone="UTC")
+    start = pendulum.datetime(2026, 5, 1, 10, 40, tz="UTC")
+    first = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                       restriction=TimeRestriction(start, None, True))
+    assert first is not None
+    second = timetable.next_dagrun_info(last_automated_data_interval=first.data_interval,
+                                        restriction=TimeRestriction(start, None, True))
+    assert second is not None
+    windows = [request_from_params({}, run_type="backfill", now=pendulum.now("UTC"),
+                                   interval=(i.data_interval.start, i.data_interval.end))
+               for i in (first, second)]
+    assert windows[0]["to_ms"] == windows[1]["from_ms"] > windows[0]["from_ms"]
