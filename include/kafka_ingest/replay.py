@@ -210,10 +210,10 @@ def _plan(pipeline: Pipeline, consumer: Any, conn: Any, request: Mapping[str, An
     ranges = []
     for p in parts:
         state = PartitionState(p, *marks[p], stored.get(p))
-        start = _cursor_start(pipeline, state, offsets, dry_run=dry_run)
-        end = min(state.high, start + pipeline.max_records_per_partition)
-        if end > start:
-            ranges.append(OffsetRange(topic, p, start, end, Mode.REPLAY, True))
+        first = _cursor_start(pipeline, state, offsets, dry_run=dry_run)
+        last = min(state.high, first + pipeline.max_records_per_partition)
+        if last > first:
+            ranges.append(OffsetRange(topic, p, first, last, Mode.REPLAY, True))
     return ranges
 
 
@@ -435,7 +435,8 @@ class _RowMessage:
         return int(self.row[-3])
 
     def key(self) -> bytes | None:
-        return self.row[-2]  # type: ignore[no-any-return]
+        key: bytes | None = self.row[-2]
+        return key
 
     def value(self) -> bytes | None:
         return None  # the DLQ record keeps the bytes; the table keeps no value
