@@ -20,11 +20,11 @@ from airflow.sdk import (
     get_current_context,
     task,
 )
-from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.service import ingest_range, plan_run, request_from_params, summarize
+from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
 
 PARTITIONS_PARAM = Param(
     {}, type="object", title="Backfill by offsets",
@@ -106,7 +106,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
             print(f"{pipeline.name}: {summary}")
             return summary
 
-        report(ingest.expand(offset_range=plan()))
+        report(ingest.expand(offset_range=plan()))  # type: ignore[arg-type]  # an XComArg, resolved at run time
 
     return ingest_dag()
 

@@ -6,6 +6,7 @@ against the real Kafka broker and Postgres started by ``kafka_ingest.stack``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -91,10 +92,9 @@ def topics(clients: Any) -> Iterator[Callable[..., str]]:
     if made:
         admin = clients.admin()
         for future in admin.delete_topics(made, operation_timeout=30).values():
-            try:
+            # cleanup is best effort; a leftover topic is harmless
+            with contextlib.suppress(Exception):
                 future.result(30)
-            except Exception:  # cleanup is best effort; a leftover topic is harmless
-                pass
 
 
 @pytest.fixture
@@ -127,5 +127,7 @@ def airflow_postgres_conn(dsn: str) -> str:
     import json
 
     d = conninfo_to_dict(dsn)
-    return json.dumps({"conn_type": "postgres", "host": d.get("host"), "port": int(d.get("port", 5432)),
-                       "login": d.get("user"), "password": d.get("password"), "schema": d.get("dbname")})
+    return json.dumps({
+        "conn_type": "postgres", "host": d.get("host"), "port": int(d.get("port", 5432)),
+        "login": d.get("user"), "password": d.get("password"), "schema": d.get("dbname"),
+    })

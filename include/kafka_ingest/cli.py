@@ -133,7 +133,7 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
         low, high = watermarks(consumer, pipeline.topic, [args.partition])[args.partition]
     finally:
         consumer.close()
-    target = {"earliest": low, "latest": high}.get(args.to, None)
+    target = {"earliest": low, "latest": high}.get(args.to)
     target = int(args.to) if target is None else target
     if not low <= target <= high:
         raise ValueError(f"offset {target} is outside [{low}, {high}] of "

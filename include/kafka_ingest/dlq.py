@@ -113,39 +113,59 @@ def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline:
     if not letters:
         return []
     reports: dict[int, tuple[Any, Any]] = {}
-
-    def on_delivery(index: int) -> Any:
-        def callback(err: Any, msg: Any) -> None:
-            reports[index] = (err, msg)
-        return callback
-
     topic = letters[0].dlq_topic
     failures: list[str] = []
     for i, letter in enumerate(letters):
-        value, truncated_from = letter.value, None
-        if value is not None and len(value) > max_dlq_bytes:
-            value, truncated_from = value[:max_dlq_bytes], len(value)
-        try:
-            producer.produce(topic, value=value, key=letter.key,
-                             headers=headers_for(letter, pipeline, style,
-                                                 truncated_from=truncated_from),
-                             timestamp=letter.timestamp_ms or 0,
-                             on_delivery=on_delivery(i))
-        except (BufferError, Exception) as exc:  # KafkaException, BufferError: infrastructure
-            failures.append(f"offset {letter.source_offset}: produce() raised {exc!r}")
+        error = _produce_one(producer, letter, pipeline, style, max_dlq_bytes,
+                             _recorder(reports, i))
+        if error is not None:
+            failures.append(f"offset {letter.source_offset}: produce() raised {error}")
             break
-        producer.poll(0)
     remaining = producer.flush(timeout_s)
-    for i in range(len(letters)):
-        err, _ = reports.get(i, (None, None))
-        if i not in reports:
-            failures.append(f"offset {letters[i].source_offset}: no delivery report "
-                            f"({remaining} still queued)")
-        elif err is not None:
-            failures.append(f"offset {letters[i].source_offset}: {err.name()}: {err.str()}")
+    failures += _report_failures(letters, reports, remaining)
     if failures:
         raise DeliveryFailed(topic, failures, len(letters))
     return [(reports[i][1].partition(), reports[i][1].offset()) for i in range(len(letters))]
+
+
+def _recorder(reports: dict[int, tuple[Any, Any]], index: int) -> Any:
+    def on_delivery(err: Any, msg: Any) -> None:
+        reports[index] = (err, msg)
+    return on_delivery
+
+
+def _produce_one(producer: Any, letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
+                 max_dlq_bytes: int, on_delivery: Any) -> str | None:
+    """Produce one record; return why it could not be queued, or ``None``."""
+    value, truncated_from = letter.value, None
+    if value is not None and len(value) > max_dlq_bytes:
+        value, truncated_from = value[:max_dlq_bytes], len(value)
+    headers = headers_for(letter, pipeline, style, truncated_from=truncated_from)
+    for _attempt in range(2):
+        try:
+            producer.produce(letter.dlq_topic, value=value, key=letter.key, headers=headers,
+                             timestamp=letter.timestamp_ms or 0, on_delivery=on_delivery)
+        except BufferError:  # the local queue is full: serve delivery reports, try again
+            producer.poll(1.0)
+            continue
+        except Exception as exc:  # KafkaException and friends: infrastructure, not data
+            return repr(exc)
+        producer.poll(0)
+        return None
+    return "BufferError: the producer's local queue stayed full"
+
+
+def _report_failures(letters: Sequence[DeadLetter], reports: dict[int, tuple[Any, Any]],
+                     remaining: int) -> list[str]:
+    failures = []
+    for i, letter in enumerate(letters):
+        if i not in reports:
+            failures.append(f"offset {letter.source_offset}: no delivery report "
+                            f"({remaining} still queued)")
+        elif reports[i][0] is not None:
+            err = reports[i][0]
+            failures.append(f"offset {letter.source_offset}: {err.name()}: {err.str()}")
+    return failures
 
 
 def _header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:

@@ -160,7 +160,7 @@ def ensure_topics(clients: KafkaClients, topics: dict[str, int], *,
               for t, n in topics.items() if t not in existing]
     if not wanted:
         return []
-    for topic, future in admin.create_topics(wanted, operation_timeout=timeout_s).items():
+    for future in admin.create_topics(wanted, operation_timeout=timeout_s).values():
         try:
             future.result(timeout_s)
         except KafkaException as exc:
@@ -184,11 +184,12 @@ def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poi
             errors.append(str(err))
 
     for s in sample_stream(pipeline, count, poison, tag=tag, partitions=partitions):
-        extra = {} if s.partition is None else {"partition": s.partition}
         while True:
             try:
+                # partition -1: let the partitioner choose (by key)
                 producer.produce(pipeline.topic, value=s.value, key=s.key,
-                                 on_delivery=on_delivery, **extra)
+                                 on_delivery=on_delivery,
+                                 partition=-1 if s.partition is None else s.partition)
                 break
             except BufferError:
                 producer.poll(0.5)

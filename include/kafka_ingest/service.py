@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.dlq import DeadLetter, ReplayedMessage, parse_dlq_message, produce_dead_letters
+from kafka_ingest.dlq import DeadLetter, produce_dead_letters
 from kafka_ingest.errors import FencedError, ReconciliationError, TriggerParamsError
 from kafka_ingest.ranges import (
     Mode,
@@ -343,18 +343,6 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     return rows
 
 
-__all__ = [
-    "CHUNK_HOOK",
-    "RangeReport",
-    "ingest_range",
-    "lag",
-    "parse_dlq_message",
-    "plan_run",
-    "reconcile",
-    "summarize",
-    "time_request",
-    "ReplayedMessage",
-]
 
 
 def request_from_params(params: Mapping[str, Any], *, run_type: str,
@@ -409,3 +397,16 @@ def _parse_time(name: str, value: Any) -> datetime:
     except ValueError:
         raise TriggerParamsError(f"{name!r} is not an ISO-8601 time: {value!r} "
                                  "(e.g. 2026-01-01T00:00:00Z)") from None
+
+
+__all__ = [
+    "CHUNK_HOOK",
+    "RangeReport",
+    "ingest_range",
+    "lag",
+    "plan_run",
+    "reconcile",
+    "request_from_params",
+    "summarize",
+    "time_request",
+]

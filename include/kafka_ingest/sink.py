@@ -113,7 +113,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
             if version in done:
                 continue
             with conn.transaction():
-                conn.execute(file.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+                conn.execute(file.read_text(encoding="utf-8"))
                 conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
             applied.append(version)
     return applied
@@ -250,10 +250,6 @@ class RowsRepository:
         if self.pipeline.upsert.mode is UpsertMode.LATEST:
             return self._upsert_latest(len(rows))
         return self._upsert_append(len(rows))
-
-    def _count(self, query: sql.Composable) -> int:
-        row = self.conn.execute(query).fetchone()
-        return int(row[0]) if row else 0
 
     def _upsert_append(self, n: int) -> UpsertResult:
         cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))

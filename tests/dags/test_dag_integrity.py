@@ -57,4 +57,5 @@ def test_ingest_dags_run_one_at_a_time_with_a_trigger_form(bag: Any) -> None:
         for name in ("partitions", "from", "to"):
             param = dag.params.get_param(name)
             assert param.description and param.schema.get("title"), (dag_id, name)
-        assert [o.uri for o in dag.get_task("report").outlets][0].startswith("postgres://")
+        outlets = [o.uri for o in dag.get_task("report").outlets]
+        assert outlets and outlets[0].startswith("postgres://")
