@@ -34,6 +34,9 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     # librdkafka idles 1 s once its queue is full (default 1000 ms): 166k -> 600k msg/s here.
     "fetch.queue.backoff.ms": 10,
     "enable.partition.eof": False,
+    # An idle fetch waits at most this long (default 500 ms): the end of a range and the
+    # watermark query behind it come back quickly.
+    "fetch.wait.max.ms": 100,
     "socket.timeout.ms": 10_000,
 }
 FORCED_PRODUCER = {"acks": "all", "enable.idempotence": True}

@@ -17,6 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -193,6 +194,12 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
 
     Live slices resume from the stored offset (a retry finishes exactly the pinned slice);
     backfill slices read their whole range and never touch the stored offset.
+
+    Reading and validating chunk k+1 overlaps with Postgres working on chunk k, in one
+    writer thread. The per-chunk invariants hold unchanged: the writer runs one
+    transaction at a time, in order, each one's compare-and-set starting where the last
+    one ended; the Kafka commit of chunk k waits for its database commit. At most two
+    chunks are in memory.
     """
     report = RangeReport(pipeline.name, rng.topic, rng.partition, rng.start, rng.end,
                          str(rng.mode))
@@ -201,17 +208,25 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     conn = db.connect()
     try:
         # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
-        # psycopg error.
-        with translate_errors("ingest"):
+        # psycopg error. Leaving the executor waits for the chunk in flight.
+        with translate_errors("ingest"), ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"sink-{rng.partition}") as writer:
             lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
             start = _resume_point(conn, pipeline, rng)
             report.resumed_from = start if start != rng.start else None
+            in_flight: _InFlight | None = None
             for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
                                     chunk_size=pipeline.chunk_size):
-                _ingest_chunk(pipeline, rng, chunk, conn, producer, report, run_id)
-                if rng.mode is Mode.LIVE:
-                    commit_offset(consumer, rng.topic, rng.partition, chunk.end)
-                    _at("kafka_committed")
+                t0 = time.monotonic()
+                result = validate_chunk(chunk.messages, pipeline)
+                _at("validated")
+                if in_flight is not None:
+                    _finish(in_flight, consumer, rng, report)
+                future = writer.submit(_write_chunk, pipeline, rng, chunk, result, conn,
+                                       producer, run_id, time.monotonic() - t0)
+                in_flight = _InFlight(future, chunk, result)
+            if in_flight is not None:
+                _finish(in_flight, consumer, rng, report)
             report.lag_after = _lag_after(consumer, rng)
     finally:
         if not conn.closed:
@@ -221,6 +236,22 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
         producer.flush(5)
     log.info(report.log_line())
     return report
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    future: Future[tuple[dict[str, int], float]]
+    chunk: Chunk
+    result: ValidationResult
+
+
+def _finish(job: _InFlight, consumer: Any, rng: OffsetRange, report: RangeReport) -> None:
+    """Wait for a chunk's transaction, count it, then commit its offset to Kafka."""
+    counts, seconds = job.future.result()
+    _add(report, job.result, counts, seconds)
+    if rng.mode is Mode.LIVE:
+        commit_offset(consumer, rng.topic, rng.partition, job.chunk.end)
+        _at("kafka_committed")
 
 
 def _resume_point(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
@@ -237,11 +268,12 @@ def _resume_point(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
     return min(stored, rng.end)
 
 
-def _ingest_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk, conn: Any,
-                  producer: Any, report: RangeReport, run_id: str) -> None:
+def _write_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk,
+                 result: ValidationResult, conn: Any, producer: Any, run_id: str,
+                 validate_s: float) -> tuple[dict[str, int], float]:
+    """One chunk's transaction (runs in the writer thread): rows, dead letters delivered
+    and recorded, the stored offset moved by compare-and-set, the audit row, COMMIT."""
     t0 = time.monotonic()
-    result = validate_chunk(chunk.messages, pipeline)
-    _at("validated")
     with UnitOfWork(conn, pipeline) as uow:
         up = uow.rows.upsert(result.rows)
         _at("upserted")
@@ -255,13 +287,13 @@ def _ingest_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk, conn: Any,
         counts = {"inserted": up.inserted, "duplicates": up.duplicates, "stale": up.stale,
                   "dead_lettered": len(dead), "tombstones": result.tombstones}
         reconcile(chunk.partition, result.read, counts)
-        seconds = time.monotonic() - t0
+        seconds = validate_s + time.monotonic() - t0
         uow.runs.add(RunRecord(pipeline.name, run_id, str(rng.mode), rng.topic, rng.partition,
                                chunk.start, chunk.end, result.read, up.inserted, up.duplicates,
                                up.stale, len(dead), result.tombstones, result.bytes, seconds))
         uow.commit(partition=rng.partition, start=chunk.start, end=chunk.end)
     _at("db_committed")
-    _add(report, result, counts, seconds)
+    return counts, seconds
 
 
 def _add(report: RangeReport, result: ValidationResult, counts: Mapping[str, int],

@@ -210,11 +210,12 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
     _produce_events(clients, pipeline, 150)
     (rng,) = plan_run(pipeline, clients, db, run_id="locked")
     holding, release = threading.Event(), threading.Event()
-    first = threading.current_thread()  # replaced by the holder's thread below
     results: dict[str, RangeReport | BaseException] = {}
 
     def hold(stage: str) -> None:
-        if threading.current_thread() is first and stage == "upserted":
+        # Only the run holding the lock can reach "upserted" (in its writer thread): the
+        # first time is the first run; it holds the lock until released.
+        if stage == "upserted" and not holding.is_set():
             holding.set()
             assert release.wait(60)
 
@@ -226,7 +227,6 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
 
     monkeypatch.setattr(service, "CHUNK_HOOK", hold)
     holder = threading.Thread(target=ingest, args=("first", db))
-    first = holder
     holder.start()
     assert holding.wait(30)
     try:
