@@ -42,7 +42,9 @@ def _request(context: Any) -> dict[str, Any]:
     dag_run = context["dag_run"]
     interval = (context.get("data_interval_start"), context.get("data_interval_end"))
     return request_from_params(
-        context["params"], run_type=str(getattr(dag_run, "run_type", "")),
+        # The task SDK's run type is an enum whose str() is "DagRunType.BACKFILL": compare
+        # its value ("backfill", "scheduled", "manual").
+        context["params"], run_type=str(getattr(dag_run.run_type, "value", dag_run.run_type)),
         interval=interval if all(interval) else None, now=datetime.now(tz=UTC),
     )
 

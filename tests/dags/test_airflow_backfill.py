@@ -1,0 +1,191 @@
+"""Airflow's own backfill, run by the real scheduler: ``airflow backfill create`` over two
+hourly data intervals re-reads exactly the messages whose timestamps fall in them, and
+never moves the live stored offset.
+
+The DAG is unpaused (Airflow 3 leaves a paused DAG's backfill runs queued), so the
+scheduler first makes its usual scheduled run, which ingests everything live; the test
+then deletes the window's rows and backfills them back, as an operator would.
+
+This starts Airflow's api-server (the execution API tasks report to), dag-processor and
+scheduler (LocalExecutor) against the stack's metadata database, on a pipelines file that
+holds one pipeline with a unique name, so nothing else in the metadata database is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from kafka_ingest.config import parse_pipelines
+from kafka_ingest.demo import _airflow_bin
+from kafka_ingest.samples import make_event
+from tests.conftest import airflow_postgres_conn, write_pipelines_file
+
+pytestmark = pytest.mark.integration
+
+HOUR = timedelta(hours=1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _poll(what: str, check: Callable[[], Any], timeout_s: float,
+          procs: list[subprocess.Popen[bytes]]) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        dead = [p.args for p in procs if p.poll() is not None]
+        assert not dead, f"an Airflow process exited while waiting for {what}: {dead}"
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
+                topics: Callable[..., str]) -> dict[str, Any]:
+    name = f"bf_{uuid.uuid4().hex[:10]}"
+    doc = {"pipelines": {name: {
+        "topic": topics(2, "src"), "dlq_topic": topics(2, "dlq"), "table": "telemetry_metrics",
+        "contract": {"event_type": "metric_event", "version": 2}, "schedule": "@hourly",
+        "retries": 0,
+    }}}
+    pipeline = parse_pipelines(doc)[name]
+    port = _free_port()
+    env = {
+        **os.environ, **stack_env,
+        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+    }
+    return {"pipeline": pipeline, "env": env, "port": port}
+
+
+@pytest.fixture
+def airflow_services(airflow_env: dict[str, Any], tmp_path: Path
+                     ) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = []
+    for cmd in (["api-server", "--port", str(airflow_env["port"]), "--host", "127.0.0.1"],
+                ["dag-processor"], ["scheduler"]):
+        log = (tmp_path / f"{cmd[0]}.log").open("wb")
+        procs.append(subprocess.Popen([_airflow_bin(), *cmd], env=airflow_env["env"],
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        _forget_dags(airflow_env)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def _forget_dags(airflow_env: dict[str, Any]) -> None:
+    """Remove the test's DAGs and their runs from the shared metadata database."""
+    name = airflow_env["pipeline"].name
+    for dag_id in (f"{name}_ingest", f"{name}_dlq_replay"):
+        subprocess.run([_airflow_bin(), "dags", "delete", dag_id, "--yes"],
+                       env=airflow_env["env"], capture_output=True, check=False)
+
+
+def _produce_at(clients: Any, pipeline: Any, stamps: list[datetime]) -> list[str]:
+    import random
+
+    producer = clients.producer()
+    rng = random.Random(3)
+    ids = []
+    for i, ts in enumerate(stamps):
+        event = make_event(pipeline, i, "bf", rng)
+        producer.produce(pipeline.topic, json.dumps(event).encode(), key=str(i % 7).encode(),
+                         timestamp=int(ts.timestamp() * 1000))
+        ids.append(event["event_id"])
+    assert producer.flush(30) == 0
+    return ids
+
+
+def _airflow_db(stack_env: dict[str, str]) -> str:
+    return make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+
+
+def _runs(stack_env: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
+    with psycopg.connect(_airflow_db(stack_env)) as conn:
+        return [(str(t), str(s)) for t, s in conn.execute(
+            "SELECT run_type, state FROM dag_run WHERE dag_id = %s", (dag_id,))]
+
+
+def test_airflow_backfill_maps_each_data_interval_to_offsets(
+        stack_env: dict[str, str], clients: Any, pg_dsn: str, airflow_env: dict[str, Any],
+        airflow_services: list[subprocess.Popen[bytes]]) -> None:
+    pipeline = airflow_env["pipeline"]
+    dag_id = f"{pipeline.name}_ingest"
+    h3 = datetime.now(tz=UTC).replace(minute=0, second=0, microsecond=0) - HOUR
+    h1 = h3 - 2 * HOUR
+    # 30 messages before the window, 40 in each of its two hours, 30 after it.
+    stamps = ([h1 - timedelta(minutes=30 - i) for i in range(30)]
+              + [h1 + timedelta(minutes=i * 1.5) for i in range(40)]
+              + [h1 + HOUR + timedelta(minutes=i * 1.5) for i in range(40)]
+              + [h3 + timedelta(seconds=i) for i in range(30)])
+    ids = _produce_at(clients, pipeline, stamps)
+    inside = set(ids[30:110])
+
+    def scheduled_run_done() -> bool:
+        return ("scheduled", "success") in _runs(stack_env, dag_id)
+
+    _poll("the scheduled (live) run", scheduled_run_done, 180, airflow_services)
+    with psycopg.connect(pg_dsn) as conn:
+        assert {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")} == set(ids)
+        live_offsets = conn.execute("SELECT partition, next_offset FROM ingest_offsets"
+                                    " ORDER BY 1").fetchall()
+        conn.execute("DELETE FROM telemetry_metrics WHERE event_id = ANY(%s)", (list(inside),))
+    assert sum(o for _, o in live_offsets) == len(ids)
+
+    create = subprocess.run(
+        [_airflow_bin(), "backfill", "create", "--dag-id", dag_id,
+         "--from-date", h1.isoformat(), "--to-date", (h1 + HOUR).isoformat()],
+        env=airflow_env["env"], capture_output=True, text=True, check=False)
+    assert create.returncode == 0, create.stdout + create.stderr
+
+    def finished() -> list[tuple[str, str]] | None:
+        runs = [r for r in _runs(stack_env, dag_id) if r[0] == "backfill"]
+        return runs if len(runs) == 2 and all(s in {"success", "failed"} for _, s in runs) \
+            else None
+
+    runs = _poll("both backfill runs to finish", finished, 300, airflow_services)
+    assert [s for _, s in runs] == ["success", "success"]
+    with psycopg.connect(pg_dsn) as conn:
+        loaded = {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")}
+        read, inserted = conn.execute(
+            "SELECT sum(read), sum(inserted) FROM ingest_runs WHERE mode = 'backfill'"
+        ).fetchone() or (None, None)
+        offsets = conn.execute("SELECT partition, next_offset FROM ingest_offsets"
+                               " ORDER BY 1").fetchall()
+    assert loaded == set(ids)  # exactly the deleted rows came back
+    assert (read, inserted) == (len(inside), len(inside))  # the window, nothing around it
+    assert offsets == live_offsets  # a backfill never moves the live stored offset
