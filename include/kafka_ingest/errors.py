@@ -12,6 +12,7 @@ The tree decides what happens to a failure::
     ├── OffsetGapError            the range starts below the low watermark (retention)
     ├── ReconciliationError       read != inserted + duplicates + stale + dead + skipped
     ├── TriggerParamsError        a trigger form / CLI range that cannot be honoured
+    ├── SchemaMissing             the pipelines' tables are not there: run the migrations
     └── DataError                 dead-letter the message, the batch goes on
         ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
         ├── NotAnObject           JSON that is an array, a number, a string or null
@@ -125,6 +126,13 @@ class ReconciliationError(IngestError):
         )
 
 
+class SchemaMissing(IngestError):
+    """A table the pipelines need does not exist in the database."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}; create the schema with `kafka-ingest migrate`")
+
+
 class TriggerParamsError(IngestError, ValueError):
     """A manual run's parameters cannot be honoured; the message says what to fix."""
 
@@ -166,6 +174,7 @@ class RejectedByDatabase(DataError):
 #: Errors a retry cannot cure: the task should fail at once and say why.
 PERMANENT_ERRORS: tuple[type[IngestError], ...] = (
     OffsetGapError,
+    SchemaMissing,
     ReconciliationError,
     TriggerParamsError,
 )
@@ -209,6 +218,8 @@ def map_psycopg_error(operation: str, exc: BaseException) -> IngestError | None:
     """
     import psycopg
 
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return SchemaMissing(str(exc).strip().splitlines()[0])
     # Lock and statement timeouts, and the server ending an idle or too long transaction's
     # session (SQLSTATE 25P03, 25P04: psycopg files those under InternalError).
     server_gave_up = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,

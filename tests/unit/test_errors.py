@@ -19,6 +19,7 @@ from kafka_ingest.errors import (
     KafkaUnavailable,
     OffsetGapError,
     RejectedByDatabase,
+    SchemaMissing,
     TransientError,
     TriggerParamsError,
     map_kafka_error,
@@ -39,6 +40,8 @@ SESSION_ENDED = (psycopg.errors.IdleInTransactionSessionTimeout,
 
 def intended(cls: type[psycopg.Error]) -> type[IngestError] | None:
     """The family rule the mapping must follow (STYLE 17), stated independently of it."""
+    if issubclass(cls, psycopg.errors.UndefinedTable):
+        return SchemaMissing  # the migrations never ran: say so, do not retry
     if issubclass(cls, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
         return DatabaseUnavailable  # lock or statement timeout: retry later
     if issubclass(cls, SESSION_ENDED):
@@ -58,6 +61,9 @@ def test_every_psycopg_error_class_is_mapped_as_intended(cls: type[psycopg.Error
         assert mapped is None
         return
     assert type(mapped) is expected
+    if expected is SchemaMissing:
+        assert "kafka-ingest migrate" in str(mapped)
+        return
     assert cls.__name__ in str(mapped)
     if expected is DatabaseUnavailable:
         assert isinstance(mapped, DatabaseUnavailable)
@@ -83,7 +89,7 @@ def test_every_psycopg_error_class_is_mapped_as_intended(cls: type[psycopg.Error
         (psycopg.IntegrityError, RejectedByDatabase),  # a constraint on the row
         (psycopg.errors.CheckViolation, RejectedByDatabase),  # a CHECK on the row
         (psycopg.ProgrammingError, type(None)),  # our SQL is wrong: not data, not transient
-        (psycopg.errors.UndefinedTable, type(None)),  # migration missing: surface it
+        (psycopg.errors.UndefinedTable, SchemaMissing),  # migration missing: say what to run
         (psycopg.errors.InFailedSqlTransaction, type(None)),  # a bug in our error handling
     ],
 )
@@ -94,7 +100,7 @@ def test_named_psycopg_cases(cls: type[psycopg.Error], expected: type) -> None:
 def test_the_families_cover_both_outcomes() -> None:
     # Guard against a psycopg upgrade that moves everything into one family silently.
     outcomes = {intended(cls) for cls in PSYCOPG_CLASSES}
-    assert outcomes == {DatabaseUnavailable, RejectedByDatabase, None}
+    assert outcomes == {DatabaseUnavailable, RejectedByDatabase, SchemaMissing, None}
     assert len(PSYCOPG_CLASSES) > 200
 
 
