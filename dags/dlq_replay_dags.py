@@ -25,7 +25,12 @@ from kafka_ingest.replay import (
     replay_request,
     summarize_replay,
 )
-from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
+from kafka_ingest_hook import (
+    KafkaIngestHook,
+    emit_metrics,
+    fail_without_retry,
+    postgres_database,
+)
 
 DRY_RUN_PARAM = Param(False, type="boolean", title="Dry run",
                       description="Validate and report the counts; write nothing (no rows, "
@@ -106,6 +111,8 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             summary = summarize_replay(results or [])
             print(f"{pipeline.name} DLQ replay: {summary}")
+            if not summary["dry_run"]:
+                emit_metrics("replay", pipeline.name, {**summary, **summary["outcomes"]})
             return summary
 
         report(replay.expand(offset_range=plan()))  # type: ignore[arg-type]  # an XComArg, resolved at run time

@@ -24,7 +24,12 @@ from airflow.sdk import (
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.service import ingest_range, plan_run, request_from_params, summarize
-from kafka_ingest_hook import KafkaIngestHook, fail_without_retry, postgres_database
+from kafka_ingest_hook import (
+    KafkaIngestHook,
+    emit_metrics,
+    fail_without_retry,
+    postgres_database,
+)
 
 PARTITIONS_PARAM = Param(
     {}, type="object", title="Backfill by offsets",
@@ -106,6 +111,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             summary = summarize(results or [])
             print(f"{pipeline.name}: {summary}")
+            emit_metrics("ingest", pipeline.name, summary)
             return summary
 
         report(ingest.expand(offset_range=plan()))  # type: ignore[arg-type]  # an XComArg, resolved at run time

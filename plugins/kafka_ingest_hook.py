@@ -97,3 +97,18 @@ def fail_without_retry() -> Iterator[None]:
         yield
     except PERMANENT_ERRORS as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+METRICS = ("read", "inserted", "duplicates", "stale", "dead_lettered", "tombstones", "bytes",
+           "lag_after", "dlq_rate", "recovered", "still_parked")
+
+
+def emit_metrics(kind: str, pipeline: str, summary: dict[str, Any]) -> None:
+    """Send a run's sums to Airflow's metrics (StatsD or OpenTelemetry, as configured):
+    ``kafka_ingest.<kind>.<name>`` gauges, tagged with the pipeline."""
+    from airflow.sdk.observability.stats import Stats
+
+    for name in METRICS:
+        value = summary.get(name)
+        if isinstance(value, int | float):
+            Stats.gauge(f"kafka_ingest.{kind}.{name}", value, tags={"pipeline": pipeline})
