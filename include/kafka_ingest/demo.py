@@ -21,6 +21,8 @@ from kafka_ingest import stack
 from kafka_ingest.config import get_pipeline
 from kafka_ingest.sink import Database, migrate
 
+_NOT_DEAD = {"row", "duplicate", "tombstone"}
+
 
 def _airflow_bin() -> str:
     candidate = Path(sys.executable).with_name("airflow")
@@ -90,7 +92,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"    expected from this sample: {sample['expect'].get('row', 0)} new rows, "
           f"{sample['expect'].get('duplicate', 0)} duplicates, "
           f"{sample['expect'].get('tombstone', 0)} tombstones skipped")
-    print(f"    dead letters by reason (all runs): {after['dead_letters']}")
+    new_dead = {c: n - before["dead_letters"].get(c, 0) for c, n in after["dead_letters"].items()
+                if n != before["dead_letters"].get(c, 0)}
+    print(f"    dead letters of this run by reason: {new_dead} "
+          f"(expected: { {k: v for k, v in sample['expect'].items() if k not in _NOT_DEAD} })")
     print(f"    dead-letter topic: {pipeline.dlq_topic}")
     print("    lag per partition:")
     cmd_lag(argparse.Namespace(pipeline=pipeline.name))
