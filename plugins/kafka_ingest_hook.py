@@ -20,7 +20,13 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_ingest.errors import PERMANENT_ERRORS
-from kafka_ingest.reader import KafkaClients, commit_offset, read_range, watermarks
+from kafka_ingest.reader import (
+    KafkaClients,
+    commit_offset,
+    offsets_for_time,
+    read_range,
+    watermarks,
+)
 from kafka_ingest.sink import Database
 
 
@@ -58,6 +64,15 @@ class KafkaIngestHook(KafkaBaseHook):
         consumer = self.clients.consumer("kafka-ingest.watermarks")
         try:
             return watermarks(consumer, topic, partitions)
+        finally:
+            consumer.close()
+
+    def offsets_for_time(self, topic: str, partitions: list[int], when_ms: int) -> dict[int, int]:
+        """Per partition, the first offset at or after ``when_ms`` (the high watermark if
+        none), so windows built from two calls are half-open."""
+        consumer = self.clients.consumer("kafka-ingest.offsets-for-times")
+        try:
+            return offsets_for_time(consumer, topic, partitions, when_ms)
         finally:
             consumer.close()
 
