@@ -10,7 +10,7 @@ replay cursor; with them it never moves the cursor. ``dry_run`` writes nothing.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, dag, get_current_context, task
@@ -27,6 +27,7 @@ from kafka_ingest.replay import (
 )
 from kafka_ingest_hook import (
     KafkaIngestHook,
+    dag_default_args,
     emit_metrics,
     fail_without_retry,
     postgres_database,
@@ -75,13 +76,7 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         params={"dry_run": DRY_RUN_PARAM, "partitions": PARTITIONS_PARAM, "from": FROM_PARAM,
                 "to": TO_PARAM, "error_classes": ERROR_CLASSES_PARAM,
                 "source_partition": SOURCE_PARTITION_PARAM, "event_id": EVENT_ID_PARAM},
-        default_args={
-            "owner": pipeline.owner,
-            "retries": pipeline.retries,
-            "retry_delay": timedelta(seconds=10),
-            "retry_exponential_backoff": 2.0,
-            "max_retry_delay": timedelta(minutes=10),
-        },
+        default_args=dag_default_args(pipeline),
     )
     def replay_dag() -> None:
         @task

@@ -8,7 +8,7 @@ backfill (``airflow backfill create``) maps each data interval to offsets by tim
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import (
@@ -26,6 +26,7 @@ from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.service import ingest_range, plan_run, request_from_params, summarize
 from kafka_ingest_hook import (
     KafkaIngestHook,
+    dag_default_args,
     emit_metrics,
     fail_without_retry,
     postgres_database,
@@ -79,13 +80,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         doc_md=__doc__,
         tags=["kafka-ingest", "ingest", pipeline.name],
         params={"partitions": PARTITIONS_PARAM, "from": FROM_PARAM, "to": TO_PARAM},
-        default_args={
-            "owner": pipeline.owner,
-            "retries": pipeline.retries,
-            "retry_delay": timedelta(seconds=10),
-            "retry_exponential_backoff": 2.0,
-            "max_retry_delay": timedelta(minutes=10),
-        },
+        default_args=dag_default_args(pipeline),
     )
     def ingest_dag() -> None:
         @task

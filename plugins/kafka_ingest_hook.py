@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
@@ -127,3 +128,15 @@ def emit_metrics(kind: str, pipeline: str, summary: dict[str, Any]) -> None:
         value = summary.get(name)
         if isinstance(value, int | float):
             Stats.gauge(f"kafka_ingest.{kind}.{name}", value, tags={"pipeline": pipeline})
+
+
+def dag_default_args(pipeline: Any) -> dict[str, Any]:
+    """Task defaults of every DAG of a pipeline: its owner, and retries that back off
+    exponentially from 10 s to 10 min (infrastructure errors heal; see errors.py)."""
+    return {
+        "owner": pipeline.owner,
+        "retries": pipeline.retries,
+        "retry_delay": timedelta(seconds=10),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=10),
+    }

@@ -41,7 +41,6 @@ from kafka_ingest.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_mess
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
     DataError,
-    FencedError,
     TriggerParamsError,
 )
 from kafka_ingest.ranges import Mode, OffsetRange, PartitionState, plan_between, plan_explicit
@@ -54,7 +53,7 @@ from kafka_ingest.reader import (
     read_range,
     watermarks,
 )
-from kafka_ingest.service import request_from_params
+from kafka_ingest.service import request_from_params, resume_from_cursor
 from kafka_ingest.sink import (
     OffsetsRepository,
     RunRecord,
@@ -294,7 +293,7 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     conn = db.connect()
     try:
         lock_partition(conn, replay_key(pipeline), rng.partition, timeout_s=db.lock_timeout_s)
-        start = _resume_point(conn, pipeline, rng) if moves else rng.start
+        start = resume_from_cursor(conn, pipeline, rng) if moves else rng.start
         report.resumed_from = start if start != rng.start else None
         for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
                                 chunk_size=pipeline.chunk_size):
@@ -308,15 +307,6 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
         consumer.close()
     log.info(report.log_line())
     return report
-
-
-def _resume_point(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
-    """A cursor slice resumes where the cursor is (a retry finishes exactly the slice)."""
-    stored = OffsetsRepository(conn).get(pipeline.name, rng.topic, rng.partition)
-    conn.commit()
-    if stored is None or stored < rng.start:
-        raise FencedError(pipeline.name, rng.topic, rng.partition, rng.start, stored)
-    return min(stored, rng.end)
 
 
 def _replay_chunk(pipeline: Pipeline, chunk: Chunk, conn: Any, report: ReplayReport,

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -88,7 +88,6 @@ class RangeReport:
     chunks: int = 0
     lag_after: int | None = None
     resumed_from: int | None = None
-    outcomes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,7 +211,8 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
         with translate_errors("ingest"), ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"sink-{rng.partition}") as writer:
             lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
-            start = _resume_point(conn, pipeline, rng)
+            live = rng.mode is Mode.LIVE
+            start = resume_from_cursor(conn, pipeline, rng) if live else rng.start
             report.resumed_from = start if start != rng.start else None
             in_flight: _InFlight | None = None
             for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
@@ -254,10 +254,12 @@ def _finish(job: _InFlight, consumer: Any, rng: OffsetRange, report: RangeReport
         _at("kafka_committed")
 
 
-def _resume_point(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
-    """Where this slice starts: the stored offset for a live slice, else its start."""
-    if rng.mode is not Mode.LIVE:
-        return rng.start
+def resume_from_cursor(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
+    """Where a slice that moves a stored cursor starts: where the cursor is now.
+
+    A retry or a cleared task thus finishes exactly its pinned slice. A cursor behind the
+    slice's start means another run rewound it: fence rather than guess.
+    """
     stored = OffsetsRepository(conn).get(pipeline.name, rng.topic, rng.partition)
     conn.commit()
     if stored is None or stored < rng.start:
@@ -439,6 +441,7 @@ __all__ = [
     "plan_run",
     "reconcile",
     "request_from_params",
+    "resume_from_cursor",
     "summarize",
     "time_request",
 ]
