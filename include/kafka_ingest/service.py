@@ -32,6 +32,7 @@ from kafka_ingest.ranges import (
     plan_between,
     plan_explicit,
     plan_live,
+    start_offset,
 )
 from kafka_ingest.reader import (
     Chunk,
@@ -164,10 +165,8 @@ def _plan(pipeline: Pipeline, consumer: Any, conn: Any, run_id: str,
         offsets.advance(pipeline.name, topic, gap.partition, gap.start, gap.low)
     for s in states:  # the start policy is applied once, then the stored offset rules
         if s.stored is None:
-            first = next((r.start for r in ranges if r.partition == s.partition), None)
             offsets.initialise(pipeline.name, topic, s.partition,
-                               first if first is not None else (
-                                   s.low if pipeline.start_policy == "earliest" else s.high))
+                               start_offset(s, pipeline.start_policy))
     return ranges
 
 

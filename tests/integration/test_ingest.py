@@ -301,3 +301,21 @@ def test_a_dlq_that_cannot_be_written_is_an_infrastructure_error(
     run(pipeline.model_copy(update={"dlq_topic": make_pipeline().dlq_topic}), clients, db)
     assert len(table_ids(pg_dsn, pipeline.table)) == 20
     assert stored_offsets(pg_dsn, pipeline) == {0: 21}
+
+
+def test_start_policy_latest_skips_history_once_then_follows_the_stored_offset(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", partitions=1, start_policy="latest")
+    produce(clients, pipeline.topic, [(b"k", metric(f"old-{i}", "d", 10.0 + i))
+                                      for i in range(10)])
+
+    first = run(pipeline, clients, db)
+    assert total(first, "read") == 0
+    assert stored_offsets(pg_dsn, pipeline) == {0: 10}  # the policy applied, and stored
+
+    produce(clients, pipeline.topic, [(b"k", metric(f"new-{i}", "d", 100.0 + i))
+                                      for i in range(5)])
+    second = run(pipeline, clients, db)
+    assert total(second, "read") == 5
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == [f"new-{i}" for i in range(5)]
+    assert stored_offsets(pg_dsn, pipeline) == {0: 15}
