@@ -23,4 +23,4 @@ bench: bootstrap  ## ingest benchmark (200k events); figures in benchmarks/resul
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --chunk-size 20000 --partitions 3
 
 lock:            ## re-resolve and pin requirements.txt (review the diff)
-	.venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize)==' > requirements.txt.new && mv requirements.txt.new requirements.txt
+	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt
