@@ -6,6 +6,7 @@ Pure functions over watermarks and stored offsets; the I/O that feeds them lives
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -63,6 +64,20 @@ class Gap:
     partition: int
     start: int
     low: int
+
+
+def request_key(request: Mapping[str, Any]) -> str:
+    """A stable name for a plan request: ``live`` or canonical JSON of what was asked.
+
+    Plans are pinned per (run, request): a retry of the same request finishes the same
+    slice, while the same run id asked for something else (Airflow's backfill re-running
+    a cleared scheduled run) plans anew.
+    """
+    if not request:
+        return "live"
+    canonical = {k: ({str(p): list(v) for p, v in sorted(request[k].items())}
+                     if k == "partitions" else request[k]) for k in sorted(request)}
+    return json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def start_offset(state: PartitionState, policy: StartPolicy) -> int:

@@ -43,7 +43,14 @@ from kafka_ingest.errors import (
     DataError,
     TriggerParamsError,
 )
-from kafka_ingest.ranges import Mode, OffsetRange, PartitionState, plan_between, plan_explicit
+from kafka_ingest.ranges import (
+    Mode,
+    OffsetRange,
+    PartitionState,
+    plan_between,
+    plan_explicit,
+    request_key,
+)
 from kafka_ingest.reader import (
     Chunk,
     KafkaClients,
@@ -167,9 +174,10 @@ def plan_replay(pipeline: Pipeline, clients: KafkaClients, db: Any, *, run_id: s
     request = request or {}
     advance = not (request.get("partitions") or request.get("from_ms") is not None)
     key = replay_key(pipeline)
+    asked = request_key({**request, "dry_run": dry_run})
     with db.session() as conn:
         runs = RunsRepository(conn)
-        pinned = runs.pinned_plan(key, run_id)
+        pinned = runs.pinned_plan(key, run_id, asked)
         if pinned:
             log.info("replay %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(t, p, s, e, Mode.REPLAY, advance) for t, p, s, e, _ in pinned
@@ -179,7 +187,7 @@ def plan_replay(pipeline: Pipeline, clients: KafkaClients, db: Any, *, run_id: s
             ranges = _plan(pipeline, consumer, conn, request, dry_run=dry_run)
         finally:
             consumer.close()
-        runs.pin_plan(key, run_id, str(Mode.REPLAY),
+        runs.pin_plan(key, run_id, asked, str(Mode.REPLAY),
                       [(r.topic, r.partition, r.start, r.end) for r in ranges])
         conn.commit()
     for r in ranges:

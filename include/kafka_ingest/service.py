@@ -32,6 +32,7 @@ from kafka_ingest.ranges import (
     plan_between,
     plan_explicit,
     plan_live,
+    request_key,
     start_offset,
 )
 from kafka_ingest.reader import (
@@ -114,18 +115,20 @@ def plan_run(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id:
     live: from the stored offsets, capped by ``max_records_per_partition``.
     """
     request = request or {}
+    key = request_key(request)
     with db.session() as conn:
         runs = RunsRepository(conn)
-        pinned = runs.pinned_plan(pipeline.name, run_id)
+        pinned = runs.pinned_plan(pipeline.name, run_id, key)
         if pinned:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
-            return [OffsetRange(t, p, s, e, Mode(m)) for t, p, s, e, m in pinned if e > s]
+            return [OffsetRange(t, p, s, e, Mode(m), advance_cursor=Mode(m) is Mode.LIVE)
+                    for t, p, s, e, m in pinned if e > s]
         consumer = clients.consumer(pipeline.group_id)
         try:
             ranges = _plan(pipeline, consumer, conn, run_id, request)
         finally:
             consumer.close()
-        runs.pin_plan(pipeline.name, run_id, _mode_of(ranges, request),
+        runs.pin_plan(pipeline.name, run_id, key, _mode_of(ranges, request),
                       [(r.topic, r.partition, r.start, r.end) for r in ranges])
         conn.commit()
     for r in ranges:

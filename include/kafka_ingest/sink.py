@@ -434,23 +434,27 @@ class RunsRepository:
              r.seconds),
         )
 
-    def pinned_plan(self, pipeline: str, run_id: str) -> list[tuple[str, int, int, int, str]]:
+    def pinned_plan(self, pipeline: str, run_id: str,
+                    request_key: str) -> list[tuple[str, int, int, int, str]]:
+        """The ranges pinned to this run for this request (empty if none)."""
         return [
             (t, int(p), int(s), int(e), m)
             for t, p, s, e, m in self.conn.execute(
                 "SELECT topic, partition, start_offset, end_offset, mode FROM run_plans"
-                " WHERE pipeline = %s AND run_id = %s ORDER BY topic, partition",
-                (pipeline, run_id),
+                " WHERE pipeline = %s AND run_id = %s AND request_key = %s"
+                " ORDER BY topic, partition",
+                (pipeline, run_id, request_key),
             )
         ]
 
-    def pin_plan(self, pipeline: str, run_id: str, mode: str,
+    def pin_plan(self, pipeline: str, run_id: str, request_key: str, mode: str,
                  ranges: Sequence[tuple[str, int, int, int]]) -> None:
         with self.conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO run_plans (pipeline, run_id, mode, topic, partition, start_offset,"
-                " end_offset) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [(pipeline, run_id, mode, *r) for r in ranges],
+                "INSERT INTO run_plans (pipeline, run_id, request_key, mode, topic, partition,"
+                " start_offset, end_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                [(pipeline, run_id, request_key, mode, *r) for r in ranges],
             )
 
     def record_gap(self, pipeline: str, topic: str, partition: int, start: int, end: int,

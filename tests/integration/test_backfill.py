@@ -129,6 +129,32 @@ def test_backfill_brings_back_exactly_the_deleted_rows(
     assert stored(db, pipeline) == offsets
 
 
+def test_a_run_id_reused_for_a_backfill_plans_the_backfill(
+        produced: tuple[Pipeline, dict[str, int]], clients: Any, db: Any) -> None:
+    # Airflow's backfill with --reprocess-behavior clears a scheduled run and re-runs it,
+    # same run id, as a backfill: it must plan the backfill, not reuse the live slice.
+    pipeline, stamps = produced
+    run_id = "scheduled__2026-11-30T10:00:00+00:00"
+    live = plan_run(pipeline, clients, db, run_id=run_id)
+    for r in live:
+        ingest_range(pipeline, r, clients, db, run_id=run_id)
+    before, offsets = rows(db), stored(db, pipeline)
+    with db.session() as conn:
+        conn.execute("DELETE FROM telemetry_metrics")
+        conn.commit()
+
+    window = {"from_ms": min(stamps.values()), "to_ms": max(stamps.values()) + 1}
+    again = plan_run(pipeline, clients, db, run_id=run_id, request=window)
+    assert {(r.partition, r.start, r.end, str(r.mode)) for r in again} == {
+        (p, 0, PER_PARTITION, "backfill") for p in range(PARTITIONS)}
+    for r in again:
+        ingest_range(pipeline, r, clients, db, run_id=run_id)
+    assert rows(db) == before
+    assert stored(db, pipeline) == offsets
+    # ...and a retry of that same backfill reuses its own pinned plan.
+    assert plan_run(pipeline, clients, db, run_id=run_id, request=window) == again
+
+
 def test_adjacent_time_windows_cover_a_range_exactly_once(
         make_pipeline: Callable[..., Pipeline], clients: Any, db: Any) -> None:
     pipeline = make_pipeline("telemetry_metrics", partitions=PARTITIONS, chunk_size=4)
