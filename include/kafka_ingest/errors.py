@@ -114,15 +114,19 @@ class OffsetGapError(IngestError):
 
 
 class ReconciliationError(IngestError):
-    """The counts of a slice do not add up: something was lost or counted twice."""
+    """The counts of a slice do not add up, or valid rows are not in the table after the
+    upsert: something was lost or counted twice."""
 
-    def __init__(self, partition: int, read: int, accounted: dict[str, int]) -> None:
+    def __init__(self, partition: int, read: int, accounted: dict[str, int],
+                 *, missing: int = 0) -> None:
         self.partition = partition
         self.read = read
         self.accounted = accounted
+        self.missing = missing
         parts = " + ".join(f"{k} {v}" for k, v in accounted.items())
+        lost = f"; {missing} valid rows are not in the table after the upsert" if missing else ""
         super().__init__(
-            f"partition {partition}: read {read} but {parts} = {sum(accounted.values())}"
+            f"partition {partition}: read {read} but {parts} = {sum(accounted.values())}{lost}"
         )
 
 

@@ -41,6 +41,7 @@ from kafka_ingest.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_mess
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
     DataError,
+    ReconciliationError,
     TriggerParamsError,
 )
 from kafka_ingest.ranges import (
@@ -396,6 +397,9 @@ def _revalidate(pipeline: Pipeline, letters: list[DeadLetter], uow: UnitOfWork,
     by_source = {d.source: d for d in letters}
     result = validate_chunk([ReplayedMessage(d) for d in letters], pipeline)
     up = uow.rows.upsert(result.rows)
+    if up.missing:  # rolled back with the chunk's transaction
+        raise ReconciliationError(report.partition, len(letters),
+                                  {"recovered": len(result.rows)}, missing=up.missing)
     rejected = [dead_letter(_RowMessage(row), pipeline, reason) for row, reason in up.rejected]
     rejected_keys = {d.source for d in rejected}
     recovered = [by_source[(r[-5], r[-4], r[-3])] for r in result.rows

@@ -290,7 +290,7 @@ def _write_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk,
             uow.offsets.advance(pipeline.name, rng.topic, rng.partition, chunk.start, chunk.end)
         counts = {"inserted": up.inserted, "duplicates": up.duplicates, "stale": up.stale,
                   "dead_lettered": len(dead), "tombstones": result.tombstones}
-        reconcile(chunk.partition, result.read, counts)
+        reconcile(chunk.partition, result.read, counts, missing=up.missing)
         seconds = validate_s + time.monotonic() - t0
         uow.runs.add(RunRecord(pipeline.name, run_id, str(rng.mode), rng.topic, rng.partition,
                                chunk.start, chunk.end, result.read, up.inserted, up.duplicates,
@@ -313,10 +313,11 @@ def _add(report: RangeReport, result: ValidationResult, counts: Mapping[str, int
     report.chunks += 1
 
 
-def reconcile(partition: int, read: int, counts: Mapping[str, int]) -> None:
-    """read = inserted + duplicates + stale + dead letters + tombstones, or fail loudly."""
-    if sum(counts.values()) != read:
-        raise ReconciliationError(partition, read, dict(counts))
+def reconcile(partition: int, read: int, counts: Mapping[str, int], *, missing: int = 0) -> None:
+    """read = inserted + duplicates + stale + dead letters + tombstones, and no valid row
+    missing from the table after the upsert; or fail loudly (the chunk rolls back)."""
+    if sum(counts.values()) != read or missing:
+        raise ReconciliationError(partition, read, dict(counts), missing=missing)
 
 
 def _rejected_letters(pipeline: Pipeline, chunk: Chunk,

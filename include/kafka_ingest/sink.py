@@ -157,6 +157,9 @@ class UpsertResult:
     duplicates: int
     stale: int
     rejected: list[tuple[tuple[Any, ...], RejectedByDatabase]]
+    #: Staged rows the table does not hold (nor a newer version of) after the INSERT:
+    #: must be 0. Checked against the table, independently of the counts above.
+    missing: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ class RowsRepository:
             left.duplicates + right.duplicates,
             left.stale + right.stale,
             left.rejected + right.rejected,
+            left.missing + right.missing,
         )
 
     def _ensure_stage(self) -> None:
@@ -264,8 +268,17 @@ class RowsRepository:
         # Every staged row not inserted is a duplicate (in the chunk, or already stored).
         # Counting "already stored" with a SELECT before the INSERT misses rows a concurrent
         # transaction (another partition's task) inserts meanwhile: ON CONFLICT skips them,
-        # so the chunk failed reconciliation.
-        return UpsertResult(inserted, n - inserted, 0, [])
+        # so the chunk failed reconciliation. What is checked instead is the outcome: every
+        # staged event_id is in the table now.
+        return UpsertResult(inserted, n - inserted, 0, [], self._missing(
+            "SELECT count(*) FROM (SELECT DISTINCT event_id FROM {s}) s"
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = s.event_id)", {}))
+
+    def _missing(self, query: str, extra: dict[str, sql.Composable]) -> int:
+        row = self.conn.execute(
+            sql.SQL(query).format(t=self.table, s=self.stage, **extra)
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     def _upsert_latest(self, n: int) -> UpsertResult:
         key = sql.Identifier(self.pipeline.upsert.key or "")
@@ -302,7 +315,15 @@ class RowsRepository:
         inserted = cur.rowcount
         # The rest lost, inside the chunk, to a newer event of the same entity: stale too.
         superseded = n - inserted - dup_in_chunk - dup_stored - stale_stored
-        return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [])
+        # The outcome, checked against the table: each staged event is stored, or its entity
+        # holds a version at least as new.
+        missing = self._missing(
+            "SELECT count(*) FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} x"
+            " WHERE x.{k} = s.{k} AND (x.event_id = s.event_id"
+            " OR (x.{o}, x.source_offset) >= (s.{o}, s.source_offset)))",
+            {"k": key, "o": order})
+        return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [],
+                            missing)
 
 
 class OffsetsRepository:

@@ -34,7 +34,12 @@ from helpers_ingest import (
 )
 
 from kafka_ingest.config import OnOffsetGap
-from kafka_ingest.errors import DeliveryFailed, OffsetGapError, TransientError
+from kafka_ingest.errors import (
+    DeliveryFailed,
+    OffsetGapError,
+    ReconciliationError,
+    TransientError,
+)
 from kafka_ingest.reader import KafkaClients
 from kafka_ingest.samples import produce_sample, sample_stream
 from kafka_ingest.service import ingest_range, plan_run
@@ -319,3 +324,25 @@ def test_start_policy_latest_skips_history_once_then_follows_the_stored_offset(
     assert total(second, "read") == 5
     assert sorted(table_ids(pg_dsn, pipeline.table)) == [f"new-{i}" for i in range(5)]
     assert stored_offsets(pg_dsn, pipeline) == {0: 15}
+
+
+def test_rows_the_table_silently_drops_fail_the_chunk_instead_of_moving_the_offset(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # A trigger that swallows some inserts (a DBA's mistake): ON CONFLICT DO NOTHING would
+    # count them as duplicates and move on. The sink checks the table itself instead.
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    execute(pg_dsn, "CREATE FUNCTION swallow() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    " BEGIN IF NEW.metric_value > 1000 THEN RETURN NULL; END IF;"
+                    " RETURN NEW; END $$;"
+                    "CREATE TRIGGER swallow BEFORE INSERT ON telemetry_metrics"
+                    " FOR EACH ROW EXECUTE FUNCTION swallow()")
+    produce(clients, pipeline.topic, [(b"k", metric(f"e{i}", "d", 1.0 + i,
+                                                    value=5000.0 if i == 3 else 1.0))
+                                      for i in range(10)])
+
+    with pytest.raises(ReconciliationError, match="1 valid rows are not in the table"):
+        run(pipeline, clients, db)
+
+    assert table_ids(pg_dsn, pipeline.table) == []  # the chunk rolled back whole
+    assert stored_offsets(pg_dsn, pipeline) == {0: 0}
+    assert _runs_count(pg_dsn) == 0
