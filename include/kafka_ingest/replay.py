@@ -32,6 +32,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -68,6 +69,7 @@ from kafka_ingest.sink import (
     RunsRepository,
     UnitOfWork,
     lock_partition,
+    translate_errors,
     unlock_partition,
 )
 from kafka_ingest.validate import dead_letter, validate_chunk
@@ -298,10 +300,15 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     moves = rng.advance_cursor and not dry_run and not filters.active
     report = ReplayReport(pipeline.name, rng.topic, rng.partition, rng.start, rng.end,
                           dry_run, moves)
-    consumer = clients.consumer(_group(pipeline))
-    conn = db.connect()
-    try:
+    # Closes whatever was opened, in reverse, even on error; psycopg's connection errors
+    # become transient errors (Airflow retries).
+    with translate_errors("replay"), ExitStack() as cleanup:
+        consumer = clients.consumer(_group(pipeline))
+        cleanup.callback(consumer.close)
+        conn = db.connect()
+        cleanup.callback(conn.close)
         lock_partition(conn, replay_key(pipeline), rng.partition, timeout_s=db.lock_timeout_s)
+        cleanup.callback(unlock_partition, conn, replay_key(pipeline), rng.partition)
         start = resume_from_cursor(conn, pipeline, rng) if moves else rng.start
         report.resumed_from = start if start != rng.start else None
         for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
@@ -309,11 +316,6 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
             _replay_chunk(pipeline, chunk, conn, report, run_id, filters, moves=moves)
             if moves:
                 commit_offset(consumer, rng.topic, rng.partition, chunk.end)
-    finally:
-        if not conn.closed:
-            unlock_partition(conn, replay_key(pipeline), rng.partition)
-        conn.close()
-        consumer.close()
     log.info(report.log_line())
     return report
 

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -204,16 +205,21 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     """
     report = RangeReport(pipeline.name, rng.topic, rng.partition, rng.start, rng.end,
                          str(rng.mode))
-    consumer = clients.consumer(pipeline.group_id)
-    producer = clients.producer()
-    conn = db.connect()
-    try:
+    live = rng.mode is Mode.LIVE
+    with ExitStack() as cleanup:  # closes whatever was opened, in reverse, even on error
+        consumer = clients.consumer(pipeline.group_id)
+        cleanup.callback(consumer.close)
+        producer = clients.producer()
+        cleanup.callback(producer.flush, 5)
+        conn = db.connect()
+        cleanup.callback(conn.close)
         # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
         # psycopg error. Leaving the executor waits for the chunk in flight.
         with translate_errors("ingest"), ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"sink-{rng.partition}") as writer:
-            lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
-            live = rng.mode is Mode.LIVE
+            if live:  # a live slice owns its partition's cursor for the whole slice
+                lock_partition(conn, pipeline.name, rng.partition, timeout_s=db.lock_timeout_s)
+                cleanup.callback(unlock_partition, conn, pipeline.name, rng.partition)
             start = resume_from_cursor(conn, pipeline, rng) if live else rng.start
             report.resumed_from = start if start != rng.start else None
             in_flight: _InFlight | None = None
@@ -225,17 +231,12 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
                 if in_flight is not None:
                     _finish(in_flight, consumer, rng, report)
                 future = writer.submit(_write_chunk, pipeline, rng, chunk, result, conn,
-                                       producer, run_id, time.monotonic() - t0)
+                                       producer, run_id, time.monotonic() - t0,
+                                       db.lock_timeout_s)
                 in_flight = _InFlight(future, chunk, result)
             if in_flight is not None:
                 _finish(in_flight, consumer, rng, report)
             report.lag_after = _lag_after(consumer, rng)
-    finally:
-        if not conn.closed:
-            unlock_partition(conn, pipeline.name, rng.partition)
-        conn.close()
-        consumer.close()
-        producer.flush(5)
     log.info(report.log_line())
     return report
 
@@ -274,11 +275,17 @@ def resume_from_cursor(conn: Any, pipeline: Pipeline, rng: OffsetRange) -> int:
 
 def _write_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk,
                  result: ValidationResult, conn: Any, producer: Any, run_id: str,
-                 validate_s: float) -> tuple[dict[str, int], float]:
+                 validate_s: float, lock_timeout_s: float) -> tuple[dict[str, int], float]:
     """One chunk's transaction (runs in the writer thread): rows, dead letters delivered
-    and recorded, the stored offset moved by compare-and-set, the audit row, COMMIT."""
+    and recorded, the stored offset moved by compare-and-set, the audit row, COMMIT.
+
+    A backfill chunk takes the partition's lock for its transaction only, so it waits at
+    most for the live slice in progress, and a live slice waits at most for one chunk."""
     t0 = time.monotonic()
     with UnitOfWork(conn, pipeline) as uow:
+        if rng.mode is not Mode.LIVE:
+            lock_partition(conn, pipeline.name, rng.partition, timeout_s=lock_timeout_s,
+                           for_transaction=True)
         up = uow.rows.upsert(result.rows)
         _at("upserted")
         dead = result.dead + _rejected_letters(pipeline, chunk, up.rejected)

@@ -123,27 +123,38 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
 
 
 def lock_partition(conn: psycopg.Connection[Any], pipeline: str, partition: int,
-                   *, timeout_s: float) -> None:
-    """Take the session advisory lock of (pipeline, partition), waiting up to ``timeout_s``.
+                   *, timeout_s: float, for_transaction: bool = False) -> None:
+    """Take the advisory lock of (pipeline, partition), waiting up to ``timeout_s``.
 
-    Session-level, so it spans the chunk transactions and dies with the connection (a
-    killed worker never leaves it behind). Failing to get it in time is transient.
+    Session-level by default, so it spans a live slice's chunk transactions and dies with
+    the connection (a killed worker never leaves it behind). ``for_transaction`` takes it
+    for the current transaction only (backfill chunks: they interleave with live slices
+    chunk by chunk instead of waiting for a whole slice). The two kinds exclude each other.
+    Failing to get it in time is transient.
     """
-    with conn.transaction():
+    fn = "pg_advisory_xact_lock" if for_transaction else "pg_advisory_lock"
+    with conn.transaction():  # a savepoint when inside the chunk's transaction
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
         try:
-            conn.execute("SELECT pg_advisory_lock(hashtext(%s), %s)", (pipeline, partition))
+            conn.execute(f"SELECT {fn}(hashtext(%s), %s)", (pipeline, partition))
         except psycopg.errors.LockNotAvailable as exc:
             raise DatabaseUnavailable(
                 "advisory lock",
                 f"{pipeline}[{partition}] is being written by another run for over {timeout_s}s",
             ) from exc
+        conn.execute("SELECT set_config('lock_timeout', '0', true)")
 
 
 def unlock_partition(conn: psycopg.Connection[Any], pipeline: str, partition: int) -> None:
-    if not conn.closed:
+    """Release the session lock; a broken connection has released it already."""
+    if conn.closed:
+        return
+    try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s), %s)", (pipeline, partition))
+    except psycopg.Error:
+        log.warning("could not release the lock of %s[%d]; it ends with the connection",
+                    pipeline, partition)
 
 
 # --------------------------------------------------------------------------- results

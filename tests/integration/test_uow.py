@@ -248,3 +248,53 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
     assert (later.resumed_from, later.read) == (150, 0)
     assert len(table_ids(pg_dsn, pipeline.table)) == 150
     assert query(pg_dsn, "SELECT count(*) FROM ingest_runs") == [(2,)]
+
+
+def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _produce_events(clients, pipeline, 150)
+    (live,) = plan_run(pipeline, clients, db, run_id="live")
+    (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
+                           request={"partitions": {0: (0, 150)}})
+    holding, release = threading.Event(), threading.Event()
+    results: dict[str, RangeReport | BaseException] = {}
+
+    def hold(stage: str) -> None:
+        if stage == "upserted" and not holding.is_set():
+            holding.set()
+            assert release.wait(60)
+
+    def ingest(name: str, rng: Any, database: Database) -> None:
+        try:
+            results[name] = ingest_range(pipeline, rng, clients, database, run_id=name)
+        except BaseException as exc:
+            results[name] = exc
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
+    holder = threading.Thread(target=ingest, args=("live", live, db))
+    holder.start()
+    assert holding.wait(30)
+    try:
+        # The live slice holds the partition: an impatient backfill chunk gives up, writes
+        # nothing and is retried later; a patient one waits for the live slice to end.
+        with pytest.raises(DatabaseUnavailable):
+            ingest_range(pipeline, backfill, clients, Database(pg_dsn, lock_timeout_s=0.5),
+                         run_id="impatient")
+        waiter = threading.Thread(target=ingest, args=("backfill", backfill, db))
+        waiter.start()
+        _poll(lambda: _waiting_for_advisory_lock(pg_dsn), "the backfill to wait")
+    finally:
+        release.set()
+    holder.join(60)
+    waiter.join(60)
+    done, later = results["live"], results["backfill"]
+    assert isinstance(done, RangeReport) and isinstance(later, RangeReport), results
+    assert (done.read, done.inserted) == (150, 150)
+    assert (later.read, later.inserted, later.duplicates) == (150, 0, 150)
+    # moved by the live slice only
+    assert query(pg_dsn, "SELECT next_offset FROM ingest_offsets WHERE topic = %s",
+                 (pipeline.topic,)) == [(150,)]
+    # two chunks of 100 each
+    assert query(pg_dsn, "SELECT mode, count(*) FROM ingest_runs GROUP BY 1 ORDER BY 1") == [
+        ("backfill", 2), ("live", 2)]
