@@ -99,6 +99,8 @@ class Pipeline(_Strict):
     replay_schedule: str | None = None
     max_records_per_partition: Annotated[int, Field(ge=1, le=100_000_000)] = 200_000
     chunk_size: Annotated[int, Field(ge=1, le=500_000)] = 20_000
+    #: A chunk also ends once its keys and values pass this many bytes (bounds memory).
+    max_chunk_bytes: Annotated[int, Field(ge=1, le=2**40)] = 64 * 2**20
     start_policy: StartPolicy = StartPolicy.EARLIEST
     on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
     on_tombstone: OnTombstone = OnTombstone.SKIP

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -153,62 +153,99 @@ def offsets_for_time(consumer: Any, topic: str, partitions: list[int], when_ms: 
 
 
 def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, *,
-               chunk_size: int, poll_timeout_s: float = 1.0,
-               idle_timeout_s: float = 30.0) -> Iterator[Chunk]:
+               chunk_size: int, max_chunk_bytes: int | None = None,
+               poll_timeout_s: float = 1.0, idle_timeout_s: float = 30.0) -> Iterator[Chunk]:
     """Yield chunks covering exactly ``[start, end)`` of one partition, in order.
 
     Chunks are bounded by offsets, not counts: a chunk is ``[pos, min(pos + chunk_size,
     end))`` and ends when a message at or past its end arrives or the consumer's position
-    reaches it (gaps from compaction or transaction markers). Messages past ``end`` are
+    reaches it (gaps from compaction or transaction markers). A chunk whose keys and
+    values pass ``max_chunk_bytes`` ends early, after the message that passed it, so memory
+    is bounded by bytes too (give or take one ``consume`` batch). Messages past ``end`` are
     discarded. Nothing arriving for ``idle_timeout_s`` is an infrastructure error.
     """
     if start >= end:
         return
     consumer.assign([TopicPartition(topic, partition, start)])
     try:
+        reader = _PartitionReader(consumer, topic, partition, poll_timeout_s, idle_timeout_s,
+                                  max_chunk_bytes or 2**62)
         pos = start
-        carry: list[Any] = []
         while pos < end:
-            chunk_end = min(pos + chunk_size, end)
-            messages, carry = _read_chunk(consumer, topic, partition, pos, chunk_end, carry,
-                                          poll_timeout_s, idle_timeout_s)
+            messages, chunk_end = reader.chunk(pos, min(pos + chunk_size, end))
             yield Chunk(topic, partition, pos, chunk_end, messages)
             pos = chunk_end
     finally:
         consumer.unassign()
 
 
-def _read_chunk(consumer: Any, topic: str, partition: int, start: int, chunk_end: int,
-                carry: list[Any], poll_timeout_s: float,
-                idle_timeout_s: float) -> tuple[list[Any], list[Any]]:
-    """Collect messages with offsets in [start, chunk_end); return (them, the overflow)."""
-    batch = [m for m in carry if m.offset() < chunk_end]
-    rest = [m for m in carry if m.offset() >= chunk_end]
-    if rest:
-        return batch, rest
-    last = batch[-1].offset() if batch else start - 1
-    idle_since = time.monotonic()
-    while last + 1 < chunk_end:
-        got = consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 100_000)),
-                               timeout=poll_timeout_s)
-        for m in got:
-            _raise_on_error(consumer, m, topic, partition, last + 1)
-        inside = [m for m in got if m.offset() < chunk_end]
-        batch.extend(inside)
-        if len(inside) < len(got):
-            return batch, [m for m in got if m.offset() >= chunk_end]
-        if inside:
-            last = inside[-1].offset()
-            idle_since = time.monotonic()
-            continue
-        if _position(consumer, topic, partition) >= chunk_end:
-            break  # only markers or compacted-away offsets were left
-        if time.monotonic() - idle_since > idle_timeout_s:
-            raise KafkaUnavailable(
-                f"read {topic}[{partition}]",
-                f"no message for offsets [{last + 1}, {chunk_end}) within {idle_timeout_s}s",
-            )
-    return batch, []
+def _message_bytes(messages: list[Any]) -> int:
+    return sum(len(m.value() or b"") + len(m.key() or b"") for m in messages)
+
+
+@dataclass
+class _PartitionReader:
+    """Reads consecutive chunks of one assigned partition; keeps what overshot a chunk."""
+
+    consumer: Any
+    topic: str
+    partition: int
+    poll_timeout_s: float
+    idle_timeout_s: float
+    max_bytes: int
+    carry: list[Any] = field(default_factory=list)
+
+    def _split(self, messages: list[Any], chunk_end: int) -> list[Any]:
+        """Keep the messages before ``chunk_end``; the rest wait for the next chunk."""
+        inside = [m for m in messages if m.offset() < chunk_end]
+        self.carry = [m for m in messages if m.offset() >= chunk_end]
+        return inside
+
+    def _cap(self, messages: list[Any], budget: int) -> tuple[list[Any], bool]:
+        """Keep messages until their bytes reach ``budget``; the rest wait. True if cut."""
+        total = 0
+        for i, m in enumerate(messages):
+            total += len(m.value() or b"") + len(m.key() or b"")
+            if total >= budget:
+                self.carry = messages[i + 1:] + self.carry
+                return messages[: i + 1], True
+        return messages, False
+
+    def chunk(self, start: int, chunk_end: int) -> tuple[list[Any], int]:
+        """The messages of ``[start, end)`` and that end (``chunk_end`` unless the byte
+        budget cut the chunk short, after the message that reached it)."""
+        batch, cut = self._cap(self._split(self.carry, chunk_end), self.max_bytes)
+        if cut:
+            return batch, batch[-1].offset() + 1
+        if self.carry:
+            return batch, chunk_end
+        size = _message_bytes(batch)
+        last = batch[-1].offset() if batch else start - 1
+        idle_since = time.monotonic()
+        while last + 1 < chunk_end:
+            got = self.consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 10_000)),
+                                        timeout=self.poll_timeout_s)
+            for m in got:
+                _raise_on_error(self.consumer, m, self.topic, self.partition, last + 1)
+            inside, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
+            batch.extend(inside)
+            if cut:
+                return batch, batch[-1].offset() + 1
+            if self.carry:
+                break
+            if inside:
+                size += _message_bytes(inside)
+                last, idle_since = inside[-1].offset(), time.monotonic()
+                continue
+            if _position(self.consumer, self.topic, self.partition) >= chunk_end:
+                break  # only markers or compacted-away offsets were left
+            if time.monotonic() - idle_since > self.idle_timeout_s:
+                raise KafkaUnavailable(
+                    f"read {self.topic}[{self.partition}]",
+                    f"no message for offsets [{last + 1}, {chunk_end}) "
+                    f"within {self.idle_timeout_s}s",
+                )
+        return batch, chunk_end
 
 
 def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, position: int) -> None:

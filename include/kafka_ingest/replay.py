@@ -312,7 +312,8 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
         start = resume_from_cursor(conn, pipeline, rng) if moves else rng.start
         report.resumed_from = start if start != rng.start else None
         for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
-                                chunk_size=pipeline.chunk_size):
+                                chunk_size=pipeline.chunk_size,
+                                max_chunk_bytes=pipeline.max_chunk_bytes):
             _replay_chunk(pipeline, chunk, conn, report, run_id, filters, moves=moves)
             if moves:
                 commit_offset(consumer, rng.topic, rng.partition, chunk.end)

@@ -224,7 +224,8 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
             report.resumed_from = start if start != rng.start else None
             in_flight: _InFlight | None = None
             for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
-                                    chunk_size=pipeline.chunk_size):
+                                    chunk_size=pipeline.chunk_size,
+                                    max_chunk_bytes=pipeline.max_chunk_bytes):
                 t0 = time.monotonic()
                 result = validate_chunk(chunk.messages, pipeline)
                 _at("validated")
