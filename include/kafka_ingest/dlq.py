@@ -16,6 +16,7 @@ Connect has no name for), or both.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -68,7 +69,8 @@ class DeadLetter:
 
 
 def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
-                *, truncated_from: int | None = None) -> list[tuple[str, bytes]]:
+                *, truncated_from: int | None = None,
+                key_truncated_from: int | None = None) -> list[tuple[str, bytes]]:
     """The DLQ record's headers: ASCII keys, bytes values."""
     fields: dict[str, str] = {
         "topic": letter.source_topic,
@@ -96,6 +98,8 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
                     for k, v in fields.items() if k not in CONNECT]
     if truncated_from is not None:
         headers.append((PREFIX + "value.truncated", str(truncated_from).encode()))
+    if key_truncated_from is not None:
+        headers.append((PREFIX + "key.truncated", str(key_truncated_from).encode()))
     return headers
 
 
@@ -115,14 +119,18 @@ def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline:
     reports: dict[int, tuple[Any, Any]] = {}
     topic = letters[0].dlq_topic
     failures: list[str] = []
+    queued = len(letters)
     for i, letter in enumerate(letters):
         error = _produce_one(producer, letter, pipeline, style, max_dlq_bytes,
                              _recorder(reports, i))
         if error is not None:
+            queued = i
             failures.append(f"offset {letter.source_offset}: produce() raised {error}")
+            failures += [f"offset {later.source_offset}: not attempted after that"
+                         for later in letters[i + 1:]]
             break
     remaining = producer.flush(timeout_s)
-    failures += _report_failures(letters, reports, remaining)
+    failures += _report_failures(letters[:queued], reports, remaining)
     if failures:
         raise DeliveryFailed(topic, failures, len(letters))
     return [(reports[i][1].partition(), reports[i][1].offset()) for i in range(len(letters))]
@@ -134,17 +142,46 @@ def _recorder(reports: dict[int, tuple[Any, Any]], index: int) -> Any:
     return on_delivery
 
 
+# What a record costs besides its key, value and header bytes (batch and record framing).
+_RECORD_OVERHEAD = 512
+# A record timestamp further ahead than this is not used for the DLQ record (Kafka 4 brokers
+# reject timestamps over log.message.timestamp.after.max.ms, 1 h by default, in the future);
+# the original stays in the kafka-ingest.timestamp header.
+_MAX_FUTURE_MS = 30 * 60 * 1000
+
+
+def _fit(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
+         max_dlq_bytes: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """Key, value and headers of the DLQ record, cut to fit ``max_dlq_bytes`` in all."""
+    key, value = letter.key, letter.value
+    plain = headers_for(letter, pipeline, style, truncated_from=0, key_truncated_from=0)
+    budget = max_dlq_bytes - _RECORD_OVERHEAD - sum(len(k) + len(v) for k, v in plain)
+    key_cut = value_cut = None
+    if key is not None and len(key) > budget // 4 and len(key) + len(value or b"") > budget:
+        key, key_cut = key[: budget // 4], len(key)
+    room = budget - len(key or b"")
+    if value is not None and len(value) > room:
+        value, value_cut = value[: max(room, 0)], len(value)
+    return key, value, headers_for(letter, pipeline, style, truncated_from=value_cut,
+                                   key_truncated_from=key_cut)
+
+
+def _record_timestamp(ms: int | None) -> int:
+    """The original timestamp, unless missing or too far in the future (then: now)."""
+    if ms is None or ms <= 0 or ms > time.time() * 1000 + _MAX_FUTURE_MS:
+        return 0
+    return ms
+
+
 def _produce_one(producer: Any, letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
                  max_dlq_bytes: int, on_delivery: Any) -> str | None:
     """Produce one record; return why it could not be queued, or ``None``."""
-    value, truncated_from = letter.value, None
-    if value is not None and len(value) > max_dlq_bytes:
-        value, truncated_from = value[:max_dlq_bytes], len(value)
-    headers = headers_for(letter, pipeline, style, truncated_from=truncated_from)
+    key, value, headers = _fit(letter, pipeline, style, max_dlq_bytes)
     for _attempt in range(2):
         try:
-            producer.produce(letter.dlq_topic, value=value, key=letter.key, headers=headers,
-                             timestamp=letter.timestamp_ms or 0, on_delivery=on_delivery)
+            producer.produce(letter.dlq_topic, value=value, key=key, headers=headers,
+                             timestamp=_record_timestamp(letter.timestamp_ms),
+                             on_delivery=on_delivery)
         except BufferError:  # the local queue is full: serve delivery reports, try again
             producer.poll(1.0)
             continue

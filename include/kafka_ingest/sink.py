@@ -15,7 +15,6 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Self
 
@@ -30,6 +29,7 @@ from kafka_ingest.errors import (
     RejectedByDatabase,
     map_psycopg_error,
 )
+from kafka_ingest.validate import ms_to_datetime
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ class DeadLettersRepository:
             return
         params = [
             (pipeline, d.source_topic, d.source_partition, d.source_offset, d.key,
-             _ms_to_dt(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
+             ms_to_datetime(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
              d.attempts, d.first_failed_at, d.dlq_topic,
              loc[0] if loc else None, loc[1] if loc else None)
             for d, loc in zip(letters, delivered, strict=True)
@@ -537,10 +537,6 @@ class UnitOfWork:
 
     def rollback(self) -> None:
         self.conn.rollback()
-
-
-def _ms_to_dt(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 __all__ = [

@@ -53,9 +53,21 @@ class ValidationResult:
     bytes: int = 0
 
 
+#: 9999-12-31T23:59:59.999Z: past it Python (and most clients) have no date.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+
+
 def kafka_timestamp_ms(message: MessageLike) -> int | None:
+    """The message's timestamp in ms, or ``None`` when it has none or none a date can hold
+    (old brokers accept any long; a bad one must not fail the batch)."""
     kind, ms = message.timestamp()
-    return ms if kind and ms >= 0 else None
+    return ms if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None
+
+
+def ms_to_datetime(ms: int | None) -> datetime | None:
+    if ms is None or not 0 <= ms <= MAX_TIMESTAMP_MS:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> ValidationResult:
@@ -92,7 +104,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
             msg.partition(),
             msg.offset(),
             msg.key(),
-            None if ts is None else datetime.fromtimestamp(ts / 1000, tz=UTC),
+            ms_to_datetime(ts),
         ))
     return result
 

@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
 from helpers_ingest import (
     DeadProducerClients,
     assert_invariants,
@@ -346,3 +346,25 @@ def test_rows_the_table_silently_drops_fail_the_chunk_instead_of_moving_the_offs
     assert table_ids(pg_dsn, pipeline.table) == []  # the chunk rolled back whole
     assert stored_offsets(pg_dsn, pipeline) == {0: 0}
     assert _runs_count(pg_dsn) == 0
+
+
+def test_a_message_too_big_for_the_dlq_is_cut_to_fit_not_a_stalled_batch(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # 120 kB key + 899 kB value: fits the source topic (the broker takes 1 MiB), but not a
+    # producer's default 1,000,000-byte limit unless key, value and headers are budgeted
+    # together for the DLQ copy.
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    key, value = b"k" * 120_000, b"v" * 899_000
+    big = Producer({**clients.config, "message.max.bytes": 1_048_000})
+    big.produce(pipeline.topic, value, key=key, partition=0)
+    big.produce(pipeline.topic, metric("ok", "d", 1.0), key=b"k", partition=0)
+    assert big.flush(30) == 0
+
+    (report,) = run(pipeline, clients, db)
+
+    assert (report.read, report.inserted, report.dead_lettered) == (2, 1, 1)
+    (record,) = read_topic(clients, pipeline.dlq_topic).values()
+    assert record.headers["kafka-ingest.error_class"] == b"too_large"
+    assert record.headers["kafka-ingest.value.truncated"] == b"899000"
+    assert record.key == key and value.startswith(record.value)
+    assert stored_offsets(pg_dsn, pipeline) == {0: 2}

@@ -233,9 +233,10 @@ def test_produce_raising_stops_and_fails_the_batch() -> None:
     with pytest.raises(DeliveryFailed) as info:
         produce_dead_letters(FullProducer(delivered), letters, "p", DlqHeaderStyle.NATIVE)
     failures = info.value.failures
+    # one line per undelivered letter: the one that raised, the one never attempted
     assert failures[0].startswith("offset 8: produce() raised BufferError")
-    assert failures[1:] == ["offset 8: no delivery report (0 still queued)",
-                            "offset 9: no delivery report (0 still queued)"]
+    assert failures[1:] == ["offset 9: not attempted after that"]
+    assert str(info.value).startswith("2 of 3 dead letters were not delivered")
 
 
 def test_an_oversized_value_is_truncated_with_a_header() -> None:
@@ -244,10 +245,44 @@ def test_an_oversized_value_is_truncated_with_a_header() -> None:
     produce_dead_letters(producer, [big, letter(offset=43)], "p", DlqHeaderStyle.NATIVE,
                          max_dlq_bytes=1000)
     truncated, intact = producer.produced
-    assert truncated["value"] == b"v" * 1000
+    # the whole record (key, value, headers) fits the budget; the value is cut, not mangled
+    size = (len(truncated["key"] or b"") + len(truncated["value"])
+            + sum(len(k) + len(v) for k, v in truncated["headers"]))
+    assert 0 < len(truncated["value"]) < 1000 and size <= 1000
+    assert truncated["value"] == b"v" * len(truncated["value"])
     assert dict(truncated["headers"])[PREFIX + "value.truncated"] == b"5000"
     assert intact["value"] == letter().value
     assert PREFIX + "value.truncated" not in dict(intact["headers"])
+
+
+@pytest.mark.parametrize(
+    ("key_len", "value_len", "key_cut"),
+    [
+        (100_000, 899_000, False),  # key and value over the budget together: the value is cut
+        (500_000, 600_000, True),  # a key over a quarter of the budget is cut as well
+        (10, 100, False),  # small: nothing is cut
+    ],
+)
+def test_the_whole_record_fits_the_dlq_budget(key_len: int, value_len: int,
+                                              key_cut: bool) -> None:
+    big = letter(key=b"k" * key_len, value=b"v" * value_len)
+    producer = RecordingProducer(delivered)
+    produce_dead_letters(producer, [big], "p", DlqHeaderStyle.BOTH)
+    (record,) = producer.produced
+    size = (len(record["key"]) + len(record["value"])
+            + sum(len(k) + len(v) for k, v in record["headers"]))
+    assert size <= 900_000
+    headers = dict(record["headers"])
+    assert (PREFIX + "key.truncated" in headers) is key_cut
+    if key_cut:
+        assert headers[PREFIX + "key.truncated"] == str(key_len).encode()
+    # a value is either intact, or cut and marked with its original size
+    if PREFIX + "value.truncated" in headers:
+        assert headers[PREFIX + "value.truncated"] == str(value_len).encode()
+        assert len(record["value"]) < value_len
+    else:
+        assert record["value"] == b"v" * value_len
+    assert (PREFIX + "value.truncated" in headers) is (key_len == 100_000)
 
 
 def test_a_tombstone_dead_letter_is_produced_with_a_null_value() -> None:

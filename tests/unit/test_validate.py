@@ -139,3 +139,17 @@ def test_an_empty_chunk(shipped: dict[str, Pipeline]) -> None:
     result = validate_chunk([], shipped["orders_created"])
     assert (result.read, result.bytes, result.rows, result.dead, result.tombstones) == (
         0, 0, [], [], 0)
+
+
+def test_a_timestamp_no_date_can_hold_is_null_not_a_failed_batch(
+        shipped: dict[str, Pipeline], message: Any) -> None:
+    # Brokers before Kafka 4 accept any long as a CreateTime; year 33658 has no datetime.
+    pipeline = shipped["telemetry_metrics"]
+    event = make_event(pipeline, 1, "ts", random.Random(2))
+    good = message(json.dumps(event).encode(), timestamp_=(1, 10**15))
+    bad = message(b"not json", offset_=1, timestamp_=(1, 10**15))
+
+    result = validate_chunk([good, bad], pipeline)
+
+    assert len(result.rows) == 1 and result.rows[0][-1] is None
+    assert [d.timestamp_ms for d in result.dead] == [None]
