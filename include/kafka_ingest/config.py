@@ -123,6 +123,9 @@ class Pipeline(_Strict):
             raise ValueError("dlq_topic must differ from topic")
         if self.upsert.key and self.upsert.key not in self.columns:
             raise ValueError(f"upsert.key {self.upsert.key!r} is not a column of the contract")
+        if self.upsert.mode is UpsertMode.LATEST and self.upsert.order_by not in self.columns:
+            raise ValueError(f"upsert.order_by {self.upsert.order_by!r} is not a column of the "
+                             f"contract ({', '.join(self.columns)})")
         return self
 
     @cached_property

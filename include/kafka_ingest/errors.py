@@ -13,6 +13,7 @@ The tree decides what happens to a failure::
     ├── ReconciliationError       read != inserted + duplicates + stale + dead + skipped
     ├── TriggerParamsError        a trigger form / CLI range that cannot be honoured
     ├── SchemaMissing             the pipelines' tables are not there: run the migrations
+    ├── TopicMissing              a source or dead-letter topic does not exist
     └── DataError                 dead-letter the message, the batch goes on
         ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
         ├── NotAnObject           JSON that is an array, a number, a string or null
@@ -137,6 +138,15 @@ class SchemaMissing(IngestError):
         super().__init__(f"{detail}; create the schema with `kafka-ingest migrate`")
 
 
+class TopicMissing(IngestError, ValueError):
+    """A topic the pipeline reads or writes does not exist (topics are not auto-created)."""
+
+    def __init__(self, topic: str, role: str = "topic") -> None:
+        self.topic = topic
+        super().__init__(f"{role} {topic!r} does not exist on the cluster; create it "
+                         "(kafka-topics.sh --create ...) or fix the pipeline's config")
+
+
 class TriggerParamsError(IngestError, ValueError):
     """A manual run's parameters cannot be honoured; the message says what to fix."""
 
@@ -179,6 +189,7 @@ class RejectedByDatabase(DataError):
 PERMANENT_ERRORS: tuple[type[IngestError], ...] = (
     OffsetGapError,
     SchemaMissing,
+    TopicMissing,
     ReconciliationError,
     TriggerParamsError,
 )

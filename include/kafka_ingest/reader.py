@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, map_kafka_error
+from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, TopicMissing, map_kafka_error
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ class Chunk:
     messages: list[Any]
 
 
-def partitions_of(consumer: Any, topic: str, *, timeout_s: float = 10.0) -> list[int]:
-    """The topic's partition ids; ``ValueError`` if the topic does not exist."""
+def partitions_of(consumer: Any, topic: str, *, timeout_s: float = 10.0,
+                  role: str = "topic") -> list[int]:
+    """The topic's partition ids; :class:`TopicMissing` if the topic does not exist."""
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
     except KafkaException as exc:
@@ -107,7 +108,7 @@ def partitions_of(consumer: Any, topic: str, *, timeout_s: float = 10.0) -> list
     meta = md.topics.get(topic)
     if meta is None or (meta.error is not None
                         and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-        raise ValueError(f"topic {topic!r} does not exist on the cluster")
+        raise TopicMissing(topic, role)
     if meta.error is not None:
         raise map_kafka_error("metadata", meta.error)
     return sorted(meta.partitions)

@@ -145,7 +145,9 @@ def _mode_of(ranges: list[OffsetRange], request: Mapping[str, Any]) -> str:
 def _plan(pipeline: Pipeline, consumer: Any, conn: Any, run_id: str,
           request: Mapping[str, Any]) -> list[OffsetRange]:
     topic = pipeline.topic
-    parts = partitions_of(consumer, topic)
+    parts = partitions_of(consumer, topic, role="source topic")
+    # Checked now, not at the first bad message (a 30 s delivery time-out, retried).
+    partitions_of(consumer, pipeline.dlq_topic, role="dead-letter topic")
     marks = watermarks(consumer, topic, parts)
     if request.get("partitions"):
         wanted = {int(p): (int(se[0]), int(se[1])) for p, se in request["partitions"].items()}
@@ -421,17 +423,31 @@ def _offset_request(partitions: Any) -> dict[int, tuple[int, int]]:
         raise TriggerParamsError('partitions must be an object like {"0": [0, 100]}')
     out: dict[int, tuple[int, int]] = {}
     for p, bounds in partitions.items():
-        try:
-            part = int(p)
-            lo, hi = (int(b) for b in bounds)
-        except (TypeError, ValueError):
+        part = _whole_number(p)
+        if part is None or part < 0 or not _offset_pair(bounds):
             raise TriggerParamsError(
-                f'partitions[{p!r}] must be [start, end] offsets, e.g. {{"0": [0, 100]}}'
-            ) from None
+                f'partitions[{p!r}] must be [start, end] offsets (whole numbers), '
+                f'e.g. {{"0": [0, 100]}}; got {bounds!r}'
+            )
+        lo, hi = bounds
         if hi < lo:
             raise TriggerParamsError(f"partition {part}: end {hi} is before start {lo}")
         out[part] = (lo, hi)
     return out
+
+
+def _whole_number(value: Any) -> int | None:
+    """A partition id from a form: an int, or a string of digits (JSON object keys)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def _offset_pair(bounds: Any) -> bool:
+    return (isinstance(bounds, list | tuple) and len(bounds) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds))
 
 
 def _parse_time(name: str, value: Any) -> datetime:

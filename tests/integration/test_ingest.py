@@ -38,6 +38,7 @@ from kafka_ingest.errors import (
     DeliveryFailed,
     OffsetGapError,
     ReconciliationError,
+    TopicMissing,
     TransientError,
 )
 from kafka_ingest.reader import KafkaClients
@@ -272,6 +273,7 @@ def test_max_records_caps_a_run_and_the_next_continues_where_it_stopped(
 
 
 def _missing_dlq_topic(pipeline: Any, clients: KafkaClients) -> tuple[Any, KafkaClients]:
+    """The DLQ topic vanished after planning (the plan checks it exists)."""
     broken = pipeline.model_copy(update={"dlq_topic": f"missing-{uuid.uuid4().hex[:10]}"})
     return broken, KafkaClients({**clients.config, "message.timeout.ms": 3_000})
 
@@ -287,13 +289,15 @@ def _dead_producer(pipeline: Any, clients: KafkaClients) -> tuple[Any, KafkaClie
 def test_a_dlq_that_cannot_be_written_is_an_infrastructure_error(
         breakage: Callable[..., Any], make_pipeline: Callable[..., Any],
         clients: KafkaClients, db: Any, pg_dsn: str) -> None:
-    pipeline, broken_clients = breakage(make_pipeline("telemetry_metrics", partitions=1),
-                                        clients)
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
     produce(clients, pipeline.topic, [(b"k", metric(f"i-{i}", "d1", float(i)))
                                       for i in range(20)] + [(b"k", b"not json")])
+    ranges = plan_run(pipeline, clients, db, run_id="broken")
+    pipeline, broken_clients = breakage(pipeline, clients)
 
     with pytest.raises(DeliveryFailed) as failed:
-        run(pipeline, broken_clients, db)
+        for r in ranges:
+            ingest_range(pipeline, r, broken_clients, db, run_id="broken")
 
     assert isinstance(failed.value, TransientError)
     assert failed.value.total == 1
@@ -306,6 +310,19 @@ def test_a_dlq_that_cannot_be_written_is_an_infrastructure_error(
     run(pipeline.model_copy(update={"dlq_topic": make_pipeline().dlq_topic}), clients, db)
     assert len(table_ids(pg_dsn, pipeline.table)) == 20
     assert stored_offsets(pg_dsn, pipeline) == {0: 21}
+
+
+def test_a_missing_dlq_topic_fails_the_plan_saying_so_before_anything_is_read(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    produce(clients, pipeline.topic, [(b"k", b"not json")])
+    missing = pipeline.model_copy(update={"dlq_topic": f"missing-{uuid.uuid4().hex[:8]}"})
+
+    with pytest.raises(TopicMissing, match=f"dead-letter topic '{missing.dlq_topic}' does not"):
+        run(missing, clients, db)
+
+    assert query(pg_dsn, "SELECT count(*) FROM run_plans") == [(0,)]
+    assert stored_offsets(pg_dsn, pipeline) == {}
 
 
 def test_start_policy_latest_skips_history_once_then_follows_the_stored_offset(

@@ -95,6 +95,9 @@ BAD_ENTRIES = [
     # an upsert key that is not a column of the contract
     ({"upsert": {"mode": "latest", "key": "nope"}},
      r"pipelines\.p1.*upsert\.key 'nope' is not a column"),
+    # an order_by that is not a column (a typo would fail only at the first chunk)
+    ({"upsert": {"mode": "latest", "key": "device_id", "order_by": "timestmap"}},
+     r"pipelines\.p1.*upsert\.order_by 'timestmap' is not a column"),
     # append with a key is a contradiction
     ({"upsert": {"key": "device_id"}}, r"pipelines\.p1\.upsert: .*only used with upsert\.mode"),
     # the DLQ must not be the source topic (the pipeline would read its own dead letters)

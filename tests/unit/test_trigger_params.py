@@ -65,6 +65,15 @@ def test_good_forms(params: dict[str, Any], expected: dict[str, Any]) -> None:
     ({"partitions": [[0, 1]]}, "must be an object"),
     ({"partitions": {"0": 5}}, "must be [start, end] offsets"),
     ({"partitions": {"zero": [0, 1]}}, "must be [start, end] offsets"),
+    # a string is not a pair of offsets, even one that unpacks into two digits
+    ({"partitions": {"0": "59"}}, "must be [start, end] offsets"),
+    # booleans and fractions are not offsets
+    ({"partitions": {"0": [True, 2]}}, "must be [start, end] offsets"),
+    ({"partitions": {"0": [0, 2.9]}}, "must be [start, end] offsets"),
+    # three numbers are not a range
+    ({"partitions": {"0": [0, 1, 2]}}, "must be [start, end] offsets"),
+    # a negative partition does not exist
+    ({"partitions": {"-1": [0, 1]}}, "must be [start, end] offsets"),
 ])
 def test_bad_forms_say_what_to_fix(params: dict[str, Any], message: str) -> None:
     with pytest.raises(TriggerParamsError, match=_escaped(message)):
