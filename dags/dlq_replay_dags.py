@@ -31,6 +31,7 @@ from kafka_ingest_hook import (
     emit_metrics,
     fail_without_retry,
     postgres_database,
+    table_updated_task,
 )
 
 DRY_RUN_PARAM = Param(False, type="boolean", title="Dry run",
@@ -104,13 +105,14 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
 
         @task(trigger_rule="none_failed")
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
-            summary = summarize_replay(results or [])
+            summary = summarize_replay(results or [], dry_run=bool(_params()["dry_run"]))
             print(f"{pipeline.name} DLQ replay: {summary}")
             if not summary["dry_run"]:
                 emit_metrics("replay", pipeline.name, {**summary, **summary["outcomes"]})
             return summary
 
-        report(replay.expand(offset_range=plan()))  # type: ignore[arg-type]  # an XComArg, resolved at run time
+        summary = report(replay.expand(offset_range=plan()))  # type: ignore[arg-type]
+        table_updated_task(pipeline)(summary)
 
     return replay_dag()
 

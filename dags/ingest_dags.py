@@ -13,7 +13,6 @@ from typing import Any
 
 from airflow.sdk import (
     DAG,
-    Asset,
     CronDataIntervalTimetable,
     Param,
     dag,
@@ -30,6 +29,7 @@ from kafka_ingest_hook import (
     emit_metrics,
     fail_without_retry,
     postgres_database,
+    table_updated_task,
 )
 
 PARTITIONS_PARAM = Param(
@@ -102,14 +102,15 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
                                       run_id=run_id)
             return report.to_dict()
 
-        @task(trigger_rule="none_failed", outlets=[Asset(pipeline.asset_uri)])
+        @task(trigger_rule="none_failed")
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             summary = summarize(results or [])
             print(f"{pipeline.name}: {summary}")
             emit_metrics("ingest", pipeline.name, summary)
             return summary
 
-        report(ingest.expand(offset_range=plan()))  # type: ignore[arg-type]  # an XComArg, resolved at run time
+        summary = report(ingest.expand(offset_range=plan()))  # type: ignore[arg-type]
+        table_updated_task(pipeline)(summary)
 
     return ingest_dag()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kafka_ingest.errors import PERMANENT_ERRORS
 from kafka_ingest.reader import (
@@ -140,3 +140,20 @@ def dag_default_args(pipeline: Any) -> dict[str, Any]:
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=10),
     }
+
+
+def table_updated_task(pipeline: Any) -> Any:
+    """A task that updates the target table's Airflow Asset, only when rows were inserted.
+
+    Asset-scheduled downstream DAGs then run on new data, not on every empty
+    micro-batch; with nothing inserted the task is skipped and no Asset event is sent.
+    """
+    from airflow.sdk import Asset, task
+
+    @task(task_id="table_updated", outlets=[Asset(pipeline.asset_uri)])
+    def table_updated(summary: dict[str, Any]) -> int:
+        if not summary.get("inserted"):
+            raise AirflowSkipException("no row was inserted: the table's Asset is not updated")
+        return int(summary["inserted"])
+
+    return table_updated

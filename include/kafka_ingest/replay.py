@@ -451,22 +451,27 @@ class _RowMessage:
         return (0, -1) if ts is None else (1, int(ts.timestamp() * 1000))
 
 
-def summarize_replay(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum the mapped results of one replay run: counts by outcome and by reason."""
+def summarize_replay(reports: Iterable[Mapping[str, Any]], *,
+                     dry_run: bool | None = None) -> dict[str, Any]:
+    """Sum the mapped results of one replay run: counts by outcome and by reason.
+
+    ``dry_run`` is the run's own setting; without it, it is read off the reports (so a
+    dry run with nothing to replay would look real: pass it)."""
     total: Counter[str] = Counter(dict.fromkeys(("read", "inserted", "duplicates", "stale"), 0))
     outcomes: Counter[str] = Counter(dict.fromkeys(OUTCOMES, 0))
     reasons: dict[str, Counter[str]] = {}
-    dry_run = False
+    seen_dry_run = False
     parts = 0
     for r in reports:
         parts += 1
-        dry_run = dry_run or bool(r.get("dry_run"))
+        seen_dry_run = seen_dry_run or bool(r.get("dry_run"))
         for key in ("read", "inserted", "duplicates", "stale"):
             total[key] += int(r.get(key) or 0)
         outcomes.update(r.get("outcomes") or {})
         for outcome, by_class in (r.get("reasons") or {}).items():
             reasons.setdefault(outcome, Counter()).update(by_class)
-    return {"dry_run": dry_run, "partitions": parts, **total, "outcomes": dict(outcomes),
+    return {"dry_run": seen_dry_run if dry_run is None else dry_run, "partitions": parts,
+            **total, "outcomes": dict(outcomes),
             "reasons": {k: dict(v) for k, v in reasons.items()}}
 
 

@@ -62,7 +62,8 @@ def replay_once(pipeline: Pipeline, params: dict[str, Any], *,
     ranges = plan_replay(pipeline, clients, db, run_id=run_id, request=request, dry_run=dry_run)
     reports = [replay_range(pipeline, r, clients, db, run_id=run_id, dry_run=dry_run,
                             filters=filters).to_dict() for r in ranges]
-    return {"run_id": run_id, "filters": filters.to_dict(), **summarize_replay(reports)}
+    return {"run_id": run_id, "filters": filters.to_dict(),
+            **summarize_replay(reports, dry_run=dry_run)}
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.demo import run_dag
 from kafka_ingest.samples import produce_sample
@@ -28,6 +29,15 @@ def _one(dsn: str, query: str, *args: Any) -> Any:
         row = conn.execute(query, args).fetchone()
     assert row is not None
     return row[0]
+
+
+def _last_state(stack_env: dict[str, str], task_id: str) -> str:
+    """The state of ``task_id`` in the newest run of the ingest DAG (metadata database)."""
+    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    return str(_one(dsn, "SELECT ti.state FROM task_instance ti JOIN dag_run r"
+                         " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"
+                         " WHERE ti.dag_id = 'telemetry_metrics_ingest' AND ti.task_id = %s"
+                         " ORDER BY r.id DESC LIMIT 1", task_id))
 
 
 def test_telemetry_ingest_dag_loads_the_table(stack_env: dict[str, str], clients: Any,
@@ -51,6 +61,7 @@ def test_telemetry_ingest_dag_loads_the_table(stack_env: dict[str, str], clients
     assert stored == sample["produced"]
     audit = _one(pg_dsn, "SELECT count(DISTINCT run_id) FROM ingest_runs")
     assert audit == 1
+    assert _last_state(stack_env, "table_updated") == "success"  # the Asset was updated
 
     # A second scheduled-style run finds nothing new and changes nothing.
     proc = run_dag("telemetry_metrics_ingest", env, log_file=tmp_path / "run2.log")
@@ -58,6 +69,7 @@ def test_telemetry_ingest_dag_loads_the_table(stack_env: dict[str, str], clients
     assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == rows
     assert _one(pg_dsn, "SELECT sum(next_offset) FROM ingest_offsets WHERE topic = %s",
                 pipeline.topic) == sample["produced"]
+    assert _last_state(stack_env, "table_updated") == "skipped"  # no new rows, no Asset event
 
 
 def test_a_bad_trigger_form_fails_in_plan_before_reading(stack_env: dict[str, str],

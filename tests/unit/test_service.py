@@ -66,3 +66,11 @@ def test_summarize_nothing_read() -> None:
 def test_summarize_accepts_partial_dicts() -> None:
     # XCom may carry reports from an older version without every key.
     assert summarize([{"read": 2, "dead_lettered": 2}])["dlq_rate"] == 1.0
+
+
+def test_a_dry_run_replay_with_nothing_to_read_still_says_dry_run() -> None:
+    from kafka_ingest.replay import summarize_replay
+
+    assert summarize_replay([], dry_run=True)["dry_run"] is True
+    assert summarize_replay([{"dry_run": True, "read": 1}])["dry_run"] is True
+    assert summarize_replay([], dry_run=False)["dry_run"] is False
