@@ -139,6 +139,7 @@ def dag_default_args(pipeline: Any) -> dict[str, Any]:
         "retry_delay": timedelta(seconds=10),
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=10),
+        "execution_timeout": timedelta(minutes=pipeline.task_timeout_minutes),
     }
 
 

@@ -115,6 +115,9 @@ class Pipeline(_Strict):
     asset_host: str = "localhost:5432"
     asset_database: str = "kafka_ingest"
     retries: Annotated[int, Field(ge=0, le=20)] = 3
+    #: A task running longer than this is failed by Airflow (and retried): a backstop for
+    #: anything hung that no time-out of Kafka's or Postgres' caught.
+    task_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = 60
 
     @model_validator(mode="after")
     def _check(self) -> Pipeline:

@@ -63,6 +63,13 @@ class Database:
                 autocommit=autocommit,
                 connect_timeout=self.connect_timeout,
                 application_name="kafka-ingest",
+                # A half-open connection (a server or network gone without a FIN) fails
+                # within about a minute instead of hanging a task on a COPY or a COMMIT.
+                keepalives=1,
+                keepalives_idle=30,
+                keepalives_interval=10,
+                keepalives_count=3,
+                tcp_user_timeout=60_000,
             )
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable("connect", str(exc).strip()) from exc

@@ -34,7 +34,7 @@ def test_one_ingest_dag_per_pipeline(bag: Any) -> None:
         assert f"{name}_ingest" in bag.dags
 
 
-@pytest.mark.parametrize("attr", ["tags", "owner", "retries"])
+@pytest.mark.parametrize("attr", ["tags", "owner", "retries", "execution_timeout"])
 def test_dags_are_operable(bag: Any, attr: str) -> None:
     for dag_id, dag in bag.dags.items():
         if attr == "tags":
@@ -44,6 +44,9 @@ def test_dags_are_operable(bag: Any, attr: str) -> None:
                 assert t.owner and t.owner != "airflow", (dag_id, t.task_id)
             if attr == "retries":
                 assert t.retries >= 1, (dag_id, t.task_id)
+                assert t.retry_exponential_backoff, (dag_id, t.task_id)
+            if attr == "execution_timeout":
+                assert t.execution_timeout is not None, (dag_id, t.task_id)
 
 
 def test_ingest_dags_run_one_at_a_time_with_a_trigger_form(bag: Any) -> None:
