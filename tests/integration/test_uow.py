@@ -27,7 +27,13 @@ from helpers_ingest import (
 )
 
 from kafka_ingest import service
-from kafka_ingest.errors import DatabaseUnavailable, DeliveryFailed, FencedError
+from kafka_ingest.errors import (
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DeliveryFailed,
+    FencedError,
+    TransientError,
+)
 from kafka_ingest.reader import KafkaClients
 from kafka_ingest.service import RangeReport, ingest_range, plan_run
 from kafka_ingest.sink import Database, OffsetsRepository, UnitOfWork
@@ -298,3 +304,49 @@ def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
     # two chunks of 100 each
     assert query(pg_dsn, "SELECT mode, count(*) FROM ingest_runs GROUP BY 1 ORDER BY 1") == [
         ("backfill", 2), ("live", 2)]
+
+
+@pytest.mark.parametrize("committed", [
+    True,   # the COMMIT landed, its reply was lost: the rerun must not redo the chunk
+    False,  # the COMMIT never landed: the rerun must do the chunk
+])
+def test_a_lost_commit_reply_is_resolved_by_rereading_the_stored_offset(
+        committed: bool, pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _produce_events(clients, pipeline, 250)
+    (rng,) = plan_run(pipeline, clients, db, run_id="lost")
+    real_commit, real_uow_commit = psycopg.Connection.commit, UnitOfWork.commit
+    calls = {"uow": 0, "inside": False}
+
+    def uow_commit(self: UnitOfWork, **kwargs: Any) -> None:
+        calls["uow"] += 1
+        calls["inside"] = True
+        try:
+            real_uow_commit(self, **kwargs)
+        finally:
+            calls["inside"] = False
+
+    def conn_commit(self: psycopg.Connection[Any]) -> None:
+        if not (calls["inside"] and calls["uow"] == 2):  # the second chunk's COMMIT
+            real_commit(self)
+            return
+        if committed:
+            real_commit(self)
+        else:
+            self.rollback()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(UnitOfWork, "commit", uow_commit)
+    monkeypatch.setattr(psycopg.Connection, "commit", conn_commit)
+    with pytest.raises(CommitOutcomeUnknown) as lost:
+        ingest_range(pipeline, rng, clients, db, run_id="lost")
+    assert isinstance(lost.value, TransientError)  # Airflow retries it
+    assert stored_offsets(pg_dsn, pipeline) == {0: 200 if committed else 100}
+
+    monkeypatch.undo()
+    report = ingest_range(pipeline, rng, clients, db, run_id="lost")
+    assert report.resumed_from == (200 if committed else 100)
+    assert report.inserted == (50 if committed else 150)
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(f"s-{i}" for i in range(250))
+    assert stored_offsets(pg_dsn, pipeline) == {0: 250}
+    assert group_offsets(clients, pipeline) == {0: 250}
