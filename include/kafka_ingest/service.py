@@ -40,6 +40,7 @@ from kafka_ingest.reader import (
     Chunk,
     KafkaClients,
     commit_offset,
+    committed_offsets,
     offsets_for_time,
     partitions_of,
     read_range,
@@ -371,8 +372,6 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     """Per partition: stored offset, Kafka group offset, watermarks and lag."""
     consumer = clients.consumer(pipeline.group_id)
     try:
-        from kafka_ingest.reader import committed_offsets
-
         parts = partitions_of(consumer, pipeline.topic)
         marks = watermarks(consumer, pipeline.topic, parts)
         group = committed_offsets(consumer, pipeline.topic, parts)
@@ -388,8 +387,6 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
                      "stored_offset": s, "group_offset": group.get(p), "low": low,
                      "high": high, "lag": high - (s if s is not None else low)})
     return rows
-
-
 
 
 def request_from_params(params: Mapping[str, Any], *, run_type: str,
