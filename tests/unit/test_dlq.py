@@ -295,51 +295,28 @@ def test_a_tombstone_dead_letter_is_produced_with_a_null_value() -> None:
 # --------------------------------------------------------------------------- parse
 
 
-@dataclass
-class DlqRecord:
-    """A record as read back from the DLQ topic."""
-
-    headers_: list[tuple[str, bytes | None]]
-    key_: bytes | None
-    value_: bytes | None
-    topic_: str = "telemetry-metrics-dlq"
-    partition_: int = 1
-    offset_: int = 77
-
-    def headers(self) -> list[tuple[str, bytes | None]]:
-        return self.headers_
-
-    def key(self) -> bytes | None:
-        return self.key_
-
-    def value(self) -> bytes | None:
-        return self.value_
-
-    def topic(self) -> str:
-        return self.topic_
-
-    def partition(self) -> int:
-        return self.partition_
-
-    def offset(self) -> int:
-        return self.offset_
+def dlq_record(message: Any, headers: list[tuple[str, bytes]], key: bytes | None,
+               value: bytes | None) -> Any:
+    """A record as read back from the DLQ topic (partition 1, offset 77)."""
+    return message(value, topic_="telemetry-metrics-dlq", partition_=1, offset_=77, key_=key,
+                   headers_=tuple(headers))
 
 
 @pytest.mark.parametrize("style", list(DlqHeaderStyle))
-def test_parse_round_trips_headers_for(style: DlqHeaderStyle) -> None:
+def test_parse_round_trips_headers_for(style: DlqHeaderStyle, message: Any) -> None:
     # Every style carries what replay needs: provenance, reason, timestamp, attempts.
     original = letter(error_detail="a\x00b café")
-    record = DlqRecord(headers_for(original, "p", style), original.key, original.value)
+    record = dlq_record(message, headers_for(original, "p", style), original.key, original.value)
     parsed = parse_dlq_message(record)
     assert parsed == replace(original, dlq_partition=1, dlq_offset=77)
 
 
-def test_parse_reads_connect_only_headers() -> None:
+def test_parse_reads_connect_only_headers(message: Any) -> None:
     # A record from a tool that writes only Connect's names: provenance and reason suffice.
     original = letter()
     connect_only = [(k, v) for k, v in headers_for(original, "p", DlqHeaderStyle.CONNECT)
                     if not k.startswith(PREFIX)]
-    parsed = parse_dlq_message(DlqRecord(connect_only, original.key, original.value))
+    parsed = parse_dlq_message(dlq_record(message, connect_only, original.key, original.value))
     assert parsed.source == original.source
     assert (parsed.error_class, parsed.error_detail) == (original.error_class,
                                                          original.error_detail)
@@ -348,12 +325,13 @@ def test_parse_reads_connect_only_headers() -> None:
         "telemetry-metrics-dlq", 1, 77)
 
 
-def test_parse_a_null_timestamp_round_trips() -> None:
+def test_parse_a_null_timestamp_round_trips(message: Any) -> None:
     original = letter(timestamp_ms=None, key=None)
-    record = DlqRecord(headers_for(original, "p", DlqHeaderStyle.NATIVE), None, original.value)
+    headers = headers_for(original, "p", DlqHeaderStyle.NATIVE)
+    record = dlq_record(message, headers, None, original.value)
     assert parse_dlq_message(record).timestamp_ms is None
 
 
-def test_parse_a_record_not_written_by_us() -> None:
+def test_parse_a_record_not_written_by_us(message: Any) -> None:
     with pytest.raises(ValueError, match=r"telemetry-metrics-dlq\[1\]@77 has no 'topic' header"):
-        parse_dlq_message(DlqRecord([("other", b"x")], None, b"{}"))
+        parse_dlq_message(dlq_record(message, [("other", b"x")], None, b"{}"))
