@@ -153,6 +153,8 @@ def table_updated_task(pipeline: Any) -> Any:
 
     @task(task_id="table_updated", outlets=[Asset(pipeline.asset_uri)])
     def table_updated(summary: dict[str, Any]) -> int:
+        if summary.get("dry_run"):
+            raise AirflowSkipException("a dry run wrote nothing: the table's Asset is not updated")
         if not summary.get("inserted"):
             raise AirflowSkipException("no row was inserted: the table's Asset is not updated")
         return int(summary["inserted"])

@@ -122,6 +122,14 @@ def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
     return path
 
 
+def dag_env(tmp_path: Path, pg_dsn: str, *pipelines: Any) -> dict[str, str]:
+    """Environment for a DAG run in a subprocess: these pipelines, this database."""
+    return {
+        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", *pipelines)),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
+    }
+
+
 def airflow_postgres_conn(dsn: str) -> str:
     """``AIRFLOW_CONN_POSTGRES_DEFAULT`` (JSON form) pointing at ``dsn``."""
     import json
@@ -131,3 +139,17 @@ def airflow_postgres_conn(dsn: str) -> str:
         "conn_type": "postgres", "host": d.get("host"), "port": int(d.get("port", 5432)),
         "login": d.get("user"), "password": d.get("password"), "schema": d.get("dbname"),
     })
+
+
+def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:
+    """The state of ``task_id`` in the newest run of ``dag_id`` (Airflow's metadata DB)."""
+    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT ti.state FROM task_instance ti JOIN dag_run r"
+            " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"
+            " WHERE ti.dag_id = %s AND ti.task_id = %s ORDER BY r.id DESC LIMIT 1",
+            (dag_id, task_id),
+        ).fetchone()
+    assert row is not None, f"no {dag_id}.{task_id} task instance"
+    return str(row[0])

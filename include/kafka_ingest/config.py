@@ -124,12 +124,21 @@ class Pipeline(_Strict):
         get_contract(self.contract.event_type, self.contract.version)  # ValueError if unknown
         if self.dlq_topic == self.topic:
             raise ValueError("dlq_topic must differ from topic")
-        if self.upsert.key and self.upsert.key not in self.columns:
-            raise ValueError(f"upsert.key {self.upsert.key!r} is not a column of the contract")
-        if self.upsert.mode is UpsertMode.LATEST and self.upsert.order_by not in self.columns:
-            raise ValueError(f"upsert.order_by {self.upsert.order_by!r} is not a column of the "
-                             f"contract ({', '.join(self.columns)})")
+        if self.upsert.mode is UpsertMode.LATEST:
+            self._check_latest_columns()
         return self
+
+    def _check_latest_columns(self) -> None:
+        """The entity key and the ordering column must exist and never be null: a null
+        compares as unknown, so the newest version of an entity could not be told."""
+        for role, column in (("key", self.upsert.key), ("order_by", self.upsert.order_by)):
+            if column not in self.columns:
+                raise ValueError(f"upsert.{role} {column!r} is not a column of the contract "
+                                 f"({', '.join(self.columns)})")
+            field = self.model.model_fields.get(column or "")
+            if field is None or not field.is_required():
+                raise ValueError(f"upsert.{role} {column!r} must be a required field of the "
+                                 "contract (it may not be missing or null)")
 
     @cached_property
     def model(self) -> type[Contract]:

@@ -381,8 +381,8 @@ def _letter_of(pipeline: Pipeline, msg: Any) -> tuple[DeadLetter | None, str]:
     owner = headers.get(PREFIX + "pipeline") or headers.get("__connect.errors.connector.name")
     if owner is not None and owner.decode("utf-8", "replace") != pipeline.name:
         return None, "other_pipeline"
-    if PREFIX + "value.truncated" in headers:
-        return None, "truncated"
+    if PREFIX + "value.truncated" in headers or PREFIX + "key.truncated" in headers:
+        return None, "truncated"  # not the original bytes: backfill the source offset
     try:
         return parse_dlq_message(msg), ""
     except ValueError as exc:

@@ -283,8 +283,9 @@ def _write_chunk(pipeline: Pipeline, rng: OffsetRange, chunk: Chunk,
     """One chunk's transaction (runs in the writer thread): rows, dead letters delivered
     and recorded, the stored offset moved by compare-and-set, the audit row, COMMIT.
 
-    A backfill chunk takes the partition's lock for its transaction only, so it waits at
-    most for the live slice in progress, and a live slice waits at most for one chunk."""
+    A backfill chunk takes the partition's lock for its transaction only: it waits for the
+    live slice in progress (up to the lock time-out, then the task is retried), and a live
+    slice waits at most for one backfill chunk."""
     t0 = time.monotonic()
     with UnitOfWork(conn, pipeline) as uow:
         if rng.mode is not Mode.LIVE:
@@ -439,7 +440,12 @@ def _whole_number(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:  # "zero", "²" (a digit to str.isdigit, not to int)
+            return None
+    return None
 
 
 def _offset_pair(bounds: Any) -> bool:

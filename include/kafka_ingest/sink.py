@@ -135,21 +135,27 @@ def lock_partition(conn: psycopg.Connection[Any], pipeline: str, partition: int,
 
     Session-level by default, so it spans a live slice's chunk transactions and dies with
     the connection (a killed worker never leaves it behind). ``for_transaction`` takes it
-    for the current transaction only (backfill chunks: they interleave with live slices
-    chunk by chunk instead of waiting for a whole slice). The two kinds exclude each other.
-    Failing to get it in time is transient.
+    in the caller's open transaction (a backfill chunk's), released by its COMMIT or
+    ROLLBACK: backfills then interleave with live slices chunk by chunk. The two kinds
+    exclude each other. Failing to get it in time is transient.
     """
-    fn = "pg_advisory_xact_lock" if for_transaction else "pg_advisory_lock"
-    with conn.transaction():  # a savepoint when inside the chunk's transaction
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
-        try:
-            conn.execute(f"SELECT {fn}(hashtext(%s), %s)", (pipeline, partition))
-        except psycopg.errors.LockNotAvailable as exc:
-            raise DatabaseUnavailable(
-                "advisory lock",
-                f"{pipeline}[{partition}] is being written by another run for over {timeout_s}s",
-            ) from exc
-        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+    timeout = f"{int(timeout_s * 1000)}"
+    try:
+        if for_transaction:  # no savepoint: a savepoint's commit would not keep the lock
+            previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (pipeline, partition))
+            conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                         (previous[0] if previous else "0",))
+            return
+        with conn.transaction():  # set_config(..., true) ends with this transaction
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s), %s)", (pipeline, partition))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise DatabaseUnavailable(
+            "advisory lock",
+            f"{pipeline}[{partition}] is being written by another run for over {timeout_s}s",
+        ) from exc
 
 
 def unlock_partition(conn: psycopg.Connection[Any], pipeline: str, partition: int) -> None:

@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest.demo import _airflow_bin
 from kafka_ingest.samples import make_event
-from tests.conftest import airflow_postgres_conn, write_pipelines_file
+from tests.conftest import dag_env
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +69,7 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
     pipeline = parse_pipelines(doc)[name]
     port = _free_port()
     env = {
-        **os.environ, **stack_env,
-        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
+        **os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline),
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.

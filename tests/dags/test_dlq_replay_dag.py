@@ -19,19 +19,13 @@ import pytest
 from kafka_ingest.config import Pipeline
 from kafka_ingest.demo import run_dag
 from kafka_ingest.service import ingest_range, plan_run
-from tests.conftest import airflow_postgres_conn, write_pipelines_file
+from tests.conftest import dag_env, last_task_state
 
 pytestmark = pytest.mark.integration
 
 V2, NAN, GOOD = 6, 2, 10
 DAG_ID = "telemetry_metrics_dlq_replay"
 
-
-def _dag_env(tmp_path: Path, pg_dsn: str, *pipelines: Pipeline) -> dict[str, str]:
-    return {
-        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", *pipelines)),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
-    }
 
 
 def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
@@ -68,7 +62,7 @@ def parked(make_pipeline: Any, clients: Any, db: Any) -> Pipeline:
 
 def test_replay_dag_dry_run_then_replay(stack_env: dict[str, str], parked: Pipeline,
                                         pg_dsn: str, tmp_path: Path) -> None:
-    env = {**stack_env, **_dag_env(tmp_path, pg_dsn, parked)}
+    env = {**stack_env, **dag_env(tmp_path, pg_dsn, parked)}
     count = "SELECT count(*) FROM telemetry_metrics"
     by_status = ("SELECT status, error_class, attempts, count(*) FROM dead_letters"
                  " GROUP BY 1, 2, 3 ORDER BY 1, 2")
@@ -80,10 +74,12 @@ def test_replay_dag_dry_run_then_replay(stack_env: dict[str, str], parked: Pipel
     assert "'recovered': 6, 'still_parked': 2" in dry.stdout + dry.stderr
     assert _rows(pg_dsn, count) == [(GOOD,)]
     assert _rows(pg_dsn, by_status)[1] == ("parked", "unknown_version", 1, V2)
+    assert last_task_state(stack_env, DAG_ID, "table_updated") == "skipped"  # nothing written
 
     real = run_dag(DAG_ID, env, log_file=tmp_path / "real.log")
     assert real.returncode == 0, (real.stdout + real.stderr)[-3000:]
     assert _rows(pg_dsn, count) == [(GOOD + V2,)]
+    assert last_task_state(stack_env, DAG_ID, "table_updated") == "success"  # Asset updated
     assert _rows(pg_dsn, by_status) == [("parked", "contract_violation", 2, NAN),
                                         ("recovered", "unknown_version", 2, V2)]
     recovered = _rows(pg_dsn, "SELECT count(*) FROM telemetry_metrics t JOIN dead_letters d"
@@ -99,7 +95,7 @@ def test_a_bad_replay_form_fails_in_plan(stack_env: dict[str, str], parked: Pipe
                                          pg_dsn: str, tmp_path: Path) -> None:
     """The one bad form that needs the broker to be found; the others are unit-tested
     (tests/unit/test_trigger_params.py) on the same function the plan task calls."""
-    env = {**stack_env, **_dag_env(tmp_path, pg_dsn, parked)}
+    env = {**stack_env, **dag_env(tmp_path, pg_dsn, parked)}
     proc = run_dag(DAG_ID, env, conf={"partitions": {"7": [0, 1]}},
                    log_file=tmp_path / "bad.log")
     output = proc.stdout + proc.stderr

@@ -36,7 +36,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.reader import KafkaClients
 from kafka_ingest.service import RangeReport, ingest_range, plan_run
-from kafka_ingest.sink import Database, OffsetsRepository, UnitOfWork
+from kafka_ingest.sink import Database, OffsetsRepository, UnitOfWork, lock_partition
 
 pytestmark = pytest.mark.integration
 
@@ -350,3 +350,33 @@ def test_a_lost_commit_reply_is_resolved_by_rereading_the_stored_offset(
     assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(f"s-{i}" for i in range(250))
     assert stored_offsets(pg_dsn, pipeline) == {0: 250}
     assert group_offsets(clients, pipeline) == {0: 250}
+
+
+def test_a_backfill_chunk_holds_the_partition_until_its_commit(
+        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The transaction-level lock must be taken in the chunk's transaction, not in a
+    # transaction of its own that commits (and releases it) at once.
+    _produce_events(clients, pipeline, 50)
+    (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
+                           request={"partitions": {0: (0, 50)}})
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(stage: str) -> None:
+        if stage == "upserted" and not holding.is_set():
+            holding.set()
+            assert release.wait(60)
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
+    worker = threading.Thread(target=ingest_range, args=(pipeline, backfill, clients, db),
+                              kwargs={"run_id": "backfill"})
+    worker.start()
+    assert holding.wait(30)
+    try:
+        with psycopg.connect(pg_dsn) as other, pytest.raises(DatabaseUnavailable):
+            lock_partition(other, pipeline.name, 0, timeout_s=0.5)  # a live slice's lock
+    finally:
+        release.set()
+        worker.join(60)
+    with psycopg.connect(pg_dsn) as other:
+        lock_partition(other, pipeline.name, 0, timeout_s=5)  # free after the commit

@@ -98,6 +98,12 @@ BAD_ENTRIES = [
     # an order_by that is not a column (a typo would fail only at the first chunk)
     ({"upsert": {"mode": "latest", "key": "device_id", "order_by": "timestmap"}},
      r"pipelines\.p1.*upsert\.order_by 'timestmap' is not a column"),
+    # an optional (nullable) ordering column: null versions could not be ordered
+    ({"upsert": {"mode": "latest", "key": "device_id", "order_by": "unit"}},
+     r"upsert\.order_by 'unit' must be a required field"),
+    # an entity key with a default is not a key
+    ({"upsert": {"mode": "latest", "key": "status"}},
+     r"upsert\.key 'status' must be a required field"),
     # append with a key is a contradiction
     ({"upsert": {"key": "device_id"}}, r"pipelines\.p1\.upsert: .*only used with upsert\.mode"),
     # the DLQ must not be the source topic (the pipeline would read its own dead letters)

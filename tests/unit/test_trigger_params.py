@@ -74,6 +74,8 @@ def test_good_forms(params: dict[str, Any], expected: dict[str, Any]) -> None:
     ({"partitions": {"0": [0, 1, 2]}}, "must be [start, end] offsets"),
     # a negative partition does not exist
     ({"partitions": {"-1": [0, 1]}}, "must be [start, end] offsets"),
+    # a digit to str.isdigit() that int() refuses
+    ({"partitions": {"\u00b2": [0, 1]}}, "must be [start, end] offsets"),
 ])
 def test_bad_forms_say_what_to_fix(params: dict[str, Any], message: str) -> None:
     with pytest.raises(TriggerParamsError, match=_escaped(message)):
