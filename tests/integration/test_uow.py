@@ -210,30 +210,44 @@ def _poll(condition: Callable[[], bool], what: str, deadline_s: float = 30.0) ->
         time.sleep(0.05)
 
 
+def _pause_first_chunk(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event,
+                                                                  threading.Event]:
+    """The first chunk to reach "upserted" (its transaction open, its partition locked)
+    sets ``holding`` and waits there until ``release`` is set."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(stage: str) -> None:
+        if stage == "upserted" and not holding.is_set():
+            holding.set()
+            assert release.wait(60)
+
+    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
+    return holding, release
+
+
+def _ingest_in_thread(results: dict[str, RangeReport | BaseException], name: str,
+                      *args: Any) -> threading.Thread:
+    """``ingest_range(*args, run_id=name)`` in a thread; its report or error in results."""
+    def target() -> None:
+        try:
+            results[name] = ingest_range(*args, run_id=name)
+        except BaseException as exc:
+            results[name] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread
+
+
 def test_the_advisory_lock_serialises_two_runs_of_one_partition(
         pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     _produce_events(clients, pipeline, 150)
     (rng,) = plan_run(pipeline, clients, db, run_id="locked")
-    holding, release = threading.Event(), threading.Event()
     results: dict[str, RangeReport | BaseException] = {}
-
-    def hold(stage: str) -> None:
-        # Only the run holding the lock can reach "upserted" (in its writer thread): the
-        # first time is the first run; it holds the lock until released.
-        if stage == "upserted" and not holding.is_set():
-            holding.set()
-            assert release.wait(60)
-
-    def ingest(name: str, database: Database) -> None:
-        try:
-            results[name] = ingest_range(pipeline, rng, clients, database, run_id="locked")
-        except BaseException as exc:
-            results[name] = exc
-
-    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
-    holder = threading.Thread(target=ingest, args=("first", db))
-    holder.start()
+    # Only the run holding the lock can reach "upserted": the first one, held there.
+    holding, release = _pause_first_chunk(monkeypatch)
+    holder = _ingest_in_thread(results, "first", pipeline, rng, clients, db)
     assert holding.wait(30)
     try:
         # A second run gives up after its lock timeout: a transient error, nothing written.
@@ -241,8 +255,7 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
             ingest_range(pipeline, rng, clients, Database(pg_dsn, lock_timeout_s=0.5),
                          run_id="locked")
         # A patient one waits for the lock, then re-reads the stored offset.
-        waiter = threading.Thread(target=ingest, args=("second", db))
-        waiter.start()
+        waiter = _ingest_in_thread(results, "second", pipeline, rng, clients, db)
         _poll(lambda: _waiting_for_advisory_lock(pg_dsn), "the second run to wait")
     finally:
         release.set()
@@ -263,23 +276,9 @@ def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
     (live,) = plan_run(pipeline, clients, db, run_id="live")
     (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
                            request={"partitions": {0: (0, 150)}})
-    holding, release = threading.Event(), threading.Event()
     results: dict[str, RangeReport | BaseException] = {}
-
-    def hold(stage: str) -> None:
-        if stage == "upserted" and not holding.is_set():
-            holding.set()
-            assert release.wait(60)
-
-    def ingest(name: str, rng: Any, database: Database) -> None:
-        try:
-            results[name] = ingest_range(pipeline, rng, clients, database, run_id=name)
-        except BaseException as exc:
-            results[name] = exc
-
-    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
-    holder = threading.Thread(target=ingest, args=("live", live, db))
-    holder.start()
+    holding, release = _pause_first_chunk(monkeypatch)
+    holder = _ingest_in_thread(results, "live", pipeline, live, clients, db)
     assert holding.wait(30)
     try:
         # The live slice holds the partition: an impatient backfill chunk gives up, writes
@@ -287,8 +286,7 @@ def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
         with pytest.raises(DatabaseUnavailable):
             ingest_range(pipeline, backfill, clients, Database(pg_dsn, lock_timeout_s=0.5),
                          run_id="impatient")
-        waiter = threading.Thread(target=ingest, args=("backfill", backfill, db))
-        waiter.start()
+        waiter = _ingest_in_thread(results, "backfill", pipeline, backfill, clients, db)
         _poll(lambda: _waiting_for_advisory_lock(pg_dsn), "the backfill to wait")
     finally:
         release.set()
@@ -360,17 +358,9 @@ def test_a_backfill_chunk_holds_the_partition_until_its_commit(
     _produce_events(clients, pipeline, 50)
     (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
                            request={"partitions": {0: (0, 50)}})
-    holding, release = threading.Event(), threading.Event()
-
-    def hold(stage: str) -> None:
-        if stage == "upserted" and not holding.is_set():
-            holding.set()
-            assert release.wait(60)
-
-    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
-    worker = threading.Thread(target=ingest_range, args=(pipeline, backfill, clients, db),
-                              kwargs={"run_id": "backfill"})
-    worker.start()
+    results: dict[str, RangeReport | BaseException] = {}
+    holding, release = _pause_first_chunk(monkeypatch)
+    worker = _ingest_in_thread(results, "backfill", pipeline, backfill, clients, db)
     assert holding.wait(30)
     try:
         with psycopg.connect(pg_dsn) as other, pytest.raises(DatabaseUnavailable):
@@ -380,3 +370,4 @@ def test_a_backfill_chunk_holds_the_partition_until_its_commit(
         worker.join(60)
     with psycopg.connect(pg_dsn) as other:
         lock_partition(other, pipeline.name, 0, timeout_s=5)  # free after the commit
+    assert isinstance(results["backfill"], RangeReport), results
