@@ -180,10 +180,6 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, 
         consumer.unassign()
 
 
-def _message_bytes(messages: list[Any]) -> int:
-    return sum(len(m.value() or b"") + len(m.key() or b"") for m in messages)
-
-
 @dataclass
 class _PartitionReader:
     """Reads consecutive chunks of one assigned partition; keeps what overshot a chunk."""
@@ -202,25 +198,27 @@ class _PartitionReader:
         self.carry = [m for m in messages if m.offset() >= chunk_end]
         return inside
 
-    def _cap(self, messages: list[Any], budget: int) -> tuple[list[Any], bool]:
-        """Keep messages until their bytes reach ``budget``; the rest wait. True if cut."""
+    def _cap(self, messages: list[Any], budget: int) -> tuple[list[Any], int, bool]:
+        """Keep messages until their bytes reach ``budget``; the rest wait.
+
+        Returns (kept, their bytes, whether the budget cut them short).
+        """
         total = 0
         for i, m in enumerate(messages):
             total += len(m.value() or b"") + len(m.key() or b"")
             if total >= budget:
                 self.carry = messages[i + 1:] + self.carry
-                return messages[: i + 1], True
-        return messages, False
+                return messages[: i + 1], total, True
+        return messages, total, False
 
     def chunk(self, start: int, chunk_end: int) -> tuple[list[Any], int]:
         """The messages of ``[start, end)`` and that end (``chunk_end`` unless the byte
         budget cut the chunk short, after the message that reached it)."""
-        batch, cut = self._cap(self._split(self.carry, chunk_end), self.max_bytes)
+        batch, size, cut = self._cap(self._split(self.carry, chunk_end), self.max_bytes)
         if cut:
             return batch, batch[-1].offset() + 1
         if self.carry:
             return batch, chunk_end
-        size = _message_bytes(batch)
         last = batch[-1].offset() if batch else start - 1
         idle_since = time.monotonic()
         while last + 1 < chunk_end:
@@ -228,14 +226,14 @@ class _PartitionReader:
                                         timeout=self.poll_timeout_s)
             for m in got:
                 _raise_on_error(self.consumer, m, self.topic, self.partition, last + 1)
-            inside, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
+            inside, added, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
             batch.extend(inside)
             if cut:
                 return batch, batch[-1].offset() + 1
             if self.carry:
                 break
             if inside:
-                size += _message_bytes(inside)
+                size += added
                 last, idle_since = inside[-1].offset(), time.monotonic()
                 continue
             if _position(self.consumer, self.topic, self.partition) >= chunk_end:
