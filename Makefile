@@ -10,8 +10,8 @@ test:            ## install, start the local stack, lint, type-check and run eve
 bootstrap:
 	bash scripts/bootstrap.sh
 
-lint: bootstrap
-	.venv/bin/ruff check . && .venv/bin/mypy
+lint: bootstrap  ## ruff, mypy, and the import graph (no cycles, runtime never imports dev tooling)
+	.venv/bin/ruff check . && .venv/bin/mypy && .venv/bin/python scripts/check_imports.py
 
 stack-up: bootstrap
 	.venv/bin/kafka-ingest stack up

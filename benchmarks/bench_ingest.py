@@ -13,7 +13,7 @@ its own freshly spawned process so peak RSS (``VmHWM``) is that path's alone:
 - ``B  naive loader``: ``json.loads`` + ``executemany(INSERT ... ON CONFLICT DO NOTHING)``
   per chunk, what a simple DAG does (no DLQ, no offsets, no audit; it drops what it cannot
   load, with a hand-written guard for values Postgres would reject);
-- ``project``: ``service.plan_run`` + ``service.ingest_range`` per range, the DAG's path,
+- ``project``: ``ingest.plan_run`` + ``ingest.ingest_range`` per range, the DAG's path,
   ranges one after another (as ``kafka-ingest run`` does);
 - ``project, parallel``: the same, one process per range started together (as mapped tasks
   on separate workers);
@@ -51,10 +51,11 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
+from kafka_ingest.db import Database, RowsRepository, migrate
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.reader import KafkaClients, read_range
-from kafka_ingest.sink import Database, RowsRepository, migrate
+from kafka_ingest.reader import read_range
 from kafka_ingest.validate import validate_chunk
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -195,7 +196,7 @@ def child_naive(t: Target, table: str) -> dict[str, Any]:
 
 def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
     """The project: plan_run + ingest_range per range, one after another."""
-    from kafka_ingest.service import ingest_range, plan_run, summarize
+    from kafka_ingest.ingest import ingest_range, plan_run, summarize
 
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
@@ -212,7 +213,7 @@ def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> di
 def child_project_range(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
                         rng: dict[str, Any], barrier: Any) -> dict[str, Any]:
     """One mapped task: ingest_range of one planned range, started with its siblings."""
-    from kafka_ingest.service import ingest_range
+    from kafka_ingest.ingest import ingest_range
 
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
@@ -351,7 +352,7 @@ def _drop_database(admin_dsn: str, name: str, *, timeout_s: float = 120.0) -> No
 @contextmanager
 def fresh_topics(clients: KafkaClients, tag: str, partitions: int) -> Iterator[tuple[str, str]]:
     """A random source topic and DLQ topic, deleted (with the bench's groups) on exit."""
-    from kafka_ingest.samples import ensure_topics
+    from kafka_ingest.topics import ensure_topics
 
     source, dlq = f"bench-{tag}", f"bench-{tag}-dlq"
     ensure_topics(clients, {source: partitions, dlq: partitions})
@@ -437,7 +438,7 @@ def measure_project(b: Bench, rep: int) -> Measure:
 
 def measure_parallel(b: Bench, rep: int) -> Measure:
     """Plan in this process (a few ms), then one child per range, released together."""
-    from kafka_ingest.service import plan_run, summarize
+    from kafka_ingest.ingest import plan_run, summarize
 
     name = f"bench_parallel_{rep}"
     make_table(b.dsn, name)
@@ -554,7 +555,7 @@ def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
             topics: tuple[str, str]) -> Bench:
     """Produce the sample once; every path reads this same data."""
     from kafka_ingest.reader import partitions_of, watermarks
-    from kafka_ingest.samples import produce_sample
+    from kafka_ingest_dev.samples import produce_sample
 
     source, dlq = topics
     base = load_pipelines()[BASE_PIPELINE].model_dump(mode="json", exclude={"name"})
@@ -599,7 +600,7 @@ def measure_all(b: Bench) -> list[Measure]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kafka_ingest import stack
+    from kafka_ingest_dev import stack
 
     args = parse_args(argv)
     env = stack.up(report=lambda line: print(line, flush=True))

@@ -13,54 +13,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.replay import (
-    KNOWN_ERROR_CLASSES,
-    ReplayFilters,
-    plan_replay,
-    replay_range,
-    replay_request,
-    summarize_replay,
-)
+from kafka_ingest.replay import plan_replay, replay_range, summarize_replay
+from kafka_ingest.requests import ReplayForm, ReplayRequest, replay_request
 from kafka_ingest_hook import (
     KafkaIngestHook,
     dag_default_args,
     emit_metrics,
     fail_without_retry,
+    form_params,
     postgres_database,
     table_updated_task,
 )
 
-DRY_RUN_PARAM = Param(False, type="boolean", title="Dry run",
-                      description="Validate and report the counts; write nothing (no rows, "
-                                  "no dead_letters change, cursor unchanged).")
-PARTITIONS_PARAM = Param(
-    {}, type="object", title="DLQ offsets",
-    description='Offsets of the DLQ topic to replay per partition, half-open [start, end): '
-                '{"0": [0, 500]}. Leave empty to continue from the replay cursor.',
-)
-FROM_PARAM = Param(None, type=["null", "string"], format="date-time", title="From",
-                   description="Replay DLQ records with timestamps (the original messages' "
-                               "timestamps) from this instant, inclusive (ISO-8601).")
-TO_PARAM = Param(None, type=["null", "string"], format="date-time", title="To",
-                 description="End instant, exclusive; not in the future.")
-ERROR_CLASSES_PARAM = Param(
-    [], type="array", items={"type": "string", "enum": list(KNOWN_ERROR_CLASSES)},
-    uniqueItems=True, title="Error classes",
-    description="Only dead letters of these classes; empty means all.",
-)
-SOURCE_PARTITION_PARAM = Param(None, type=["null", "integer"], minimum=0,
-                               title="Source partition",
-                               description="Only dead letters from this source partition.")
-EVENT_ID_PARAM = Param(None, type=["null", "string"], minLength=1, maxLength=128,
-                       title="Event id", description="Only the dead letter with this event_id.")
 
-
-def _params() -> dict[str, Any]:
-    return dict(get_current_context()["params"])
+def _request() -> ReplayRequest:
+    return replay_request(get_current_context()["params"], now=datetime.now(tz=UTC))
 
 
 def build_replay_dag(pipeline: Pipeline) -> DAG:
@@ -74,38 +45,32 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         max_active_runs=1,
         doc_md=__doc__,
         tags=["kafka-ingest", "dlq-replay", pipeline.name],
-        params={"dry_run": DRY_RUN_PARAM, "partitions": PARTITIONS_PARAM, "from": FROM_PARAM,
-                "to": TO_PARAM, "error_classes": ERROR_CLASSES_PARAM,
-                "source_partition": SOURCE_PARTITION_PARAM, "event_id": EVENT_ID_PARAM},
+        params=form_params(ReplayForm),
         default_args=dag_default_args(pipeline),
     )
     def replay_dag() -> None:
         @task
         def plan() -> list[dict[str, Any]]:
-            params = _params()
             with fail_without_retry():  # a bad form fails here, before anything is read
-                request = replay_request(params, now=datetime.now(tz=UTC))
                 ranges = plan_replay(pipeline, hook(pipeline.kafka_conn_id).clients,
                                      postgres_database(pipeline.postgres_conn_id),
-                                     run_id=get_current_context()["run_id"], request=request,
-                                     dry_run=bool(params["dry_run"]))
+                                     run_id=get_current_context()["run_id"], request=_request())
             return [r.to_dict() for r in ranges]
 
         @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
         def replay(offset_range: dict[str, Any]) -> dict[str, Any]:
-            params = _params()
             with fail_without_retry():
+                request = _request()
                 report = replay_range(pipeline, OffsetRange.from_dict(offset_range),
                                       hook(pipeline.kafka_conn_id).clients,
                                       postgres_database(pipeline.postgres_conn_id),
                                       run_id=get_current_context()["run_id"],
-                                      dry_run=bool(params["dry_run"]),
-                                      filters=ReplayFilters.from_params(params))
+                                      dry_run=request.dry_run, filters=request.filters)
             return report.to_dict()
 
         @task(trigger_rule="none_failed")
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
-            summary = summarize_replay(results or [], dry_run=bool(_params()["dry_run"]))
+            summary = summarize_replay(results or [], dry_run=_request().dry_run)
             print(f"{pipeline.name} DLQ replay: {summary}")
             if not summary["dry_run"]:
                 emit_metrics("replay", pipeline.name, {**summary, **summary["outcomes"]})

@@ -1,9 +1,10 @@
 """Ingest DAGs: one ``<pipeline>_ingest`` per pipeline in ``include/pipelines.yaml``.
 
 plan (pins this run's offset ranges) → ingest (mapped, one task per partition range)
-→ report (sums, logs, updates the table's Asset). A manual run with ``partitions`` or
-``from``/``to`` is a backfill: it never moves the live stored offset. Airflow's own
-backfill (``airflow backfill create``) maps each data interval to offsets by time.
+→ report (sums, metrics) → table_updated (the table's Asset, if rows landed). A manual
+run with ``partitions`` or ``from``/``to`` is a backfill: it never moves the live stored
+offset. Airflow's own backfill (``airflow backfill create``) maps each data interval to
+offsets by time.
 """
 
 from __future__ import annotations
@@ -11,47 +12,32 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import (
-    DAG,
-    CronDataIntervalTimetable,
-    Param,
-    dag,
-    get_current_context,
-    task,
-)
+from airflow.sdk import DAG, CronDataIntervalTimetable, dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
+from kafka_ingest.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.service import ingest_range, plan_run, request_from_params, summarize
+from kafka_ingest.requests import IngestForm, RangeRequest, ingest_request
 from kafka_ingest_hook import (
     KafkaIngestHook,
     dag_default_args,
     emit_metrics,
     fail_without_retry,
+    form_params,
     postgres_database,
     table_updated_task,
 )
 
-PARTITIONS_PARAM = Param(
-    {}, type="object", title="Backfill by offsets",
-    description='Offsets to re-read per partition, half-open [start, end): {"0": [0, 1000]}. '
-                "Leave empty for a normal run.",
-)
-FROM_PARAM = Param(None, type=["null", "string"], format="date-time", title="Backfill from",
-                   description="Backfill by time: first instant (ISO-8601 with offset), "
-                               "inclusive.")
-TO_PARAM = Param(None, type=["null", "string"], format="date-time", title="Backfill to",
-                 description="Backfill by time: end instant, exclusive; not in the future.")
 
-
-def _request(context: Any) -> dict[str, Any]:
+def _request(context: Any) -> RangeRequest:
     dag_run = context["dag_run"]
     interval = (context.get("data_interval_start"), context.get("data_interval_end"))
-    return request_from_params(
+    return ingest_request(
+        context["params"], now=datetime.now(tz=UTC),
         # The task SDK's run type is an enum whose str() is "DagRunType.BACKFILL": compare
         # its value ("backfill", "scheduled", "manual").
-        context["params"], run_type=str(getattr(dag_run.run_type, "value", dag_run.run_type)),
-        interval=interval if all(interval) else None, now=datetime.now(tz=UTC),
+        run_type=str(getattr(dag_run.run_type, "value", dag_run.run_type)),
+        interval=interval if all(interval) else None,
     )
 
 
@@ -79,14 +65,14 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         max_active_runs=1,
         doc_md=__doc__,
         tags=["kafka-ingest", "ingest", pipeline.name],
-        params={"partitions": PARTITIONS_PARAM, "from": FROM_PARAM, "to": TO_PARAM},
+        params=form_params(IngestForm),
         default_args=dag_default_args(pipeline),
     )
     def ingest_dag() -> None:
         @task
         def plan() -> list[dict[str, Any]]:
             context = get_current_context()
-            with fail_without_retry():
+            with fail_without_retry():  # a bad form fails here, before anything is read
                 ranges = plan_run(pipeline, hook(pipeline.kafka_conn_id).clients,
                                   postgres_database(pipeline.postgres_conn_id),
                                   run_id=context["run_id"], request=_request(context))
@@ -94,12 +80,11 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
 
         @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
         def ingest(offset_range: dict[str, Any]) -> dict[str, Any]:
-            run_id = get_current_context()["run_id"]
             with fail_without_retry():
                 report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),
                                       hook(pipeline.kafka_conn_id).clients,
                                       postgres_database(pipeline.postgres_conn_id),
-                                      run_id=run_id)
+                                      run_id=get_current_context()["run_id"])
             return report.to_dict()
 
         @task(trigger_rule="none_failed")

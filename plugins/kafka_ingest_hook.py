@@ -17,18 +17,14 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kafka_ingest.errors import PERMANENT_ERRORS
-from kafka_ingest.reader import (
-    KafkaClients,
-    commit_offset,
-    offsets_for_time,
-    read_range,
-    watermarks,
-)
-from kafka_ingest.sink import Database
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.db import Database
+from kafka_ingest.errors import PermanentError
+from kafka_ingest.reader import commit_offset, offsets_for_time, read_range, watermarks
+from kafka_ingest.requests import form_fields
 
 
 class KafkaIngestHook(KafkaBaseHook):
@@ -106,13 +102,22 @@ def postgres_database(conn_id: str) -> Database:
 
 @contextmanager
 def fail_without_retry() -> Iterator[None]:
-    """Fail the task at once (no retry) for errors a retry cannot cure: a retention gap,
-    counts that do not reconcile, a trigger form that cannot be honoured. Infrastructure
-    errors propagate unchanged, so Airflow retries them with backoff."""
+    """Fail the task at once (no retry) for a :class:`~kafka_ingest.errors.PermanentError`:
+    a retention gap, counts that do not reconcile, a trigger form that cannot be honoured,
+    credentials the cluster refuses. Every other error propagates unchanged, so Airflow
+    retries it with backoff."""
     try:
         yield
-    except PERMANENT_ERRORS as exc:
+    except PermanentError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def form_params(form: Any) -> dict[str, Param]:
+    """A DAG's ``params`` generated from a trigger-form model of :mod:`kafka_ingest.requests`
+    (titles, descriptions, limits; optional fields nullable), so the form, the CLI and the
+    checks share one definition."""
+    return {name: Param(default, **schema) for name, (default, schema) in
+            form_fields(form).items()}
 
 
 METRICS = ("read", "inserted", "duplicates", "stale", "dead_lettered", "tombstones", "bytes",

@@ -9,6 +9,7 @@ kafka-ingest stack up
 eval "$(kafka-ingest stack env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
+echo "== imports"; python scripts/check_imports.py
 echo "== pytest"
 set +e
 python -m pytest -q "$@"

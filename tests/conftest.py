@@ -1,7 +1,7 @@
 """Shared fixtures: the real local stack, a fresh database per test, random topics.
 
 Unit tests (tests/unit) use none of these and need no service. Everything else runs
-against the real Kafka broker and Postgres started by ``kafka_ingest.stack``.
+against the real Kafka broker and Postgres started by ``kafka_ingest_dev.stack``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "plugins"))
 @pytest.fixture(scope="session")
 def stack_env() -> dict[str, str]:
     """Start (or reuse) the local stack and export its environment to this process."""
-    from kafka_ingest import stack
+    from kafka_ingest_dev import stack
 
     env = stack.up()
     os.environ.update(env)
@@ -40,7 +40,7 @@ def kafka_config(stack_env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def clients(kafka_config: dict[str, Any]) -> Any:
-    from kafka_ingest.reader import KafkaClients
+    from kafka_ingest.clients import KafkaClients
 
     return KafkaClients(kafka_config)
 
@@ -52,7 +52,7 @@ def _dsn_for(dsn: str, dbname: str) -> str:
 @pytest.fixture
 def pg_dsn(stack_env: dict[str, str]) -> Iterator[str]:
     """A fresh, migrated database for one test, dropped afterwards."""
-    from kafka_ingest.sink import migrate
+    from kafka_ingest.db import migrate
 
     admin_dsn = stack_env["KAFKA_INGEST_PG_DSN"]
     name = f"t_{uuid.uuid4().hex[:12]}"
@@ -70,7 +70,7 @@ def pg_dsn(stack_env: dict[str, str]) -> Iterator[str]:
 
 @pytest.fixture
 def db(pg_dsn: str) -> Any:
-    from kafka_ingest.sink import Database
+    from kafka_ingest.db import Database
 
     return Database(pg_dsn, lock_timeout_s=5.0)
 
@@ -78,7 +78,7 @@ def db(pg_dsn: str) -> Any:
 @pytest.fixture
 def topics(clients: Any) -> Iterator[Callable[..., str]]:
     """``topics(partitions=3)`` creates a randomly named topic; all are deleted after."""
-    from kafka_ingest.samples import ensure_topics
+    from kafka_ingest.topics import ensure_topics
 
     made: list[str] = []
 

@@ -1,9 +1,14 @@
-"""``kafka-ingest``: the operator's command line and the local stack's front door.
+"""``kafka-ingest``: the operator's command line.
 
-Kafka and Postgres come from the environment: ``KAFKA_INGEST_KAFKA_CONFIG`` (a JSON
-librdkafka dict) or ``KAFKA_BOOTSTRAP_SERVERS``, and ``KAFKA_INGEST_PG_DSN``; when they are
-unset, the local stack's addresses are used (``kafka-ingest stack env`` prints them).
-``run``, ``backfill`` and ``replay-dlq`` call exactly the functions the DAG tasks call.
+Settings come from the environment only: ``KAFKA_INGEST_KAFKA_CONFIG`` (a JSON librdkafka
+dict: bootstrap servers, TLS, SASL, ...) or ``KAFKA_BOOTSTRAP_SERVERS``, and
+``KAFKA_INGEST_PG_DSN``. A missing one is an error naming it; nothing falls back to a
+default address or credential. ``run``, ``backfill`` and ``replay-dlq`` call exactly the
+functions the DAG tasks call, and their arguments go through the same typed requests as
+the trigger forms, so the CLI and the UI reject the same forms with the same messages.
+
+Commands of installed extensions (the development tooling's ``stack``, ``demo`` and
+``produce-sample``) are added through the ``kafka_ingest.commands`` entry point.
 """
 
 from __future__ import annotations
@@ -16,35 +21,63 @@ import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import entry_points
 from typing import Any
 
-from kafka_ingest.config import Pipeline, get_pipeline, load_pipelines
-from kafka_ingest.errors import IngestError
-from kafka_ingest.reader import KafkaClients
-from kafka_ingest.sink import Database, migrate
+from kafka_ingest.backfill import require_window, run_backfill
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import get_pipeline, load_pipelines
+from kafka_ingest.contracts import json_schema
+from kafka_ingest.db import Database, OffsetsRepository, lock_partition, migrate
+from kafka_ingest.errors import IngestError, TriggerParamsError
+from kafka_ingest.ingest import run_ingest
+from kafka_ingest.reader import partitions_of, watermarks
+from kafka_ingest.replay import run_replay
+from kafka_ingest.requests import ingest_request, replay_request
+from kafka_ingest.status import lag, status_rows
 
 log = logging.getLogger("kafka_ingest")
 
 
+class MissingSetting(ValueError):
+    """A setting the command needs is not in the environment."""
+
+    def __init__(self, *names: str, what: str) -> None:
+        super().__init__(f"set {' or '.join(names)} ({what}); nothing is assumed")
+
+
 def kafka_clients() -> KafkaClients:
+    """Kafka clients from ``KAFKA_INGEST_KAFKA_CONFIG`` or ``KAFKA_BOOTSTRAP_SERVERS``."""
     raw = os.environ.get("KAFKA_INGEST_KAFKA_CONFIG")
     if raw:
-        return KafkaClients(json.loads(raw))
-    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or _stack_env()["KAFKA_BOOTSTRAP_SERVERS"]
+        try:
+            config = json.loads(raw)
+        except ValueError:
+            raise ValueError("KAFKA_INGEST_KAFKA_CONFIG is not a JSON object") from None
+        if not isinstance(config, dict):
+            raise ValueError("KAFKA_INGEST_KAFKA_CONFIG is not a JSON object")
+        return KafkaClients(config)
+    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not servers:
+        raise MissingSetting("KAFKA_INGEST_KAFKA_CONFIG", "KAFKA_BOOTSTRAP_SERVERS",
+                             what="the Kafka cluster to use")
     return KafkaClients({"bootstrap.servers": servers})
 
 
 def database() -> Database:
-    return Database(os.environ.get("KAFKA_INGEST_PG_DSN") or _stack_env()["KAFKA_INGEST_PG_DSN"])
+    """The pipelines' database from ``KAFKA_INGEST_PG_DSN``."""
+    dsn = os.environ.get("KAFKA_INGEST_PG_DSN")
+    if not dsn:
+        raise MissingSetting("KAFKA_INGEST_PG_DSN", what="the pipelines' Postgres database, "
+                             "a libpq URI or key=value string")
+    return Database(dsn)
 
 
-def _stack_env() -> dict[str, str]:
-    from kafka_ingest import stack
-
-    return stack.env()
+def new_run_id(kind: str) -> str:
+    return f"{kind}__{datetime.now(tz=UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
 
 
-def _print_table(rows: Sequence[dict[str, Any]]) -> None:
+def print_table(rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         print("(nothing)")
         return
@@ -53,6 +86,11 @@ def _print_table(rows: Sequence[dict[str, Any]]) -> None:
     print("  ".join(c.ljust(widths[c]) for c in cols))
     for r in rows:
         print("  ".join(str(r.get(c)).ljust(widths[c]) for c in cols))
+
+
+def _print_json(data: Any) -> int:
+    print(json.dumps(data, indent=2, default=str))
+    return 0
 
 
 # --------------------------------------------------------------------------- commands
@@ -65,64 +103,82 @@ def cmd_migrate(_: argparse.Namespace) -> int:
     return 0
 
 
-def run_once(pipeline: Pipeline, *, run_id: str | None = None,
-             request: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Plan and ingest one micro-batch with the DAG's code path, partitions in turn."""
-    from kafka_ingest.service import ingest_range, plan_run, summarize
-
-    clients, db = kafka_clients(), database()
-    run_id = run_id or f"cli__{datetime.now(tz=UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
-    ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
-    reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
-    return {"run_id": run_id, **summarize(reports)}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    summary = run_once(get_pipeline(args.pipeline), run_id=args.run_id)
-    print(json.dumps(summary, indent=2, default=str))
-    return 0
+    return _print_json(run_ingest(get_pipeline(args.pipeline), kafka_clients(), database(),
+                                  run_id=args.run_id or new_run_id("cli")))
 
 
-def cmd_produce_sample(args: argparse.Namespace) -> int:
-    from kafka_ingest.samples import produce_sample
+def _offset_params(args: argparse.Namespace) -> dict[str, list[int]]:
+    """``--partition P --from-offset A --to-offset B`` (each repeatable, paired in order)."""
+    parts, starts, ends = args.partition or [], args.from_offset or [], args.to_offset or []
+    if not (len(parts) == len(starts) == len(ends)):
+        raise TriggerParamsError(
+            "give --partition, --from-offset and --to-offset together, once per partition "
+            f"(got {len(parts)} --partition, {len(starts)} --from-offset, "
+            f"{len(ends)} --to-offset)")
+    if len(set(parts)) != len(parts):
+        raise TriggerParamsError("each --partition may be given once")
+    return {str(p): [a, b] for p, a, b in zip(parts, starts, ends, strict=True)}
 
-    result = produce_sample(kafka_clients(), get_pipeline(args.pipeline), count=args.count,
-                            poison=args.poison, partitions=args.partitions)
-    print(json.dumps(result, indent=2))
-    return 0
+
+def _range_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The range arguments as the trigger form's fields (parsed by the same model)."""
+    return {"partitions": _offset_params(args) or None, "from": args.time_from,
+            "to": args.time_to}
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    pipeline = get_pipeline(args.pipeline)
+    request = require_window(ingest_request(_range_params(args), now=datetime.now(tz=UTC)))
+    return _print_json(run_backfill(pipeline, request, kafka_clients(), database(),
+                                    run_id=args.run_id or new_run_id("cli_backfill")))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    pipeline = get_pipeline(args.pipeline)
+    params = {**_range_params(args), "dry_run": args.dry_run,
+              "error_classes": args.error_class or [], "source_partition": args.source_partition,
+              "event_id": args.event_id}
+    request = replay_request(params, now=datetime.now(tz=UTC))
+    return _print_json(run_replay(pipeline, request, kafka_clients(), database(),
+                                  run_id=args.run_id or new_run_id("cli_replay")))
 
 
 def cmd_lag(args: argparse.Namespace) -> int:
-    from kafka_ingest.service import lag
-
     names = [args.pipeline] if args.pipeline else sorted(load_pipelines())
+    clients, db = kafka_clients(), database()
     rows: list[dict[str, Any]] = []
     for name in names:
         try:
-            rows += lag(get_pipeline(name), kafka_clients(), database())
+            rows += lag(get_pipeline(name), clients, db)
         except ValueError as exc:  # topic not created yet
             print(f"{name}: {exc}", file=sys.stderr)
-    _print_table(rows)
+    print_table(rows)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from kafka_ingest.status import status_rows
-
     with database().session() as conn:
         runs, dead = status_rows(conn, args.pipeline, limit=args.limit)
     print("recent chunks:")
-    _print_table(runs)
+    print_table(runs)
     print("\ndead letters:")
-    _print_table(dead)
+    print_table(dead)
     return 0
+
+
+def _reset_target(to: str, low: int, high: int) -> int:
+    named = {"earliest": low, "latest": high}
+    if to in named:
+        return named[to]
+    try:
+        return int(to)
+    except ValueError:
+        raise ValueError(f"--to must be an offset, 'earliest' or 'latest', not {to!r}") from None
 
 
 def cmd_reset_offsets(args: argparse.Namespace) -> int:
     """Move a partition's stored offset by hand, under its advisory lock."""
-    from kafka_ingest.reader import partitions_of, watermarks
-    from kafka_ingest.sink import OffsetsRepository, lock_partition
-
     pipeline = get_pipeline(args.pipeline)
     consumer = kafka_clients().consumer(pipeline.group_id)
     try:
@@ -133,8 +189,7 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
         low, high = watermarks(consumer, pipeline.topic, [args.partition])[args.partition]
     finally:
         consumer.close()
-    target = {"earliest": low, "latest": high}.get(args.to)
-    target = int(args.to) if target is None else target
+    target = _reset_target(args.to, low, high)
     if not low <= target <= high:
         raise ValueError(f"offset {target} is outside [{low}, {high}] of "
                          f"{pipeline.topic}[{args.partition}]")
@@ -153,56 +208,54 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from kafka_ingest.contracts import json_schema
-
-    print(json.dumps(json_schema(args.event_type, args.version), indent=2))
-    return 0
+    return _print_json(json_schema(args.event_type, args.version))
 
 
-def cmd_stack(args: argparse.Namespace) -> int:
-    from kafka_ingest import stack
-
-    return stack.main(args.rest)
+# --------------------------------------------------------------------------- parser
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from kafka_ingest.demo import main as demo_main
+def _add_range_args(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_argument_group(f"range ({what}): offsets or a time window, not both")
+    g.add_argument("--partition", type=int, action="append", metavar="P",
+                   help="partition to read (repeatable, paired with --from/--to-offset)")
+    g.add_argument("--from-offset", type=int, action="append", metavar="A",
+                   help="first offset, inclusive")
+    g.add_argument("--to-offset", type=int, action="append", metavar="B",
+                   help="end offset, exclusive")
+    g.add_argument("--from", dest="time_from", metavar="T",
+                   help="window start, ISO-8601 with offset, inclusive (2026-01-01T00:00:00Z)")
+    g.add_argument("--to", dest="time_to", metavar="T",
+                   help="window end, exclusive; not in the future")
+    p.add_argument("--run-id", help="pin the run (a rerun with the same id finishes its slice)")
 
-    return demo_main(args)
 
-
-def _extra_commands(sub: Any) -> None:
-    """Commands defined next to their capability (backfill, replay), if present."""
-    try:
-        from kafka_ingest.replay_cli import register
-    except ImportError:
-        return
-    register(sub)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kafka-ingest", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("stack", help="the local stack: up | down | status | env")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_stack)
-
-    sub.add_parser("migrate", help="create or upgrade the schema").set_defaults(func=cmd_migrate)
-
+def _add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("run", help="run one micro-batch of a pipeline (the DAG's code path)")
     p.add_argument("pipeline")
     p.add_argument("--run-id", help="pin the run (a rerun with the same id finishes its slice)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("produce-sample", help="produce sample events and poison pills")
+    p = sub.add_parser("backfill", help="re-read a source range (offsets or time) through "
+                       "the ingest DAG's code path; never moves the stored offset")
     p.add_argument("pipeline")
-    p.add_argument("--count", type=int, default=10_000)
-    p.add_argument("--poison", type=int, default=1, help="rounds of every poison-pill kind")
-    p.add_argument("--partitions", type=int, default=3, help="partitions of a new topic")
-    p.set_defaults(func=cmd_produce_sample)
+    _add_range_args(p, "source topic")
+    p.set_defaults(func=cmd_backfill)
 
+    p = sub.add_parser("replay-dlq", help="re-validate dead letters with the current contract "
+                       "and load the ones that pass (the replay DAG's code path)")
+    p.add_argument("pipeline")
+    p.add_argument("--dry-run", action="store_true", help="report what would happen; write "
+                   "nothing")
+    p.add_argument("--error-class", action="append", metavar="C",
+                   help="only dead letters of this class (repeatable)")
+    p.add_argument("--source-partition", type=int, metavar="P",
+                   help="only dead letters from this source partition")
+    p.add_argument("--event-id", metavar="ID", help="only the dead letter with this event_id")
+    _add_range_args(p, "DLQ topic; default: from the replay cursor")
+    p.set_defaults(func=cmd_replay)
+
+
+def _add_inspection_commands(sub: Any) -> None:
     p = sub.add_parser("lag", help="stored offset, group offset, high watermark and lag")
     p.add_argument("pipeline", nargs="?")
     p.set_defaults(func=cmd_lag)
@@ -224,14 +277,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("version", type=int)
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("demo", help="the main job end to end on the local stack")
-    p.add_argument("--pipeline", default="telemetry_metrics")
-    p.add_argument("--count", type=int, default=20_000)
-    p.add_argument("--poison", type=int, default=1)
-    p.add_argument("--cli", action="store_true", help="run with the CLI instead of Airflow")
-    p.set_defaults(func=cmd_demo)
 
-    _extra_commands(sub)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kafka-ingest", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create or upgrade the schema").set_defaults(func=cmd_migrate)
+    _add_operator_commands(sub)
+    _add_inspection_commands(sub)
+    for extension in entry_points(group="kafka_ingest.commands"):
+        extension.load()(sub)
     return parser
 
 

@@ -1,19 +1,27 @@
-"""The errors of kafka_ingest, and the one place where library errors are mapped onto them.
+"""The errors of kafka_ingest. The class of an error decides what happens to the failure.
 
-The tree decides what happens to a failure::
+::
 
     IngestError
     ├── TransientError            raise; nothing is committed; Airflow retries with backoff
     │   ├── KafkaUnavailable      broker unreachable, metadata or fetch timed out
     │   ├── DeliveryFailed        a dead letter was not acknowledged by the DLQ topic
     │   ├── DatabaseUnavailable   Postgres down, restarted, connection lost, lock timeout
-    │   └── CommitOutcomeUnknown  the reply to COMMIT was lost; re-read the stored offset
-    ├── FencedError               the stored offset moved under us (zombie or overlapping run)
-    ├── OffsetGapError            the range starts below the low watermark (retention)
-    ├── ReconciliationError       read != inserted + duplicates + stale + dead + skipped
-    ├── TriggerParamsError        a trigger form / CLI range that cannot be honoured
-    ├── SchemaMissing             the pipelines' tables are not there: run the migrations
-    ├── TopicMissing              a source or dead-letter topic does not exist
+    │   ├── CommitOutcomeUnknown  the reply to COMMIT was lost; re-read the stored offset
+    │   └── FencedError           the stored offset moved under this chunk (a zombie or an
+    │                             overlapping run); the retry resumes from where it is now
+    ├── PermanentError            fail the task now, without retries; the message says what
+    │   │                         to do
+    │   ├── OffsetGapError        the range starts below the low watermark (retention)
+    │   ├── OffsetOutOfRange      the broker has no such offset, a stored offset is past
+    │   │                         the high watermark (topic recreated?), or a cursor was
+    │   │                         moved back under a slice
+    │   ├── KafkaRefused          authentication, authorisation, TLS, or a fatal client
+    │   │                         error: no retry can cure it
+    │   ├── ReconciliationError   read != inserted + duplicates + stale + dead + skipped
+    │   ├── TriggerParamsError    a trigger form / CLI range that cannot be honoured
+    │   ├── SchemaMissing         the pipelines' tables are not there: run the migrations
+    │   └── TopicMissing          a source or dead-letter topic does not exist
     └── DataError                 dead-letter the message, the batch goes on
         ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
         ├── NotAnObject           JSON that is an array, a number, a string or null
@@ -22,12 +30,16 @@ The tree decides what happens to a failure::
         ├── TooLarge              over the pipeline's max_message_bytes
         └── RejectedByDatabase    passed the contract, Postgres still refused it
 
-Bad configuration is not an IngestError: it raises ``ValueError`` when it is loaded.
+Retry policy is the class: the Airflow adapter fails at once on ``PermanentError`` and
+lets every other error propagate for Airflow's retries. Library errors are mapped onto
+this tree where the library is used: Kafka's in :mod:`kafka_ingest.clients`, psycopg's in
+:mod:`kafka_ingest.db.connection`. Bad configuration is not an IngestError: it raises
+``ValueError`` when it is loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 
 class IngestError(Exception):
@@ -36,6 +48,13 @@ class IngestError(Exception):
 
 class TransientError(IngestError):
     """Infrastructure failed; nothing was committed. Retrying later is the cure."""
+
+
+class PermanentError(IngestError):
+    """A retry cannot cure this: fail now and say what to do."""
+
+
+# --------------------------------------------------------------------------- transient
 
 
 class KafkaUnavailable(TransientError):
@@ -84,10 +103,15 @@ class CommitOutcomeUnknown(TransientError):
         )
 
 
-class FencedError(IngestError):
-    """The stored offset is not where this run expected it: another run owns the slice."""
+class FencedError(TransientError):
+    """The stored offset is not where this chunk expected it: another run moved it.
 
-    def __init__(self, pipeline: str, topic: str, partition: int, expected: int, found: int | None):
+    The chunk was rolled back. A retry resumes the slice from the offset stored now, so
+    nothing is read twice into the table and nothing is skipped.
+    """
+
+    def __init__(self, pipeline: str, topic: str, partition: int, expected: int,
+                 found: int | None) -> None:
         self.pipeline = pipeline
         self.topic = topic
         self.partition = partition
@@ -99,7 +123,10 @@ class FencedError(IngestError):
         )
 
 
-class OffsetGapError(IngestError):
+# --------------------------------------------------------------------------- permanent
+
+
+class OffsetGapError(PermanentError):
     """The planned start is below the low watermark: retention deleted unread data."""
 
     def __init__(self, topic: str, partition: int, start: int, low: int) -> None:
@@ -114,15 +141,38 @@ class OffsetGapError(IngestError):
         )
 
 
-class ReconciliationError(IngestError):
-    """The counts of a slice do not add up, or valid rows are not in the table after the
+class OffsetOutOfRange(PermanentError):
+    """An offset the partition cannot serve, or a cursor moved back under a slice."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        self.where = where
+        self.detail = detail
+        super().__init__(
+            f"{where}: {detail}; was the topic deleted and recreated, or the "
+            "offset reset by hand? Check, then set the stored offset with "
+            "`kafka-ingest reset-offsets`."
+        )
+
+
+class KafkaRefused(PermanentError):
+    """The cluster refused this client: credentials, permissions, TLS, or a fatal state."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"Kafka {operation} refused: {reason}; fix the Kafka connection's "
+                         "settings (a retry cannot cure this)")
+
+
+class ReconciliationError(PermanentError):
+    """The counts of a chunk do not add up, or valid rows are not in the table after the
     upsert: something was lost or counted twice."""
 
-    def __init__(self, partition: int, read: int, accounted: dict[str, int],
+    def __init__(self, partition: int, read: int, accounted: Mapping[str, int],
                  *, missing: int = 0) -> None:
         self.partition = partition
         self.read = read
-        self.accounted = accounted
+        self.accounted = dict(accounted)
         self.missing = missing
         parts = " + ".join(f"{k} {v}" for k, v in accounted.items())
         lost = f"; {missing} valid rows are not in the table after the upsert" if missing else ""
@@ -131,14 +181,14 @@ class ReconciliationError(IngestError):
         )
 
 
-class SchemaMissing(IngestError):
+class SchemaMissing(PermanentError):
     """A table the pipelines need does not exist in the database."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}; create the schema with `kafka-ingest migrate`")
 
 
-class TopicMissing(IngestError, ValueError):
+class TopicMissing(PermanentError, ValueError):
     """A topic the pipeline reads or writes does not exist (topics are not auto-created)."""
 
     def __init__(self, topic: str, role: str = "topic") -> None:
@@ -147,8 +197,11 @@ class TopicMissing(IngestError, ValueError):
                          "(kafka-topics.sh --create ...) or fix the pipeline's config")
 
 
-class TriggerParamsError(IngestError, ValueError):
-    """A manual run's parameters cannot be honoured; the message says what to fix."""
+class TriggerParamsError(PermanentError, ValueError):
+    """A run's parameters cannot be honoured; the message names the field and the fix."""
+
+
+# --------------------------------------------------------------------------- data
 
 
 class DataError(IngestError):
@@ -185,15 +238,6 @@ class RejectedByDatabase(DataError):
     error_class = "rejected_by_database"
 
 
-#: Errors a retry cannot cure: the task should fail at once and say why.
-PERMANENT_ERRORS: tuple[type[IngestError], ...] = (
-    OffsetGapError,
-    SchemaMissing,
-    TopicMissing,
-    ReconciliationError,
-    TriggerParamsError,
-)
-
 DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     Undecodable,
     NotAnObject,
@@ -202,48 +246,7 @@ DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     TooLarge,
     RejectedByDatabase,
 )
-
-
-def map_kafka_error(operation: str, err: Any) -> IngestError:
-    """Map a confluent-kafka ``KafkaError`` (or ``KafkaException``) onto the tree.
-
-    Every broker-side failure we meet while reading or producing is infrastructure: it is
-    raised for Airflow to retry, never dead-lettered. ``OFFSET_OUT_OF_RANGE`` is the one
-    exception: with ``auto.offset.reset=error`` it means retention deleted the range.
-    """
-    from confluent_kafka import KafkaError, KafkaException
-
-    if isinstance(err, KafkaException):
-        err = err.args[0] if err.args else err
-    if isinstance(err, KafkaError):
-        code = err.code()
-        if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
-            return KafkaUnavailable(operation, f"offset out of range ({err.str()}); "
-                                    "retention may have deleted the planned range")
-        kind = "fatal" if err.fatal() else ("retriable" if err.retriable() else "error")
-        return KafkaUnavailable(operation, f"{err.name()} [{kind}]: {err.str()}")
-    return KafkaUnavailable(operation, repr(err))
-
-
-def map_psycopg_error(operation: str, exc: BaseException) -> IngestError | None:
-    """Map a psycopg error onto the tree; ``None`` means "not ours, let it propagate".
-
-    ``psycopg.DataError`` and integrity errors on a row are data errors (the sink isolates
-    the row by bisection); connection and server-state errors are transient.
-    """
-    import psycopg
-
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return SchemaMissing(str(exc).strip().splitlines()[0])
-    # Lock and statement timeouts, and the server ending an idle or too long transaction's
-    # session (SQLSTATE 25P03, 25P04: psycopg files those under InternalError).
-    server_gave_up = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
-                      psycopg.errors.IdleInTransactionSessionTimeout,
-                      psycopg.errors.TransactionTimeout)
-    if isinstance(exc, server_gave_up):
-        return DatabaseUnavailable(operation, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
-        return RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return DatabaseUnavailable(operation, f"{type(exc).__name__}: {str(exc).strip()}")
-    return None
+#: Error classes a dead letter can carry (``data_error`` is a dead-lettered tombstone).
+KNOWN_ERROR_CLASSES: tuple[str, ...] = (
+    *(c.error_class for c in DATA_ERROR_CLASSES), DataError.error_class,
+)

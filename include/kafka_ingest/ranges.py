@@ -1,19 +1,18 @@
 """Planning bounded offset ranges: from the stored cursor, explicit offsets, or a time window.
 
 Pure functions over watermarks and stored offsets; the I/O that feeds them lives in
-:mod:`kafka_ingest.service`. Every range is half-open, ``[start, end)``.
+:mod:`kafka_ingest.planning`. Every range is half-open, ``[start, end)``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
 from kafka_ingest.config import OnOffsetGap, StartPolicy
-from kafka_ingest.errors import IngestError, OffsetGapError, TriggerParamsError
+from kafka_ingest.errors import OffsetGapError, OffsetOutOfRange, TriggerParamsError
 
 
 class Mode(StrEnum):
@@ -34,8 +33,17 @@ class OffsetRange:
     start: int
     end: int
     mode: Mode = Mode.LIVE
-    #: replay only: whether this slice advances the replay cursor.
-    advance_cursor: bool = True
+    #: Whether this slice moves its stored cursor (and so the consumer group's offset):
+    #: live slices do, backfills never, replays from the replay cursor do. Unset: live.
+    advance_cursor: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.advance_cursor is None:
+            object.__setattr__(self, "advance_cursor", self.mode is Mode.LIVE)
+
+    @property
+    def moves_cursor(self) -> bool:
+        return bool(self.advance_cursor)
 
     @property
     def size(self) -> int:
@@ -66,20 +74,6 @@ class Gap:
     low: int
 
 
-def request_key(request: Mapping[str, Any]) -> str:
-    """A stable name for a plan request: ``live`` or canonical JSON of what was asked.
-
-    Plans are pinned per (run, request): a retry of the same request finishes the same
-    slice, while the same run id asked for something else (Airflow's backfill re-running
-    a cleared scheduled run) plans anew.
-    """
-    if not request:
-        return "live"
-    canonical = {k: ({str(p): list(v) for p, v in sorted(request[k].items())}
-                     if k == "partitions" else request[k]) for k in sorted(request)}
-    return json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
-
-
 def start_offset(state: PartitionState, policy: StartPolicy) -> int:
     if state.stored is not None:
         return state.stored
@@ -87,9 +81,10 @@ def start_offset(state: PartitionState, policy: StartPolicy) -> int:
 
 
 def plan_live(topic: str, states: list[PartitionState], *, max_records: int,
-              start_policy: StartPolicy,
-              on_gap: OnOffsetGap) -> tuple[list[OffsetRange], list[Gap]]:
-    """Ranges from the stored offsets (or the start policy) to the high watermark.
+              start_policy: StartPolicy, on_gap: OnOffsetGap,
+              mode: Mode = Mode.LIVE) -> tuple[list[OffsetRange], list[Gap]]:
+    """Ranges from the stored cursor (or the start policy) to the high watermark; each
+    one moves the cursor.
 
     A start below the low watermark follows ``on_gap``: ``fail`` raises
     :class:`OffsetGapError`, ``skip`` starts at the low watermark and returns the gap so
@@ -105,14 +100,11 @@ def plan_live(topic: str, states: list[PartitionState], *, max_records: int,
             gaps.append(Gap(s.partition, start, s.low))
             start = s.low
         if start > s.high:
-            raise IngestError(
-                f"{topic}[{s.partition}]: stored offset {start} is past the high watermark "
-                f"{s.high}; was the topic deleted and recreated? Reset the stored offset "
-                "(kafka-ingest reset-offsets) after checking."
-            )
+            raise OffsetOutOfRange(f"{topic}[{s.partition}]", f"stored offset {start} is past "
+                                   f"the high watermark {s.high}")
         end = min(s.high, start + max_records)
         if end > start:
-            ranges.append(OffsetRange(topic, s.partition, start, end, Mode.LIVE))
+            ranges.append(OffsetRange(topic, s.partition, start, end, mode, True))
     return ranges, gaps
 
 

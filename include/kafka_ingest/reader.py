@@ -1,12 +1,9 @@
-"""Kafka clients and bounded reads: assign + seek, ``consume(n)``, stop by position.
+"""Bounded reads: assign + seek, ``consume(n)``, stop by position; watermarks, times, commits.
 
 No ``subscribe()`` anywhere, so no consumer-group rebalance: each task assigns exactly
 its partition at exactly its start offset and stops at the planned end. The group id is
-used only to commit offsets (after the database commit) so lag tools see them.
-
-Whatever the connection says, consumers run with ``enable.auto.commit=false``,
-``enable.auto.offset.store=false`` and ``auto.offset.reset=error``: librdkafka's defaults
-commit behind our back and silently jump to the end on a retention gap.
+used only to commit offsets (after the database commit) so lag tools see them. The
+clients come from :class:`kafka_ingest.clients.KafkaClients`.
 """
 
 from __future__ import annotations
@@ -17,75 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, TopicMissing, map_kafka_error
+from kafka_ingest.clients import map_kafka_error
+from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, TopicMissing
 
 log = logging.getLogger(__name__)
-
-FORCED_CONSUMER = {
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    "auto.offset.reset": "error",
-}
-# Defaults we choose; the connection may override them.
-CONSUMER_DEFAULTS: dict[str, Any] = {
-    # librdkafka idles 1 s once its queue is full (default 1000 ms): 166k -> 600k msg/s here.
-    "fetch.queue.backoff.ms": 10,
-    "enable.partition.eof": False,
-    # An idle fetch waits at most this long (default 500 ms): the end of a range and the
-    # watermark query behind it come back quickly.
-    "fetch.wait.max.ms": 100,
-    "socket.timeout.ms": 10_000,
-}
-FORCED_PRODUCER = {"acks": "all", "enable.idempotence": True}
-PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "message.timeout.ms": 30_000,
-                                     "compression.type": "lz4"}
-# Keys librdkafka accepts only on consumers; dropped for producers and admin clients.
-_CONSUMER_ONLY = {
-    "group.id", "group.instance.id", "auto.offset.reset", "enable.auto.commit",
-    "enable.auto.offset.store", "auto.commit.interval.ms", "fetch.queue.backoff.ms",
-    "enable.partition.eof", "isolation.level", "session.timeout.ms", "max.poll.interval.ms",
-    "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms", "queued.min.messages",
-    "queued.max.messages.kbytes", "max.partition.fetch.bytes", "partition.assignment.strategy",
-    "group.protocol", "heartbeat.interval.ms", "check.crcs", "on_commit",
-}
-_PRODUCER_ONLY = {"acks", "enable.idempotence", "linger.ms", "message.timeout.ms",
-                  "compression.type", "batch.size", "retries", "delivery.timeout.ms"}
-
-
-class KafkaClients:
-    """Builds confluent-kafka clients from one librdkafka config dict (the connection's)."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        if not config.get("bootstrap.servers"):
-            raise ValueError("the Kafka config needs 'bootstrap.servers'")
-        self.config = dict(config)
-        overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
-                      and config[k] != FORCED_CONSUMER[k]}
-        if overridden:
-            log.warning("ignoring %s from the Kafka connection: offsets are committed only "
-                        "after the database commit", overridden)
-
-    def _common(self) -> dict[str, Any]:
-        return {k: v for k, v in self.config.items()
-                if k not in _CONSUMER_ONLY and k not in _PRODUCER_ONLY}
-
-    def consumer(self, group_id: str) -> Consumer:
-        conf = {**CONSUMER_DEFAULTS, **{k: v for k, v in self.config.items()
-                                        if k not in _PRODUCER_ONLY},
-                **FORCED_CONSUMER, "group.id": group_id}
-        return Consumer(conf)
-
-    def producer(self) -> Producer:
-        conf = {**PRODUCER_DEFAULTS, **{k: v for k, v in self.config.items()
-                                        if k not in _CONSUMER_ONLY}, **FORCED_PRODUCER}
-        return Producer(conf)
-
-    def admin(self) -> AdminClient:
-        return AdminClient(self._common())
-
 
 @dataclass(frozen=True)
 class Chunk:
@@ -224,8 +158,9 @@ class _PartitionReader:
         while last + 1 < chunk_end:
             got = self.consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 10_000)),
                                         timeout=self.poll_timeout_s)
-            for m in got:
-                _raise_on_error(self.consumer, m, self.topic, self.partition, last + 1)
+            # Error events raise; an end-of-partition event is neither data nor an error.
+            got = [m for m in got
+                   if not _raise_on_error(self.consumer, m, self.topic, self.partition, last + 1)]
             inside, added, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
             batch.extend(inside)
             if cut:
@@ -247,11 +182,14 @@ class _PartitionReader:
         return batch, chunk_end
 
 
-def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, position: int) -> None:
-    """Raise for an error event; a range deleted under us is an offset gap, not a retry."""
+def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, position: int) -> bool:
+    """Raise for an error event (a range deleted under us is an offset gap, not a retry);
+    return whether ``msg`` is an end-of-partition event rather than a message."""
     err = msg.error()
-    if err is None or err.code() == KafkaError._PARTITION_EOF:
-        return
+    if err is None:
+        return False
+    if err.code() == KafkaError._PARTITION_EOF:
+        return True
     if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
         low, _ = watermarks(consumer, topic, [partition])[partition]
         if position < low:
@@ -279,7 +217,8 @@ def commit_offset(consumer: Any, topic: str, partition: int, next_offset: int,
         except KafkaException as exc:
             log.warning("Kafka commit of %s[%d]=%d failed (attempt %d/%d): %s",
                         topic, partition, next_offset, attempt, attempts, exc)
-            time.sleep(0.2 * attempt)
+            if attempt < attempts:
+                time.sleep(0.2 * attempt)
     return False
 
 

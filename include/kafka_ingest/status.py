@@ -1,8 +1,37 @@
-"""Read-only queries behind ``kafka-ingest status``: recent chunks and dead letters."""
+"""What an operator asks: how far behind is each pipeline, and what happened lately.
+
+Read-only: ``kafka-ingest lag`` and ``kafka-ingest status`` call these.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database, OffsetsRepository
+from kafka_ingest.reader import committed_offsets, partitions_of, watermarks
+
+
+def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
+    """Per partition: stored offset, Kafka group offset, watermarks and lag."""
+    consumer = clients.consumer(pipeline.group_id)
+    try:
+        parts = partitions_of(consumer, pipeline.topic)
+        marks = watermarks(consumer, pipeline.topic, parts)
+        group = committed_offsets(consumer, pipeline.topic, parts)
+    finally:
+        consumer.close()
+    with db.session() as conn:
+        stored = OffsetsRepository(conn).all(pipeline.name, pipeline.topic)
+    rows = []
+    for p in parts:
+        low, high = marks[p]
+        s = stored.get(p)
+        rows.append({"pipeline": pipeline.name, "topic": pipeline.topic, "partition": p,
+                     "stored_offset": s, "group_offset": group.get(p), "low": low,
+                     "high": high, "lag": high - (s if s is not None else low)})
+    return rows
 
 
 def status_rows(conn: Any, pipeline: str | None, *,

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from kafka_ingest.config import OnTombstone, Pipeline
-from kafka_ingest.dlq import DeadLetter
+from kafka_ingest.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.errors import (
     ContractViolation,
     DataError,
@@ -25,49 +23,27 @@ from kafka_ingest.errors import (
     Undecodable,
     UnknownVersion,
 )
+from kafka_ingest.records import (
+    MessageLike,
+    Provenance,
+    Row,
+    kafka_timestamp_ms,
+    ms_to_datetime,
+)
 
-DETAIL_MAX = 1000
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
 
 
-class MessageLike(Protocol):
-    """What validation needs of a Kafka message (confluent_kafka.Message fits)."""
-
-    def topic(self) -> str | None: ...
-    def partition(self) -> int | None: ...
-    def offset(self) -> int | None: ...
-    def key(self) -> bytes | None: ...
-    def value(self) -> bytes | None: ...
-    def timestamp(self) -> tuple[int, int]: ...
-
-
 @dataclass
 class ValidationResult:
-    """One chunk, validated. ``rows`` are target-table tuples (contract + provenance)."""
+    """One chunk, validated: rows for the target table, and dead letters with reasons."""
 
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     tombstones: int = 0
     read: int = 0
     bytes: int = 0
-
-
-#: 9999-12-31T23:59:59.999Z: past it Python (and most clients) have no date.
-MAX_TIMESTAMP_MS = 253_402_300_799_999
-
-
-def kafka_timestamp_ms(message: MessageLike) -> int | None:
-    """The message's timestamp in ms, or ``None`` when it has none or none a date can hold
-    (old brokers accept any long; a bad one must not fail the batch)."""
-    kind, ms = message.timestamp()
-    return ms if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None
-
-
-def ms_to_datetime(ms: int | None) -> datetime | None:
-    if ms is None or not 0 <= ms <= MAX_TIMESTAMP_MS:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> ValidationResult:
@@ -97,15 +73,13 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
         except ValidationError as exc:
             result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
             continue
-        ts = kafka_timestamp_ms(msg)
-        rows_append((
-            *event.sink_values(),
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
+        rows_append(Row(event.sink_values(), Provenance(
+            msg.topic() or pipeline.topic,
+            msg.partition() or 0,
+            msg.offset() or 0,
             msg.key(),
-            ms_to_datetime(ts),
-        ))
+            ms_to_datetime(kafka_timestamp_ms(msg)),
+        )))
     return result
 
 

@@ -1,13 +1,13 @@
 """A worker the crash-safety tests run as a subprocess: one ``kafka-ingest run``, then SIGKILL.
 
-It runs ``kafka_ingest.cli.run_once`` (the code path of ``kafka-ingest run`` and the DAG)
-for the pipeline named on the command line; the pipeline comes from the YAML file in
+It runs ``kafka_ingest.ingest.run_ingest`` (the code path of ``kafka-ingest run`` and the
+DAG) for the pipeline named on the command line; the pipeline comes from the YAML file in
 ``KAFKA_INGEST_PIPELINES``, Kafka from ``KAFKA_BOOTSTRAP_SERVERS``, Postgres from
 ``KAFKA_INGEST_PG_DSN``. It kills itself with SIGKILL (no cleanup, no ``finally``, like
 the OOM killer or a lost node) at the ``CHAOS_KILL_NTH``-th time it reaches
 ``CHAOS_KILL_STAGE``:
 
-- a stage of :data:`kafka_ingest.service.CHUNK_HOOK` ("validated", "upserted",
+- a stage of :data:`kafka_ingest.slices.CHUNK_HOOK` ("validated", "upserted",
   "dlq_produced", "db_committed", "kafka_committed");
 - ``copy``: in the middle of the COPY into the staging table, half the rows sent.
 
@@ -26,10 +26,10 @@ from typing import Any
 
 from psycopg import sql
 
-from kafka_ingest import service
-from kafka_ingest.cli import run_once
+from kafka_ingest import ingest, slices
+from kafka_ingest.cli import database, kafka_clients
 from kafka_ingest.config import get_pipeline
-from kafka_ingest.sink import RowsRepository
+from kafka_ingest.db import RowsRepository
 
 STAGE = os.environ["CHAOS_KILL_STAGE"]
 NTH = int(os.environ.get("CHAOS_KILL_NTH", "1"))
@@ -59,7 +59,7 @@ def _counting_produce(producer: Any, letters: Any, *args: Any, **kwargs: Any) ->
     return _real_produce(producer, letters, *args, **kwargs)
 
 
-def _copy_then_die(self: RowsRepository, rows: list[tuple[Any, ...]]) -> None:
+def _copy_then_die(self: RowsRepository, rows: list[Any]) -> None:
     """``RowsRepository._copy``, killed half way through the nth COPY."""
     _state["seen"] += 1
     if _state["seen"] != NTH:
@@ -71,11 +71,11 @@ def _copy_then_die(self: RowsRepository, rows: list[tuple[Any, ...]]) -> None:
     with self.conn.cursor().copy(stmt) as copy:
         copy.set_types(self.types)
         for row in rows[: len(rows) // 2]:
-            copy.write_row(row)
+            copy.write_row(row.columns())
         _die()
 
 
-_real_produce = service.produce_dead_letters
+_real_produce = ingest.produce_dead_letters
 _real_copy = RowsRepository._copy
 
 
@@ -83,9 +83,10 @@ def main(pipeline_name: str, run_id: str) -> int:
     if STAGE == "copy":
         RowsRepository._copy = _copy_then_die  # type: ignore[method-assign]
     else:
-        service.produce_dead_letters = _counting_produce  # type: ignore[assignment]
-        service.CHUNK_HOOK = _hook
-    summary = run_once(get_pipeline(pipeline_name), run_id=run_id)
+        ingest.produce_dead_letters = _counting_produce  # type: ignore[assignment]
+        slices.CHUNK_HOOK = _hook
+    summary = ingest.run_ingest(get_pipeline(pipeline_name), kafka_clients(), database(),
+                                run_id=run_id)
     print(f"never killed: {summary}")
     return 0
 

@@ -34,10 +34,12 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import service, stack
+from kafka_ingest import slices
+from kafka_ingest.clients import KafkaClients
 from kafka_ingest.errors import TransientError
-from kafka_ingest.reader import KafkaClients
-from kafka_ingest.samples import produce_sample
+from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.samples import produce_sample
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -138,13 +140,13 @@ def test_postgres_restarted_mid_run_is_transient_and_the_rerun_is_exact(
             worker.start()
             worker.join(120)
 
-    ranges = service.plan_run(pipeline, clients, db, run_id="pg-restart")
-    monkeypatch.setattr(service, "CHUNK_HOOK", restart_during_third_chunk)
+    ranges = plan_run(pipeline, clients, db, run_id="pg-restart")
+    monkeypatch.setattr(slices, "CHUNK_HOOK", restart_during_third_chunk)
     with pytest.raises(TransientError):
         for rng in ranges:
-            service.ingest_range(pipeline, rng, clients, db, run_id="pg-restart")
+            ingest_range(pipeline, rng, clients, db, run_id="pg-restart")
     assert restarted == [None]
-    monkeypatch.setattr(service, "CHUNK_HOOK", None)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", None)
     stored = stored_offsets(pg_dsn, pipeline)
     assert stored[ranges[0].partition] == ranges[0].start + 2 * 200  # two chunks committed
 

@@ -29,8 +29,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import parse_pipelines
-from kafka_ingest.demo import _airflow_bin
-from kafka_ingest.samples import make_event
+from kafka_ingest_dev.demo import _airflow_bin
+from kafka_ingest_dev.samples import make_event
 from tests.conftest import dag_env
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.demo import run_dag
-from kafka_ingest.service import ingest_range, plan_run
+from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest_dev.demo import run_dag
 from tests.conftest import dag_env, last_task_state
 
 pytestmark = pytest.mark.integration
@@ -119,7 +119,7 @@ def test_airflow_backfill_runs_of_the_ingest_dag_get_adjacent_time_windows(
     from airflow.timetables.base import TimeRestriction
     from airflow.timetables.interval import CronDataIntervalTimetable as CoreTimetable
 
-    from kafka_ingest.service import request_from_params
+    from kafka_ingest.requests import TimeWindow, ingest_request
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dags"))
     import ingest_dags
@@ -134,7 +134,8 @@ def test_airflow_backfill_runs_of_the_ingest_dag_get_adjacent_time_windows(
     second = timetable.next_dagrun_info(last_automated_data_interval=first.data_interval,
                                         restriction=TimeRestriction(start, None, True))
     assert second is not None
-    windows = [request_from_params({}, run_type="backfill", now=pendulum.now("UTC"),
-                                   interval=(i.data_interval.start, i.data_interval.end))
+    windows = [ingest_request({}, run_type="backfill", now=pendulum.now("UTC"),
+                              interval=(i.data_interval.start, i.data_interval.end))
                for i in (first, second)]
-    assert windows[0]["to_ms"] == windows[1]["from_ms"] > windows[0]["from_ms"]
+    assert all(isinstance(w, TimeWindow) for w in windows)
+    assert windows[0].to_ms == windows[1].from_ms > windows[0].from_ms  # type: ignore[union-attr]

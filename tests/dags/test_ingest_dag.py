@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from kafka_ingest.demo import run_dag
-from kafka_ingest.samples import produce_sample
+from kafka_ingest_dev.demo import run_dag
+from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import dag_env, last_task_state
 
 DAG_ID = "telemetry_metrics_ingest"

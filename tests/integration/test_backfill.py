@@ -12,13 +12,22 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
 from kafka_ingest.errors import TriggerParamsError
-from kafka_ingest.service import ingest_range, plan_run, summarize
+from kafka_ingest.ingest import ingest_range, plan_run, summarize
+from kafka_ingest.requests import (
+    OffsetWindow,
+    RangeRequest,
+    TimeWindow,
+    ingest_request,
+)
+from tests.conftest import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +58,7 @@ def produce_timed(clients: Any, topic: str, t0_ms: int, *, tag: str) -> dict[str
 
 
 def run(pipeline: Pipeline, clients: Any, db: Any,
-        request: dict[str, Any] | None = None) -> dict[str, Any]:
+        request: RangeRequest | None = None) -> dict[str, Any]:
     run_id = f"test__{uuid.uuid4().hex[:8]}"
     ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
     return summarize(ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict()
@@ -100,9 +109,9 @@ def test_backfills_over_ingested_ranges_add_nothing(ingested: tuple[Pipeline, di
     before, offsets = rows(db), stored(db, pipeline)
     whole = {p: (0, PER_PARTITION) for p in range(PARTITIONS)}
 
-    by_offsets = run(pipeline, clients, db, {"partitions": whole})
+    by_offsets = run(pipeline, clients, db, OffsetWindow(partitions=whole))
     t_min, t_max = min(stamps.values()), max(stamps.values())
-    by_time = run(pipeline, clients, db, {"from_ms": t_min, "to_ms": t_max + 1})
+    by_time = run(pipeline, clients, db, TimeWindow(from_ms=t_min, to_ms=t_max + 1))
 
     for summary in (by_offsets, by_time):
         assert summary["read"] == PARTITIONS * PER_PARTITION
@@ -121,7 +130,7 @@ def test_backfill_brings_back_exactly_the_deleted_rows(
         conn.commit()
     # Partitions 0 and 1 only: what was deleted from partition 2 stays deleted.
     summary = run(pipeline, clients, db,
-                  {"partitions": {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}})
+                  OffsetWindow(partitions={0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}))
 
     back = {e for e in gone if before[e][0] in (0, 1)}
     assert summary["inserted"] == len(back)
@@ -143,7 +152,7 @@ def test_a_run_id_reused_for_a_backfill_plans_the_backfill(
         conn.execute("DELETE FROM telemetry_metrics")
         conn.commit()
 
-    window = {"from_ms": min(stamps.values()), "to_ms": max(stamps.values()) + 1}
+    window = TimeWindow(from_ms=min(stamps.values()), to_ms=max(stamps.values()) + 1)
     again = plan_run(pipeline, clients, db, run_id=run_id, request=window)
     assert {(r.partition, r.start, r.end, str(r.mode)) for r in again} == {
         (p, 0, PER_PARTITION, "backfill") for p in range(PARTITIONS)}
@@ -163,8 +172,8 @@ def test_adjacent_time_windows_cover_a_range_exactly_once(
     t1 = t0 + 5 * STEP_MS  # exactly the timestamp of the 6th message of each partition
     t2 = t0 + PER_PARTITION * STEP_MS
 
-    first = run(pipeline, clients, db, {"from_ms": t0, "to_ms": t1})
-    second = run(pipeline, clients, db, {"from_ms": t1, "to_ms": t2})
+    first = run(pipeline, clients, db, TimeWindow(from_ms=t0, to_ms=t1))
+    second = run(pipeline, clients, db, TimeWindow(from_ms=t1, to_ms=t2))
 
     expect_first = {e for e, ts in stamps.items() if ts < t1}
     assert first["inserted"] == len(expect_first) == 5 * PARTITIONS
@@ -180,15 +189,24 @@ def test_adjacent_time_windows_cover_a_range_exactly_once(
 
 def test_cli_backfill_by_time_and_offsets(ingested: tuple[Pipeline, dict[str, int]],
                                           pg_dsn: str, db: Any,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from kafka_ingest.replay_cli import backfill_once
-
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
     pipeline, stamps = ingested
     monkeypatch.setenv("KAFKA_INGEST_PG_DSN", pg_dsn)
+    monkeypatch.setenv("KAFKA_INGEST_PIPELINES",
+                       str(write_pipelines_file(tmp_path / "p.yaml", pipeline)))
     offsets = stored(db, pipeline)
-    by_time = backfill_once(pipeline, {"from": iso(min(stamps.values())),
-                                       "to": iso(max(stamps.values()) + 1)})
-    by_offsets = backfill_once(pipeline, {"partitions": {"1": [3, 9]}})
+
+    def backfill(*args: str) -> dict[str, Any]:
+        capsys.readouterr()
+        assert main(["backfill", pipeline.name, *args]) == 0
+        out: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return out
+
+    by_time = backfill("--from", iso(min(stamps.values())),
+                       "--to", iso(max(stamps.values()) + 1))
+    by_offsets = backfill("--partition", "1", "--from-offset", "3", "--to-offset", "9")
 
     assert (by_time["read"], by_time["inserted"]) == (len(stamps), 0)
     assert (by_offsets["read"], by_offsets["inserted"], by_offsets["partitions"]) == (6, 0, 1)
@@ -204,11 +222,8 @@ def test_cli_backfill_by_time_and_offsets(ingested: tuple[Pipeline, dict[str, in
 def test_backfill_ranges_the_topic_cannot_honour(
         produced: tuple[Pipeline, dict[str, int]], clients: Any, db: Any,
         partitions: dict[str, list[int]], message: str) -> None:
-    from kafka_ingest.service import request_from_params
-
     pipeline, _ = produced
-    request = request_from_params({"partitions": partitions}, run_type="manual",
-                                  interval=None, now=datetime.now(tz=UTC))
+    request = ingest_request({"partitions": partitions}, now=datetime.now(tz=UTC))
     with pytest.raises(TriggerParamsError, match=message):
         plan_run(pipeline, clients, db, run_id=f"bad__{uuid.uuid4().hex[:6]}", request=request)
     with db.session() as conn:  # failed while planning: nothing pinned, nothing read

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from kafka_ingest.samples import produce_sample
+from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 
 pytestmark = pytest.mark.integration

@@ -33,6 +33,7 @@ from helpers_ingest import (
     total,
 )
 
+from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap
 from kafka_ingest.errors import (
     DeliveryFailed,
@@ -41,9 +42,9 @@ from kafka_ingest.errors import (
     TopicMissing,
     TransientError,
 )
-from kafka_ingest.reader import KafkaClients
-from kafka_ingest.samples import produce_sample, sample_stream
-from kafka_ingest.service import ingest_range, plan_run
+from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.requests import OffsetWindow
+from kafka_ingest_dev.samples import produce_sample, sample_stream
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ def test_one_run_lands_every_valid_event_once_and_dead_letters_every_poison(
 
     # An explicit range over ingested offsets adds no row and leaves the stored offset.
     end = highs(clients, pipeline.topic)
-    request = {"partitions": {str(p): [0, hi] for p, hi in end.items()}}
+    request = OffsetWindow(partitions={p: (0, hi) for p, hi in end.items()})
     again = run(pipeline, clients, db, request=request)
     assert {r.mode for r in again} == {"backfill"}
     assert total(again, "read") == sample["produced"]

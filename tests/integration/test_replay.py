@@ -13,19 +13,29 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
+from kafka_ingest.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.reader import watermarks
 from kafka_ingest.replay import (
-    ReplayFilters,
     plan_replay,
     replay_range,
     summarize_replay,
 )
-from kafka_ingest.service import ingest_range, plan_run, summarize
+from kafka_ingest.requests import (
+    LiveRun,
+    OffsetWindow,
+    RangeRequest,
+    ReplayFilters,
+    ReplayRequest,
+    TimeWindow,
+)
+from tests.conftest import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +75,11 @@ def ingest_all(pipeline: Pipeline, clients: Any, db: Any) -> dict[str, Any]:
 
 
 def replay(pipeline: Pipeline, clients: Any, db: Any, *, dry_run: bool = False,
-           request: dict[str, Any] | None = None,
+           request: RangeRequest | None = None,
            filters: ReplayFilters | None = None) -> dict[str, Any]:
     run_id = f"replay__{uuid.uuid4().hex[:8]}"
-    ranges = plan_replay(pipeline, clients, db, run_id=run_id, request=request,
-                         dry_run=dry_run)
+    asked = ReplayRequest(request or LiveRun(), dry_run, filters or ReplayFilters())
+    ranges = plan_replay(pipeline, clients, db, run_id=run_id, request=asked)
     return summarize_replay(replay_range(pipeline, r, clients, db, run_id=run_id,
                                          dry_run=dry_run, filters=filters).to_dict()
                             for r in ranges)
@@ -141,8 +151,8 @@ def test_dry_run_reports_the_counts_and_writes_nothing(story: dict[str, Any], cl
     assert summary["inserted"] == V2
     # A time window over the DLQ (its records carry the original timestamps): same counts.
     window = replay(story["v2"], clients, db, dry_run=True,
-                    request={"from_ms": story["produced_ms"] - 60_000,
-                             "to_ms": int(time.time() * 1000)})
+                    request=TimeWindow(from_ms=story["produced_ms"] - 60_000,
+                                       to_ms=int(time.time() * 1000)))
     assert window["outcomes"] == summary["outcomes"]
     assert table_rows(db) == story["rows"]
     assert letters(db) == story["parked"]
@@ -181,8 +191,8 @@ def test_replay_recovers_exactly_the_fixed_class(story: dict[str, Any], clients:
     assert table_rows(db) == rows and letters(db) == state
 
     # Again over the whole DLQ by offsets: recovered ones are skipped, no row is added.
-    whole = {str(p): [low, high] for p, (low, high) in marks.items() if high > low}
-    explicit = replay(v2, clients, db, request={"partitions": whole})
+    whole = {p: (low, high) for p, (low, high) in marks.items() if high > low}
+    explicit = replay(v2, clients, db, request=OffsetWindow(partitions=whole))
     assert explicit["outcomes"] == {"recovered": 0, "still_parked": NAN,
                                     "already_recovered": V2, "filtered_out": 0}
     assert table_rows(db) == rows
@@ -218,11 +228,16 @@ def test_filters_replay_only_what_matches_and_keep_the_cursor(story: dict[str, A
 
 
 def test_cli_replay_is_the_same_code_path(story: dict[str, Any], pg_dsn: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from kafka_ingest.replay_cli import replay_once
-
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    pipeline = story["v2"]
     monkeypatch.setenv("KAFKA_INGEST_PG_DSN", pg_dsn)
-    summary = replay_once(story["v2"], {"error_classes": ["unknown_version"]})
+    monkeypatch.setenv("KAFKA_INGEST_PIPELINES",
+                       str(write_pipelines_file(tmp_path / "p.yaml", pipeline)))
+    capsys.readouterr()
+    assert main(["replay-dlq", pipeline.name, "--error-class", "unknown_version"]) == 0
+    summary = json.loads(capsys.readouterr().out)
     assert summary["outcomes"] == {"recovered": V2, "still_parked": 0,
                                    "already_recovered": 0, "filtered_out": NAN}
     assert summary["filters"]["error_classes"] == ["unknown_version"]

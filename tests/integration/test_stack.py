@@ -2,8 +2,8 @@
 
 These tests are the contract the other integration, DAG and chaos tests rely on: ``up`` is
 idempotent, Kafka keeps acknowledged messages across a restart, Postgres accepts the
-role, and ``down`` leaves no process behind. The ``down`` test runs last and brings the
-stack back up, so later modules still find it running.
+role, and ``down`` leaves no process behind (shown on an independent stack of its own, so
+no test depends on the order tests run in).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ingest import stack
+from kafka_ingest_dev import stack
 
 pytestmark = pytest.mark.integration
 
@@ -212,8 +212,10 @@ def _free_port() -> int:
     return port
 
 
-def test_cold_up_in_a_fresh_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second, independent stack from nothing (the jar cache stays warm): timings only.
+def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second, independent stack from nothing (the jar cache stays warm), on its own
+    ports and state dir, so stopping it never touches the stack other tests share.
 
     The state dir is a mkdtemp directly under /tmp, not pytest's tmp_path: as root the
     ``postgres`` user must traverse every parent, and tmp_path's parents are private.
@@ -222,6 +224,7 @@ def test_cold_up_in_a_fresh_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(state))
     for name in ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT"):
         monkeypatch.setenv(name, str(_free_port()))
+    pids: dict[str, int | None] = {}
     try:
         started = time.monotonic()
         env = stack.up(report=print)
@@ -232,8 +235,12 @@ def test_cold_up_in_a_fresh_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
         print(f"\nfresh state dir: cold up {cold:.2f} s, warm up {warm:.3f} s")
         assert env["KAFKA_INGEST_STATE_DIR"] == str(state)
         assert all(part.up for part in stack.status())
+        pids = _pids()
+        assert all(pid is not None for pid in pids.values()), pids
     finally:
         stack.down()
+        still_running = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
+        assert still_running == {}
         assert not any(part.up for part in stack.status())
         shutil.rmtree(state)
 
@@ -249,16 +256,3 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def test_down_leaves_no_process_then_up_again(stack_env: dict[str, str]) -> None:
-    """Last in the module: stops everything, then restores the stack for later modules."""
-    pids = _pids()
-    assert all(pid is not None for pid in pids.values()), pids
-    try:
-        stack.down()
-        still_running = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
-        assert still_running == {}
-        assert not any(part.up for part in stack.status())
-    finally:
-        stack.up()

@@ -26,7 +26,9 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import service
+from kafka_ingest import slices
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.db import Database, OffsetsRepository, UnitOfWork, lock_partition
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -34,9 +36,10 @@ from kafka_ingest.errors import (
     FencedError,
     TransientError,
 )
-from kafka_ingest.reader import KafkaClients
-from kafka_ingest.service import RangeReport, ingest_range, plan_run
-from kafka_ingest.sink import Database, OffsetsRepository, UnitOfWork, lock_partition
+from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.records import Provenance, Row
+from kafka_ingest.requests import OffsetWindow
+from kafka_ingest.slices import SliceReport
 
 pytestmark = pytest.mark.integration
 
@@ -47,10 +50,10 @@ class Boom(Exception):
     """Stands for any failure inside the transaction."""
 
 
-def _rows(n: int, *, start: int = 0) -> list[tuple[Any, ...]]:
-    """Target-table tuples (contract columns + provenance) for ``telemetry_metrics``."""
+def _rows(n: int, *, start: int = 0) -> list[Row]:
+    """Rows (contract columns + provenance) for ``telemetry_metrics``."""
     ts = datetime(2026, 1, 1, tzinfo=UTC)
-    return [(f"u-{i}", "d1", ts, float(i), "OK", None, TOPIC, 0, i, b"k", ts)
+    return [Row((f"u-{i}", "d1", ts, float(i), "OK", None), Provenance(TOPIC, 0, i, b"k", ts))
             for i in range(start, start + n)]
 
 
@@ -119,7 +122,7 @@ def test_compare_and_set_fences_a_zombie(conn: Any, pipeline: Any, pg_dsn: str) 
     assert _stored(pg_dsn, pipeline) == 5
 
 
-# --------------------------------------------------------------------------- service level
+# --------------------------------------------------------------------------- slice level
 
 
 def _produce_events(clients: KafkaClients, pipeline: Any, n: int,
@@ -146,14 +149,14 @@ def test_a_rerun_resumes_from_the_stored_offset(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _produce_events(clients, pipeline, 250)
     (rng,) = plan_run(pipeline, clients, db, run_id="resume")
-    monkeypatch.setattr(service, "CHUNK_HOOK", _fail_at("upserted", 2))
+    monkeypatch.setattr(slices, "CHUNK_HOOK", _fail_at("upserted", 2))
     with pytest.raises(Boom):
         ingest_range(pipeline, rng, clients, db, run_id="resume")
     assert stored_offsets(pg_dsn, pipeline) == {0: 100}
     assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(f"s-{i}" for i in range(100))
     assert group_offsets(clients, pipeline) == {0: 100}
 
-    monkeypatch.setattr(service, "CHUNK_HOOK", None)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", None)
     (again,) = plan_run(pipeline, clients, db, run_id="resume")
     assert again == rng  # the pinned slice, not a new plan
     report = ingest_range(pipeline, again, clients, db, run_id="resume")
@@ -188,7 +191,7 @@ def test_a_zombie_run_is_fenced_by_the_stored_offset(
             with psycopg.connect(pg_dsn) as other:
                 OffsetsRepository(other).advance(pipeline.name, pipeline.topic, 0, 0, 100)
 
-    monkeypatch.setattr(service, "CHUNK_HOOK", another_run_commits_first)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", another_run_commits_first)
     with pytest.raises(FencedError) as fenced:
         ingest_range(pipeline, rng, clients, db, run_id="zombie")
     assert (fenced.value.expected, fenced.value.found) == (0, 100)
@@ -221,11 +224,11 @@ def _pause_first_chunk(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event
             holding.set()
             assert release.wait(60)
 
-    monkeypatch.setattr(service, "CHUNK_HOOK", hold)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", hold)
     return holding, release
 
 
-def _ingest_in_thread(results: dict[str, RangeReport | BaseException], name: str,
+def _ingest_in_thread(results: dict[str, SliceReport | BaseException], name: str,
                       *args: Any) -> threading.Thread:
     """``ingest_range(*args, run_id=name)`` in a thread; its report or error in results."""
     def target() -> None:
@@ -244,7 +247,7 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _produce_events(clients, pipeline, 150)
     (rng,) = plan_run(pipeline, clients, db, run_id="locked")
-    results: dict[str, RangeReport | BaseException] = {}
+    results: dict[str, SliceReport | BaseException] = {}
     # Only the run holding the lock can reach "upserted": the first one, held there.
     holding, release = _pause_first_chunk(monkeypatch)
     holder = _ingest_in_thread(results, "first", pipeline, rng, clients, db)
@@ -262,7 +265,7 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
     holder.join(60)
     waiter.join(60)
     done, later = results["first"], results["second"]
-    assert isinstance(done, RangeReport) and isinstance(later, RangeReport), results
+    assert isinstance(done, SliceReport) and isinstance(later, SliceReport), results
     assert (done.read, done.inserted) == (150, 150)
     assert (later.resumed_from, later.read) == (150, 0)
     assert len(table_ids(pg_dsn, pipeline.table)) == 150
@@ -275,8 +278,8 @@ def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
     _produce_events(clients, pipeline, 150)
     (live,) = plan_run(pipeline, clients, db, run_id="live")
     (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
-                           request={"partitions": {0: (0, 150)}})
-    results: dict[str, RangeReport | BaseException] = {}
+                           request=OffsetWindow(partitions={0: (0, 150)}))
+    results: dict[str, SliceReport | BaseException] = {}
     holding, release = _pause_first_chunk(monkeypatch)
     holder = _ingest_in_thread(results, "live", pipeline, live, clients, db)
     assert holding.wait(30)
@@ -293,7 +296,7 @@ def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
     holder.join(60)
     waiter.join(60)
     done, later = results["live"], results["backfill"]
-    assert isinstance(done, RangeReport) and isinstance(later, RangeReport), results
+    assert isinstance(done, SliceReport) and isinstance(later, SliceReport), results
     assert (done.read, done.inserted) == (150, 150)
     assert (later.read, later.inserted, later.duplicates) == (150, 0, 150)
     # moved by the live slice only
@@ -357,8 +360,8 @@ def test_a_backfill_chunk_holds_the_partition_until_its_commit(
     # transaction of its own that commits (and releases it) at once.
     _produce_events(clients, pipeline, 50)
     (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
-                           request={"partitions": {0: (0, 50)}})
-    results: dict[str, RangeReport | BaseException] = {}
+                           request=OffsetWindow(partitions={0: (0, 50)}))
+    results: dict[str, SliceReport | BaseException] = {}
     holding, release = _pause_first_chunk(monkeypatch)
     worker = _ingest_in_thread(results, "backfill", pipeline, backfill, clients, db)
     assert holding.wait(30)
@@ -370,4 +373,4 @@ def test_a_backfill_chunk_holds_the_partition_until_its_commit(
         worker.join(60)
     with psycopg.connect(pg_dsn) as other:
         lock_partition(other, pipeline.name, 0, timeout_s=5)  # free after the commit
-    assert isinstance(results["backfill"], RangeReport), results
+    assert isinstance(results["backfill"], SliceReport), results

@@ -1,6 +1,6 @@
 """Trigger forms and CLI arguments: every bad form fails with a message saying what to fix.
 
-These are the functions the first task of each DAG calls (``request_from_params`` for the
+These are the functions the first task of each DAG calls (``ingest_request`` for the
 ingest DAG, ``replay_request`` for the replay DAG) and the CLI calls before connecting to
 anything, so no service is needed. A partition the topic lacks needs the broker to be
 found: that case is in tests/integration/test_backfill.py and tests/dags.
@@ -17,30 +17,40 @@ import pytest
 
 from kafka_ingest.cli import main
 from kafka_ingest.dlq import DeadLetter
-from kafka_ingest.errors import TriggerParamsError
-from kafka_ingest.replay import KNOWN_ERROR_CLASSES, ReplayFilters, replay_request
-from kafka_ingest.service import request_from_params
+from kafka_ingest.errors import KNOWN_ERROR_CLASSES, TriggerParamsError
+from kafka_ingest.requests import (
+    LiveRun,
+    OffsetWindow,
+    RangeRequest,
+    ReplayFilters,
+    TimeWindow,
+    ingest_request,
+    replay_request,
+)
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 T0, T1 = "2026-05-01T00:00:00Z", "2026-05-02T00:00:00Z"
 MS0, MS1 = 1_777_593_600_000, 1_777_680_000_000
 
 
-def manual(params: dict[str, Any]) -> dict[str, Any]:
-    return request_from_params(params, run_type="manual", interval=None, now=NOW)
+def manual(params: dict[str, Any]) -> RangeRequest:
+    return ingest_request(params, run_type="manual", interval=None, now=NOW)
 
 
 @pytest.mark.parametrize(("params", "expected"), [
     # no range: a live run
-    ({}, {}),
-    ({"partitions": {}, "from": None, "to": None}, {}),
+    ({}, LiveRun()),
+    ({"partitions": {}, "from": None, "to": None}, LiveRun()),
+    # a cleared form field arrives as null: still a live run
+    ({"partitions": None, "from": None, "to": None}, LiveRun()),
     # offsets; keys arrive as strings from JSON
-    ({"partitions": {"0": [0, 10], "2": [5, 5]}}, {"partitions": {0: (0, 10), 2: (5, 5)}}),
+    ({"partitions": {"0": [0, 10], "2": [5, 5]}},
+     OffsetWindow(partitions={0: (0, 10), 2: (5, 5)})),
     # time, ISO-8601 with Z or an explicit offset
-    ({"from": T0, "to": T1}, {"from_ms": MS0, "to_ms": MS1}),
-    ({"from": "2026-05-01T02:00:00+02:00", "to": T1}, {"from_ms": MS0, "to_ms": MS1}),
+    ({"from": T0, "to": T1}, TimeWindow(from_ms=MS0, to_ms=MS1)),
+    ({"from": "2026-05-01T02:00:00+02:00", "to": T1}, TimeWindow(from_ms=MS0, to_ms=MS1)),
 ])
-def test_good_forms(params: dict[str, Any], expected: dict[str, Any]) -> None:
+def test_good_forms(params: dict[str, Any], expected: RangeRequest) -> None:
     assert manual(params) == expected
 
 
@@ -90,13 +100,13 @@ def _escaped(text: str) -> str:
 
 def test_airflow_backfill_runs_map_their_data_interval_by_time() -> None:
     start, end = datetime(2026, 5, 1, tzinfo=UTC), datetime(2026, 5, 2, tzinfo=UTC)
-    request = request_from_params({}, run_type="backfill", interval=(start, end), now=NOW)
-    assert request == {"from_ms": MS0, "to_ms": MS1}
+    request = ingest_request({}, run_type="backfill", interval=(start, end), now=NOW)
+    assert request == TimeWindow(from_ms=MS0, to_ms=MS1)
     # A manual run's interval is a point: it never turns into a backfill by itself.
-    assert request_from_params({}, run_type="manual", interval=(start, start), now=NOW) == {}
+    assert ingest_request({}, run_type="manual", interval=(start, start), now=NOW) == LiveRun()
     with pytest.raises(TriggerParamsError, match="is in the future"):
-        request_from_params({}, run_type="backfill",
-                            interval=(NOW, NOW + timedelta(hours=1)), now=NOW)
+        ingest_request({}, run_type="backfill", interval=(NOW, NOW + timedelta(hours=1)),
+                       now=NOW)
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -12,8 +12,8 @@ import pytest
 from kafka_ingest.config import OnTombstone, Pipeline
 from kafka_ingest.dlq import DeadLetter, ReplayedMessage
 from kafka_ingest.errors import DataError
-from kafka_ingest.samples import make_event, poison_pills
 from kafka_ingest.validate import DETAIL_MAX, validate_chunk
+from kafka_ingest_dev.samples import make_event, poison_pills
 
 PIPELINES = ["telemetry_metrics", "orders_created"]
 MAX_BYTES = 4096
@@ -35,7 +35,7 @@ def test_every_poison_pill_gets_its_expected_error_class(
     result = validate_chunk(msgs, pipeline)
 
     dead_by_offset = {d.source_offset: d for d in result.dead}
-    row_offsets = {row[-3] for row in result.rows}
+    row_offsets = {row.source.offset for row in result.rows}
     for i, sample in enumerate(pills):
         offset = 100 + i
         if sample.expect == "row":
@@ -107,7 +107,7 @@ def test_rows_carry_provenance(shipped: dict[str, Pipeline], message: Any) -> No
 
     assert result.dead == []
     assert (result.read, result.bytes) == (2, len(value) + len(no_ts.value()))
-    row = result.rows[0]
+    row = result.rows[0].columns()  # the table row, in COPY order
     assert len(row) == len(pipeline.model.SINK_COLUMNS) + 5
     assert row[: len(pipeline.model.SINK_COLUMNS)] == pipeline.model.model_validate_json(
         value).sink_values()
@@ -115,7 +115,7 @@ def test_rows_carry_provenance(shipped: dict[str, Pipeline], message: Any) -> No
     assert (topic, partition, offset, key) == ("pedidos-criados", 4, 987, b"customer-1")
     assert kafka_ts == datetime(2026, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
     assert kafka_ts.tzinfo is not None
-    assert result.rows[1][-1] is None  # no broker timestamp: NULL, not the epoch
+    assert result.rows[1].source.timestamp is None  # no broker timestamp: NULL, not the epoch
 
 
 def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipeline]) -> None:
@@ -129,7 +129,7 @@ def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipel
                    "metric_event.v2", pipeline.dlq_topic),
     ]
     result = validate_chunk([ReplayedMessage(d) for d in letters], pipeline)
-    assert [r[-5:] for r in result.rows] == [
+    assert [tuple(r.source) for r in result.rows] == [
         ("telemetry-metrics", 1, 10, b"k", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC))]
     assert [(d.source, d.error_class, d.timestamp_ms) for d in result.dead] == [
         (("telemetry-metrics", 1, 11), "not_an_object", None)]
@@ -151,5 +151,5 @@ def test_a_timestamp_no_date_can_hold_is_null_not_a_failed_batch(
 
     result = validate_chunk([good, bad], pipeline)
 
-    assert len(result.rows) == 1 and result.rows[0][-1] is None
+    assert len(result.rows) == 1 and result.rows[0].source.timestamp is None
     assert [d.timestamp_ms for d in result.dead] == [None]

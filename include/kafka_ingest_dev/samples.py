@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic
-
+from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
-from kafka_ingest.reader import KafkaClients
+from kafka_ingest.topics import ensure_topics
 
 
 @dataclass(frozen=True)
@@ -149,24 +147,6 @@ def sample_stream(pipeline: Pipeline, count: int, poison_rounds: int, *, tag: st
         if pills and i % every == 0:
             yield pills.pop()
     yield from pills
-
-
-def ensure_topics(clients: KafkaClients, topics: dict[str, int], *,
-                  timeout_s: float = 30.0) -> list[str]:
-    """Create the missing topics (name -> partitions); return the ones created."""
-    admin = clients.admin()
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
-    wanted = [NewTopic(t, num_partitions=n, replication_factor=1)
-              for t, n in topics.items() if t not in existing]
-    if not wanted:
-        return []
-    for future in admin.create_topics(wanted, operation_timeout=timeout_s).values():
-        try:
-            future.result(timeout_s)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
-    return [t.topic for t in wanted]
 
 
 def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poison: int,

@@ -1,4 +1,4 @@
-"""The service layer's pure parts: reconciliation and the run summary."""
+"""Ingest's pure parts: reconciliation of a chunk's counts and the run summary."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from typing import Any
 import pytest
 
 from kafka_ingest.errors import IngestError, ReconciliationError
-from kafka_ingest.service import RangeReport, reconcile, summarize
+from kafka_ingest.ingest import reconcile, summarize
+from kafka_ingest.records import ChunkCounts
+from kafka_ingest.slices import SliceReport
 
 COUNTS = {"inserted": 6, "duplicates": 2, "stale": 1, "dead_lettered": 3, "tombstones": 1}
 
 
 def test_reconcile_passes_when_every_message_is_accounted_for() -> None:
-    reconcile(4, 13, COUNTS)
-    reconcile(0, 0, dict.fromkeys(COUNTS, 0))
+    reconcile(4, ChunkCounts(read=13, **COUNTS))
+    reconcile(0, ChunkCounts())
 
 
 @pytest.mark.parametrize(
@@ -26,7 +28,7 @@ def test_reconcile_passes_when_every_message_is_accounted_for() -> None:
 )
 def test_reconcile_raises_naming_the_counts(read: int) -> None:
     with pytest.raises(ReconciliationError) as info:
-        reconcile(4, read, COUNTS)
+        reconcile(4, ChunkCounts(read=read, **COUNTS))
     err = info.value
     assert isinstance(err, IngestError)
     assert (err.partition, err.read, err.accounted) == (4, read, COUNTS)
@@ -35,7 +37,7 @@ def test_reconcile_raises_naming_the_counts(read: int) -> None:
 
 
 def report(partition: int, **counts: Any) -> dict[str, Any]:
-    return RangeReport("p", "t", partition, 0, 10, "live", **counts).to_dict()
+    return SliceReport("p", "t", partition, 0, 10, "live", **counts).to_dict()
 
 
 def test_summarize_sums_the_mapped_results() -> None:

@@ -17,9 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kafka_ingest import stack
+from psycopg import sql
+
+from kafka_ingest.cli import database, kafka_clients, new_run_id, print_table
 from kafka_ingest.config import get_pipeline
-from kafka_ingest.sink import Database, migrate
+from kafka_ingest.db import Database, migrate
+from kafka_ingest.ingest import run_ingest
+from kafka_ingest.status import lag
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.samples import produce_sample
 
 _NOT_DEAD = {"row", "duplicate", "tombstone"}
 
@@ -44,7 +50,8 @@ def run_dag(dag_id: str, env: dict[str, str], *, conf: dict[str, Any] | None = N
 
 def _counts(db: Database, table: str, pipeline: str) -> dict[str, Any]:
     with db.session() as conn:
-        row = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+            sql.Identifier(table))).fetchone()
         dead = conn.execute(
             "SELECT error_class, count(*) FROM dead_letters WHERE pipeline = %s"
             " GROUP BY 1 ORDER BY 2 DESC, 1", (pipeline,),
@@ -53,9 +60,6 @@ def _counts(db: Database, table: str, pipeline: str) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kafka_ingest.cli import cmd_lag, kafka_clients, run_once
-    from kafka_ingest.samples import produce_sample
-
     t0 = time.monotonic()
     print("1/5 starting the local stack (Kafka, Postgres, Airflow metadata DB) ...")
     env = stack.up()
@@ -72,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     dag_id = f"{pipeline.name}_ingest"
     if args.cli:
         print("4/5 running one micro-batch with `kafka-ingest run` ...")
-        summary = run_once(pipeline)
+        summary = run_ingest(pipeline, kafka_clients(), database(), run_id=new_run_id("cli"))
         print(json.dumps(summary, indent=2, default=str))
     else:
         log_file = Path(env["KAFKA_INGEST_STATE_DIR"]) / f"demo-{dag_id}.log"
@@ -84,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         for line in (proc.stdout + proc.stderr).splitlines():
             if " live: read " in line or f"{pipeline.name}: {{" in line:
-                text = line.split("[kafka_ingest.service]")[0]
+                text = line.split("[kafka_ingest.slices]")[0]
                 print("   ", text[text.find(pipeline.name):].strip()[:240])
     after = _counts(db, pipeline.table, pipeline.name)
     print("5/5 summary")
@@ -98,6 +102,6 @@ def main(args: argparse.Namespace) -> int:
           f"(expected: { {k: v for k, v in sample['expect'].items() if k not in _NOT_DEAD} })")
     print(f"    dead-letter topic: {pipeline.dlq_topic}")
     print("    lag per partition:")
-    cmd_lag(argparse.Namespace(pipeline=pipeline.name))
+    print_table(lag(pipeline, kafka_clients(), database()))
     print(f"done in {time.monotonic() - t0:.1f}s. Try: kafka-ingest status {pipeline.name}")
     return 0

@@ -1,5 +1,8 @@
 """The real local stack: Apache Kafka (KRaft), PostgreSQL and Airflow's metadata database.
 
+Development tooling: the runtime package ``kafka_ingest`` never imports this module; only
+``kafka-ingest stack ...``, the demo and the tests know the local stack.
+
 ``kafka-ingest stack up`` runs the same software a deployment runs, without Docker, on
 loopback only, so integration, DAG and chaos tests exercise real brokers and a real
 database rather than fakes:
@@ -156,7 +159,7 @@ class Settings:
 
 
 def repo_root() -> Path | None:
-    """The checkout this package sits in (``include/kafka_ingest`` -> repo), if any."""
+    """The checkout this package sits in (``include/kafka_ingest_dev`` -> repo), if any."""
     root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() else None
 
@@ -926,5 +929,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m kafka_ingest.stack up`
+if __name__ == "__main__":  # pragma: no cover - `python -m kafka_ingest_dev.stack up`
     sys.exit(main(sys.argv[1:]))

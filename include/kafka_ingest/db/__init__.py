@@ -1,0 +1,41 @@
+"""Postgres: connections, locks, migrations, the unit of work, repositories, the upsert.
+
+One chunk is one transaction on one psycopg 3 connection (:class:`UnitOfWork`): rows,
+dead letters, the stored offset moved by compare-and-set, the audit row, then COMMIT.
+"""
+
+from kafka_ingest.db.connection import Database, map_psycopg_error, translate_errors
+from kafka_ingest.db.locks import lock_partition, unlock_partition
+from kafka_ingest.db.repositories import (
+    DeadLettersRepository,
+    GapsRepository,
+    OffsetsRepository,
+    PinnedRange,
+    PlansRepository,
+    RunRecord,
+    RunsRepository,
+)
+from kafka_ingest.db.schema import migrate
+from kafka_ingest.db.session import SliceSession
+from kafka_ingest.db.uow import UnitOfWork
+from kafka_ingest.db.upsert import RowsRepository, UpsertResult
+
+__all__ = [
+    "Database",
+    "DeadLettersRepository",
+    "GapsRepository",
+    "OffsetsRepository",
+    "PinnedRange",
+    "PlansRepository",
+    "RowsRepository",
+    "RunRecord",
+    "RunsRepository",
+    "SliceSession",
+    "UnitOfWork",
+    "UpsertResult",
+    "lock_partition",
+    "map_psycopg_error",
+    "migrate",
+    "translate_errors",
+    "unlock_partition",
+]

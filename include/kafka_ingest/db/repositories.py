@@ -1,0 +1,218 @@
+"""Repositories over the bookkeeping tables, each on the caller's connection.
+
+``ingest_offsets`` (the next offset to read, moved only by compare-and-set),
+``dead_letters``, ``ingest_runs`` (the audit: one row per committed chunk), ``run_plans``
+(the ranges pinned to an Airflow run) and ``offset_gaps`` (ranges retention deleted
+before they were read). None of them commits: the unit of work does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import psycopg
+
+from kafka_ingest.errors import FencedError
+from kafka_ingest.records import ChunkCounts, ms_to_datetime
+
+
+class OffsetsRepository:
+    """``ingest_offsets``: the next offset to read, moved only by compare-and-set."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def get(self, pipeline: str, topic: str, partition: int) -> int | None:
+        row = self.conn.execute(
+            "SELECT next_offset FROM ingest_offsets"
+            " WHERE pipeline = %s AND topic = %s AND partition = %s",
+            (pipeline, topic, partition),
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def all(self, pipeline: str, topic: str) -> dict[int, int]:
+        rows = self.conn.execute(
+            "SELECT partition, next_offset FROM ingest_offsets WHERE pipeline = %s AND topic = %s",
+            (pipeline, topic),
+        ).fetchall()
+        return {int(p): int(o) for p, o in rows}
+
+    def initialise(self, pipeline: str, topic: str, partition: int, offset: int) -> int:
+        """Store ``offset`` unless a value exists; return the stored value."""
+        self.conn.execute(
+            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (pipeline, topic, partition, offset),
+        )
+        stored = self.get(pipeline, topic, partition)
+        if stored is None:  # the INSERT above made or found the row in this transaction
+            raise RuntimeError(f"{pipeline} {topic}[{partition}]: no stored offset after insert")
+        return stored
+
+    def reset(self, pipeline: str, topic: str, partition: int, offset: int) -> int | None:
+        """Set the stored offset by hand (operators only); return the previous value."""
+        before = self.get(pipeline, topic, partition)
+        self.conn.execute(
+            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (pipeline, topic, partition)"
+            " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+            (pipeline, topic, partition, offset),
+        )
+        return before
+
+    def advance(self, pipeline: str, topic: str, partition: int, expected: int, new: int) -> None:
+        """Compare-and-set: exactly one row moves from ``expected`` to ``new``, or fence."""
+        cur = self.conn.execute(
+            "UPDATE ingest_offsets SET next_offset = %s, updated_at = now()"
+            " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",
+            (new, pipeline, topic, partition, expected),
+        )
+        if cur.rowcount != 1:
+            raise FencedError(pipeline, topic, partition, expected,
+                              self.get(pipeline, topic, partition))
+
+
+class DeadLettersRepository:
+    """``dead_letters``: one row per (pipeline, source topic, partition, offset)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def record(self, pipeline: str, letters: Sequence[Any],
+               delivered: Sequence[tuple[int, int] | None]) -> None:
+        """Insert (or bump the attempt count of) each dead letter, parked."""
+        if not letters:
+            return
+        params = [
+            (pipeline, d.source_topic, d.source_partition, d.source_offset, d.key,
+             ms_to_datetime(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
+             d.attempts, d.first_failed_at, d.dlq_topic,
+             loc[0] if loc else None, loc[1] if loc else None)
+            for d, loc in zip(letters, delivered, strict=True)
+        ]
+        with self.conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO dead_letters (pipeline, source_topic, source_partition,"
+                " source_offset, kafka_key, kafka_timestamp, contract, error_class,"
+                " error_detail, attempts, first_failed_at, dlq_topic, dlq_partition, dlq_offset)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (pipeline, source_topic, source_partition, source_offset) DO UPDATE"
+                " SET error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,"
+                "     contract = EXCLUDED.contract,"
+                "     attempts = GREATEST(dead_letters.attempts + 1, EXCLUDED.attempts),"
+                "     last_failed_at = now(), status = 'parked', recovered_at = NULL,"
+                "     dlq_topic = EXCLUDED.dlq_topic,"
+                "     dlq_partition = COALESCE(EXCLUDED.dlq_partition, dead_letters.dlq_partition),"
+                "     dlq_offset = COALESCE(EXCLUDED.dlq_offset, dead_letters.dlq_offset)",
+                params,
+            )
+
+    def mark_recovered(self, pipeline: str, keys: Sequence[tuple[str, int, int]]) -> None:
+        if not keys:
+            return
+        with self.conn.cursor() as cur:
+            cur.executemany(
+                "UPDATE dead_letters SET status = 'recovered', recovered_at = now(),"
+                " attempts = attempts + 1"
+                " WHERE pipeline = %s AND source_topic = %s AND source_partition = %s"
+                " AND source_offset = %s",
+                [(pipeline, *k) for k in keys],
+            )
+
+    def status_of(self, pipeline: str,
+                  keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+        rows = self.conn.execute(
+            "SELECT source_topic, source_partition, source_offset, status FROM dead_letters"
+            " WHERE pipeline = %s AND (source_topic, source_partition, source_offset)"
+            " IN (SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[]))",
+            (pipeline, [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
+        ).fetchall()
+        return {(t, int(p), int(o)): s for t, p, o, s in rows}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """One committed chunk, as ``ingest_runs`` keeps it."""
+
+    pipeline: str
+    run_id: str
+    mode: str
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    counts: ChunkCounts
+    seconds: float
+
+
+class RunsRepository:
+    """``ingest_runs``: the audit, one row per committed chunk."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def add(self, r: RunRecord) -> None:
+        c = r.counts
+        self.conn.execute(
+            "INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition, start_offset,"
+            " end_offset, read, inserted, duplicates, stale, dead_lettered, tombstones, bytes,"
+            " seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (r.pipeline, r.run_id, r.mode, r.topic, r.partition, r.start_offset, r.end_offset,
+             c.read, c.inserted, c.duplicates, c.stale, c.dead_lettered, c.tombstones, c.bytes,
+             r.seconds),
+        )
+
+
+class PinnedRange(NamedTuple):
+    topic: str
+    partition: int
+    start: int
+    end: int
+    mode: str
+
+
+class PlansRepository:
+    """``run_plans``: the ranges pinned to a run, per (plan name, run id, request)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def pinned(self, name: str, run_id: str, request_key: str) -> list[PinnedRange]:
+        """The ranges pinned to this run for this request (empty if none)."""
+        return [
+            PinnedRange(t, int(p), int(s), int(e), m)
+            for t, p, s, e, m in self.conn.execute(
+                "SELECT topic, partition, start_offset, end_offset, mode FROM run_plans"
+                " WHERE pipeline = %s AND run_id = %s AND request_key = %s"
+                " ORDER BY topic, partition",
+                (name, run_id, request_key),
+            )
+        ]
+
+    def pin(self, name: str, run_id: str, request_key: str,
+            ranges: Sequence[PinnedRange]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO run_plans (pipeline, run_id, request_key, mode, topic, partition,"
+                " start_offset, end_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                [(name, run_id, request_key, r.mode, r.topic, r.partition, r.start, r.end)
+                 for r in ranges],
+            )
+
+
+class GapsRepository:
+    """``offset_gaps``: offsets retention deleted before they were read, recorded loudly."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def record(self, name: str, topic: str, partition: int, start: int, end: int,
+               run_id: str | None) -> None:
+        self.conn.execute(
+            "INSERT INTO offset_gaps (pipeline, topic, partition, from_offset, to_offset, run_id)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (name, topic, partition, start, end, run_id),
+        )

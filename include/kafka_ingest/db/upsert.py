@@ -1,0 +1,176 @@
+"""The target table, written through a temporary staging table.
+
+One chunk's rows are COPYed (binary) into a temporary staging table, in-chunk duplicates
+are dropped, and ``INSERT ... SELECT ... ON CONFLICT`` moves them into the target table:
+``DO NOTHING`` on ``event_id`` for append pipelines, ``DO UPDATE ... WHERE`` older for
+``latest`` pipelines. The outcome is then checked against the table. A row Postgres
+rejects is isolated by bisecting the chunk (in savepoints) and returned for the DLQ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from kafka_ingest.config import Pipeline, UpsertMode
+from kafka_ingest.errors import RejectedByDatabase
+from kafka_ingest.records import PROVENANCE_COLUMNS, Row
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    """What one chunk's upsert did. ``rejected`` rows go to the DLQ, with the reason."""
+
+    inserted: int
+    duplicates: int
+    stale: int
+    rejected: list[tuple[Row, RejectedByDatabase]]
+    #: Staged rows the table does not hold (nor a newer version of) after the INSERT:
+    #: must be 0. Checked against the table, independently of the counts above.
+    missing: int = 0
+
+
+class RowsRepository:
+    """The pipeline's target table, written through a temporary staging table."""
+
+    _BISECTABLE = (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError)
+
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
+        self.conn = conn
+        self.pipeline = pipeline
+        cols = (*pipeline.model.SINK_COLUMNS, *PROVENANCE_COLUMNS)
+        self.columns = [name for name, _ in cols]
+        self.types = [pg_type for _, pg_type in cols]
+        self.table = sql.Identifier(pipeline.table)
+        self.stage = sql.Identifier(f"stage_{pipeline.table}")
+        self._stage_ready = False
+
+    def upsert(self, rows: Sequence[Row]) -> UpsertResult:
+        """Upsert ``rows``; rows Postgres rejects are isolated by bisection, not fatal."""
+        self._ensure_stage()
+        return self._upsert_isolating(list(rows))
+
+    def _upsert_isolating(self, rows: list[Row]) -> UpsertResult:
+        if not rows:
+            return UpsertResult(0, 0, 0, [])
+        try:
+            with self.conn.transaction():  # a savepoint inside the chunk's transaction
+                return self._upsert_once(rows)
+        except self._BISECTABLE as exc:
+            if len(rows) == 1:
+                reason = RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
+                return UpsertResult(0, 0, 0, [(rows[0], reason)])
+        mid = len(rows) // 2
+        left = self._upsert_isolating(rows[:mid])
+        right = self._upsert_isolating(rows[mid:])
+        return UpsertResult(
+            left.inserted + right.inserted,
+            left.duplicates + right.duplicates,
+            left.stale + right.stale,
+            left.rejected + right.rejected,
+            left.missing + right.missing,
+        )
+
+    def _ensure_stage(self) -> None:
+        if self._stage_ready:
+            return
+        cols = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
+            for n, t in zip(self.columns, self.types, strict=True)
+        )
+        self.conn.execute(
+            sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ({}) ON COMMIT DELETE ROWS").format(
+                self.stage, cols
+            )
+        )
+        self._stage_ready = True
+
+    def _copy(self, rows: list[Row]) -> None:
+        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
+        stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            self.stage, sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        )
+        with self.conn.cursor().copy(stmt) as copy:
+            copy.set_types(self.types)
+            for row in rows:
+                copy.write_row(row.columns())
+
+    def _upsert_once(self, rows: list[Row]) -> UpsertResult:
+        self._copy(rows)
+        if self.pipeline.upsert.mode is UpsertMode.LATEST:
+            return self._upsert_latest(len(rows))
+        return self._upsert_append(len(rows))
+
+    def _upsert_append(self, n: int) -> UpsertResult:
+        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cur = self.conn.execute(
+            sql.SQL(
+                "INSERT INTO {t} ({c}) SELECT DISTINCT ON (event_id) {c} FROM {s}"
+                " ORDER BY event_id, source_topic, source_partition, source_offset"
+                " ON CONFLICT (event_id) DO NOTHING"
+            ).format(t=self.table, c=cols, s=self.stage)
+        )
+        inserted = cur.rowcount
+        # Every staged row not inserted is a duplicate (in the chunk, or already stored).
+        # Counting "already stored" with a SELECT before the INSERT misses rows a concurrent
+        # transaction (another partition's task) inserts meanwhile: ON CONFLICT skips them,
+        # so the chunk failed reconciliation. What is checked instead is the outcome: every
+        # staged event_id is in the table now.
+        return UpsertResult(inserted, n - inserted, 0, [], self._missing(
+            "SELECT count(*) FROM (SELECT DISTINCT event_id FROM {s}) s"
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = s.event_id)", {}))
+
+    def _missing(self, query: str, extra: dict[str, sql.Composable]) -> int:
+        row = self.conn.execute(
+            sql.SQL(query).format(t=self.table, s=self.stage, **extra)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _upsert_latest(self, n: int) -> UpsertResult:
+        key = sql.Identifier(self.pipeline.upsert.key or "")
+        order = sql.Identifier(self.pipeline.upsert.order_by)
+        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        updates = sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
+            for c in self.columns if c != self.pipeline.upsert.key
+        )
+        fmt = {"t": self.table, "s": self.stage, "k": key, "o": order, "c": cols, "u": updates}
+        # Classify each staged row before writing. "copy" 1 is the copy of an event the
+        # INSERT below would pick (same event => same key and time; the highest offset wins).
+        row = self.conn.execute(sql.SQL(
+            "WITH s AS (SELECT event_id, {k}, {o}, source_offset, row_number() OVER"
+            " (PARTITION BY event_id ORDER BY source_offset DESC, source_partition DESC) AS copy"
+            " FROM {s}), f AS (SELECT s.copy, EXISTS (SELECT 1 FROM {t} x"
+            " WHERE x.event_id = s.event_id) AS stored, EXISTS (SELECT 1 FROM {t} y"
+            " WHERE y.{k} = s.{k} AND (s.{o}, s.source_offset) <= (y.{o}, y.source_offset))"
+            " AS older FROM s)"
+            " SELECT count(*) FILTER (WHERE copy > 1),"
+            " count(*) FILTER (WHERE copy = 1 AND stored),"
+            " count(*) FILTER (WHERE copy = 1 AND NOT stored AND older) FROM f"
+        ).format(**fmt)).fetchone()
+        dup_in_chunk, dup_stored, stale_stored = (int(v) for v in row) if row else (0, 0, 0)
+        cur = self.conn.execute(sql.SQL(
+            "INSERT INTO {t} ({c}) SELECT DISTINCT ON ({k}) {c} FROM {s}"
+            # A replay of the stored event is a duplicate (counted above), not a newer
+            # version: its later source_offset must not rewrite the row nor count twice.
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id)"
+            " ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC"
+            " ON CONFLICT ({k}) DO UPDATE SET {u}, ingested_at = now()"
+            " WHERE ({t}.{o}, {t}.source_offset) < (EXCLUDED.{o}, EXCLUDED.source_offset)"
+        ).format(**fmt))
+        inserted = cur.rowcount
+        # The rest lost, inside the chunk, to a newer event of the same entity: stale too.
+        superseded = n - inserted - dup_in_chunk - dup_stored - stale_stored
+        # The outcome, checked against the table: each staged event is stored, or its entity
+        # holds a version at least as new.
+        missing = self._missing(
+            "SELECT count(*) FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} x"
+            " WHERE x.{k} = s.{k} AND (x.event_id = s.event_id"
+            " OR (x.{o}, x.source_offset) >= (s.{o}, s.source_offset)))",
+            {"k": key, "o": order})
+        return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [],
+                            missing)

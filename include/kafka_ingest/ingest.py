@@ -1,0 +1,134 @@
+"""Ingest: what one chunk of a source topic writes, and the run around it.
+
+A chunk's transaction (run by :mod:`kafka_ingest.slices`): the valid rows upserted (rows
+Postgres rejects are isolated and join the dead letters), the dead letters produced to
+the DLQ topic with every delivery report checked, then recorded in ``dead_letters``, and
+the counts reconciled against what was read and against the table. Live runs and
+backfills both write chunks this way; they differ in the range (planned by
+:mod:`kafka_ingest.planning`) and in whether the cursor moves (backfills never).
+
+DAG tasks and the CLI call exactly these functions, so ``kafka-ingest run`` and the
+Airflow DAG share one code path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database, UnitOfWork, UpsertResult
+from kafka_ingest.dlq import DeadLetter, produce_dead_letters
+from kafka_ingest.errors import ReconciliationError
+from kafka_ingest.planning import PlanTarget, plan
+from kafka_ingest.ranges import Mode, OffsetRange
+from kafka_ingest.reader import Chunk
+from kafka_ingest.records import ChunkCounts
+from kafka_ingest.requests import LiveRun, RangeRequest, request_key
+from kafka_ingest.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
+from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
+
+log = logging.getLogger(__name__)
+
+#: The sums a run's report carries (besides partitions, lag and the DLQ rate).
+SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "tombstones", "bytes")
+
+
+def ingest_target(pipeline: Pipeline) -> PlanTarget:
+    """Ingest plans over the source topic; its dead-letter topic must exist too."""
+    return PlanTarget(
+        plan_name=pipeline.name, topic=pipeline.topic, role="source topic",
+        group_id=pipeline.group_id, cursor_mode=Mode.LIVE, window_mode=Mode.BACKFILL,
+        start_policy=pipeline.start_policy, on_gap=pipeline.on_offset_gap,
+        must_exist=((pipeline.dlq_topic, "dead-letter topic"),),
+    )
+
+
+def plan_run(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str,
+             request: RangeRequest | None = None) -> list[OffsetRange]:
+    """Plan an ingest run (live, or a backfill window) and pin it to ``run_id``."""
+    request = request or LiveRun()
+    return plan(pipeline, ingest_target(pipeline), request, clients, db, run_id=run_id,
+                request_key=request_key(request))
+
+
+@dataclass(frozen=True)
+class IngestWriter:
+    """Validates a chunk of source messages and writes it (see the module docstring)."""
+
+    pipeline: Pipeline
+    needs_producer: bool = True
+
+    def prepare(self, chunk: Chunk) -> ValidationResult:
+        return validate_chunk(chunk.messages, self.pipeline)
+
+    def write(self, uow: UnitOfWork, chunk: Chunk, prepared: ValidationResult,
+              producer: Any) -> ChunkResult:
+        pipeline = self.pipeline
+        up = uow.rows.upsert(prepared.rows)
+        at("upserted")
+        dead = prepared.dead + _rejected_letters(pipeline, chunk, up)
+        delivered = produce_dead_letters(producer, dead, pipeline.name,
+                                         pipeline.dlq_header_style)
+        at("dlq_produced")
+        uow.dead_letters.record(pipeline.name, dead, delivered)
+        counts = ChunkCounts(read=prepared.read, inserted=up.inserted,
+                             duplicates=up.duplicates, stale=up.stale,
+                             dead_lettered=len(dead), tombstones=prepared.tombstones,
+                             bytes=prepared.bytes)
+        reconcile(chunk.partition, counts, missing=up.missing)
+        return ChunkResult(counts)
+
+
+def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult) -> list[DeadLetter]:
+    if not up.rejected:
+        return []
+    by_offset = {m.offset(): m for m in chunk.messages}
+    return [dead_letter(by_offset[row.source.offset], pipeline, reason)
+            for row, reason in up.rejected]
+
+
+def reconcile(partition: int, counts: ChunkCounts, *, missing: int = 0) -> None:
+    """read = inserted + duplicates + stale + dead letters + tombstones, and no valid row
+    missing from the table after the upsert; or fail loudly (the chunk rolls back)."""
+    accounted = counts.accounted()
+    if sum(accounted.values()) != counts.read or missing:
+        raise ReconciliationError(partition, counts.read, accounted, missing=missing)
+
+
+def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db: Database,
+                 *, run_id: str) -> SliceReport:
+    """Ingest one partition slice: live slices resume from and move the stored offset;
+    backfill slices read their whole range and never touch it."""
+    spec = SliceSpec(pipeline=pipeline, run_id=run_id, lock_name=pipeline.name,
+                     group_id=pipeline.group_id)
+    return run_slice(spec, IngestWriter(pipeline), rng, clients, db)
+
+
+def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str,
+               request: RangeRequest | None = None) -> dict[str, Any]:
+    """Plan and ingest one run with the DAG's code path, partitions one after another."""
+    ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
+    reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
+    return {"run_id": run_id, **summarize(reports)}
+
+
+def summarize(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sum the mapped results of one run."""
+    total: Counter[str] = Counter(dict.fromkeys(SUMMED, 0))
+    seconds = 0.0
+    lag = 0
+    parts = 0
+    for r in reports:
+        parts += 1
+        for key in SUMMED:
+            total[key] += int(r.get(key) or 0)
+        seconds += float(r.get("seconds") or 0.0)
+        lag += int(r.get("lag_after") or 0)
+    read = total["read"]
+    return {**total, "seconds": seconds, "partitions": parts, "lag_after": lag,
+            "dlq_rate": round(total["dead_lettered"] / read, 6) if read else 0.0}

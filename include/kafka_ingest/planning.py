@@ -1,0 +1,138 @@
+"""The one planner: a run's ranges per partition, from a cursor, explicit offsets or a time
+window, pinned to the run so that a retry finishes exactly the same slices.
+
+Ingest and replay plan the same way over different topics; what differs is a
+:class:`PlanTarget`. For each partition of the target topic:
+
+- a :class:`~kafka_ingest.requests.LiveRun` starts at the stored cursor (or the start
+  policy), ends at the high watermark capped by ``max_records_per_partition``; a start
+  below the low watermark fails or is recorded in ``offset_gaps`` and skipped, never
+  silently; a cursor past the high watermark is a permanent error;
+- an :class:`~kafka_ingest.requests.OffsetWindow` is checked against the watermarks;
+- a :class:`~kafka_ingest.requests.TimeWindow` is mapped with ``offsets_for_times``.
+
+Only cursor ranges may move the cursor. Empty ranges make no task.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
+from kafka_ingest.db import (
+    Database,
+    GapsRepository,
+    OffsetsRepository,
+    PinnedRange,
+    PlansRepository,
+)
+from kafka_ingest.ranges import (
+    Mode,
+    OffsetRange,
+    PartitionState,
+    plan_between,
+    plan_explicit,
+    plan_live,
+    start_offset,
+)
+from kafka_ingest.reader import offsets_for_time, partitions_of, watermarks
+from kafka_ingest.requests import LiveRun, OffsetWindow, RangeRequest, TimeWindow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanTarget:
+    """What one planner plans over: where ingest and replay differ."""
+
+    #: The name plans are pinned and gaps recorded under (replay: ``<pipeline>:replay``;
+    #: a scheduled ingest run and a scheduled replay run share their Airflow run id).
+    plan_name: str
+    topic: str
+    role: str
+    group_id: str
+    #: The mode of cursor ranges (live, replay) and of window ranges (backfill, replay).
+    cursor_mode: Mode
+    window_mode: Mode
+    start_policy: StartPolicy
+    on_gap: OnOffsetGap
+    #: Cursor ranges move the cursor (not a dry run, not a filtered replay).
+    moves_cursor: bool = True
+    #: Planning may initialise cursors and record gaps (not a dry run).
+    writes: bool = True
+    #: Other topics that must exist before anything is read (topic, role).
+    must_exist: tuple[tuple[str, str], ...] = ()
+
+
+def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients: KafkaClients,
+         db: Database, *, run_id: str, request_key: str) -> list[OffsetRange]:
+    """Plan this run's ranges and pin them to ``run_id``; a retry gets the same plan."""
+    cursor = isinstance(request, LiveRun)
+    with db.session() as conn:
+        plans = PlansRepository(conn)
+        pinned = plans.pinned(target.plan_name, run_id, request_key)
+        if pinned:
+            log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
+            return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
+                                cursor and target.moves_cursor) for p in pinned if p.end > p.start]
+        consumer = clients.consumer(target.group_id)
+        try:
+            ranges = _plan(pipeline, target, request, consumer, conn, run_id)
+        finally:
+            consumer.close()
+        plans.pin(target.plan_name, run_id, request_key,
+                  [PinnedRange(r.topic, r.partition, r.start, r.end, str(r.mode)) for r in ranges])
+        conn.commit()
+    for r in ranges:
+        log.info("planned %s[%d] [%d, %d) %s%s: %d messages", r.topic, r.partition, r.start,
+                 r.end, r.mode, " (moves the cursor)" if r.moves_cursor else "", r.size)
+    return ranges
+
+
+def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,
+          conn: Any, run_id: str) -> list[OffsetRange]:
+    topic = target.topic
+    parts = partitions_of(consumer, topic, role=target.role)
+    for other, role in target.must_exist:
+        # Checked now, not at the first bad message (a 30 s delivery time-out, retried).
+        partitions_of(consumer, other, role=role)
+    marks = watermarks(consumer, topic, parts)
+    if isinstance(request, OffsetWindow):
+        return plan_explicit(topic, request.partitions, marks, mode=target.window_mode)
+    if isinstance(request, TimeWindow):
+        start = offsets_for_time(consumer, topic, parts, request.from_ms)
+        end = offsets_for_time(consumer, topic, parts, request.to_ms)
+        return plan_between(topic, start, end, mode=target.window_mode)
+    return _plan_cursor(pipeline, target, conn, [
+        PartitionState(p, *marks[p], None) for p in parts], run_id)
+
+
+def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any,
+                 parts: list[PartitionState], run_id: str) -> list[OffsetRange]:
+    offsets = OffsetsRepository(conn)
+    stored = offsets.all(pipeline.name, target.topic)
+    states = [replace(s, stored=stored.get(s.partition)) for s in parts]
+    ranges, gaps = plan_live(target.topic, states,
+                             max_records=pipeline.max_records_per_partition,
+                             start_policy=target.start_policy, on_gap=target.on_gap,
+                             mode=target.cursor_mode)
+    if not target.moves_cursor:
+        ranges = [replace(r, advance_cursor=False) for r in ranges]
+    for gap in gaps:
+        log.error("GAP %s[%d]: offsets [%d, %d) were deleted by retention before they were "
+                  "read; skipping them as configured%s", target.topic, gap.partition,
+                  gap.start, gap.low, " (recorded in offset_gaps)" if target.writes else "")
+        if target.writes:
+            GapsRepository(conn).record(target.plan_name, target.topic, gap.partition,
+                                        gap.start, gap.low, run_id)
+            offsets.initialise(pipeline.name, target.topic, gap.partition, gap.start)
+            offsets.advance(pipeline.name, target.topic, gap.partition, gap.start, gap.low)
+    if target.writes:  # the start policy is applied once, then the stored cursor rules
+        for s in states:
+            if s.stored is None:
+                offsets.initialise(pipeline.name, target.topic, s.partition,
+                                   start_offset(s, target.start_policy))
+    return ranges

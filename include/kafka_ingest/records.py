@@ -1,0 +1,116 @@
+"""The values that travel between reading, validation and the database, typed.
+
+A :class:`Row` is one valid event on its way to the target table: the contract's column
+values and where the message came from. :class:`ChunkCounts` is what one chunk did, the
+figures the audit row, the reports and the reconciliation all use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, Protocol
+
+#: 9999-12-31T23:59:59.999Z: past it Python (and most clients) have no date.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+
+#: Source position of a message: (topic, partition, offset).
+Position = tuple[str, int, int]
+
+
+class MessageLike(Protocol):
+    """What validation needs of a Kafka message (confluent_kafka.Message fits)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+def kafka_timestamp_ms(message: MessageLike) -> int | None:
+    """The message's timestamp in ms, or ``None`` when it has none or none a date can hold
+    (old brokers accept any long; a bad one must not fail the batch)."""
+    kind, ms = message.timestamp()
+    return ms if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None
+
+
+def ms_to_datetime(ms: int | None) -> datetime | None:
+    if ms is None or not 0 <= ms <= MAX_TIMESTAMP_MS:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+class Provenance(NamedTuple):
+    """Where a row came from: the provenance columns of every target table, in order."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp: datetime | None
+
+    @property
+    def position(self) -> Position:
+        return (self.topic, self.partition, self.offset)
+
+
+#: The provenance columns and their Postgres types, in :class:`Provenance` order.
+PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("source_topic", "text"),
+    ("source_partition", "int4"),
+    ("source_offset", "int8"),
+    ("kafka_key", "bytea"),
+    ("kafka_timestamp", "timestamptz"),
+)
+
+
+class Row(NamedTuple):
+    """One valid event for the target table: the contract's values and its provenance."""
+
+    values: tuple[Any, ...]
+    source: Provenance
+
+    def columns(self) -> tuple[Any, ...]:
+        """The table row: contract columns, then provenance columns (COPY order)."""
+        return (*self.values, *self.source)
+
+
+@dataclass(kw_only=True)
+class ChunkCounts:
+    """What happened to the messages of one chunk (or, summed, of a slice).
+
+    Every message read is exactly one of inserted, duplicates, stale, dead-lettered or
+    tombstones; :func:`kafka_ingest.ingest.reconcile` checks that they add up.
+    """
+
+    read: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    dead_lettered: int = 0
+    tombstones: int = 0
+    bytes: int = 0
+
+    def add(self, other: ChunkCounts) -> None:
+        for f in fields(ChunkCounts):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def accounted(self) -> dict[str, int]:
+        """What the messages read became (the terms that must sum to ``read``)."""
+        return {"inserted": self.inserted, "duplicates": self.duplicates, "stale": self.stale,
+                "dead_lettered": self.dead_lettered, "tombstones": self.tombstones}
+
+
+__all__ = [
+    "MAX_TIMESTAMP_MS",
+    "PROVENANCE_COLUMNS",
+    "ChunkCounts",
+    "MessageLike",
+    "Position",
+    "Provenance",
+    "Row",
+    "kafka_timestamp_ms",
+    "ms_to_datetime",
+]

@@ -1,0 +1,408 @@
+"""Typed run requests, and the forms they are parsed from: the one place a request's rules live.
+
+A run reads one of three kinds of range (:data:`RangeRequest`):
+
+- :class:`LiveRun`: from the stored cursor (the scheduled micro-batch);
+- :class:`OffsetWindow`: ``{partition: (start, end)}`` offsets, half-open;
+- :class:`TimeWindow`: ``[from, to)`` in epoch milliseconds, mapped to offsets by time.
+
+A replay adds ``dry_run`` and :class:`ReplayFilters` (:class:`ReplayRequest`).
+
+The trigger forms, the CLI and the planner all go through :class:`IngestForm` and
+:class:`ReplayForm` (:func:`ingest_request`, :func:`replay_request`); the DAGs' ``Param``s
+are generated from the same models (:func:`form_fields`). A bad request raises one
+:class:`~kafka_ingest.errors.TriggerParamsError` naming the field and what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from kafka_ingest.dlq import DeadLetter
+from kafka_ingest.errors import KNOWN_ERROR_CLASSES, TriggerParamsError
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LiveRun(_Request):
+    """Read from the stored cursor to the high watermark (capped per partition)."""
+
+    kind: Literal["live"] = "live"
+
+
+class OffsetWindow(_Request):
+    """Read exactly these offsets, ``{partition: (start, end)}``, half-open."""
+
+    kind: Literal["offsets"] = "offsets"
+    partitions: dict[int, tuple[int, int]]
+
+
+class TimeWindow(_Request):
+    """Read what was written in ``[from_ms, to_ms)``, mapped to offsets per partition."""
+
+    kind: Literal["time"] = "time"
+    from_ms: int
+    to_ms: int
+
+    @classmethod
+    def between(cls, start: datetime, end: datetime, *, now: datetime) -> TimeWindow:
+        """A window checked: aware, ordered, already ended."""
+        if start.tzinfo is None or end.tzinfo is None:
+            raise TriggerParamsError("from and to need a UTC offset, e.g. 2026-01-01T00:00:00Z")
+        if end <= start:
+            raise TriggerParamsError(f"'to' ({end.isoformat()}) must be after 'from' "
+                                     f"({start.isoformat()})")
+        if end > now:
+            raise TriggerParamsError(f"'to' ({end.isoformat()}) is in the future; the window "
+                                     "must have ended")
+        return cls(from_ms=int(start.timestamp() * 1000), to_ms=int(end.timestamp() * 1000))
+
+
+RangeRequest = LiveRun | OffsetWindow | TimeWindow
+
+
+def request_key(request: RangeRequest, **extra: Any) -> str:
+    """A stable name for a plan request: ``live`` or canonical JSON of what was asked.
+
+    Plans are pinned per (run, request): a retry of the same request finishes the same
+    slice, while the same run id asked for something else (Airflow's backfill re-running
+    a cleared scheduled run) plans anew. ``extra`` (a replay's ``dry_run``) is part of it.
+    """
+    body: dict[str, Any] = {}
+    if isinstance(request, OffsetWindow):
+        body["partitions"] = {str(p): list(v) for p, v in sorted(request.partitions.items())}
+    elif isinstance(request, TimeWindow):
+        body.update(from_ms=request.from_ms, to_ms=request.to_ms)
+    body.update(extra)
+    if not body:
+        return "live"
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class ReplayFilters:
+    """Which dead letters a replay considers; the others are counted ``filtered_out``."""
+
+    error_classes: frozenset[str] = frozenset()
+    source_partition: int | None = None
+    event_id: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ReplayFilters:
+        """The filters of a replay form (checked like the rest of the form)."""
+        return _parse(ReplayForm, params).filters()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.error_classes or self.source_partition is not None
+                    or self.event_id is not None)
+
+    def matches(self, letter: DeadLetter) -> bool:
+        if self.error_classes and letter.error_class not in self.error_classes:
+            return False
+        if self.source_partition is not None and letter.source_partition != self.source_partition:
+            return False
+        return self.event_id is None or _event_id_of(letter.value) == self.event_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error_classes": sorted(self.error_classes),
+                "source_partition": self.source_partition, "event_id": self.event_id}
+
+
+def _event_id_of(value: bytes | None) -> str | None:
+    """A JSON peek at ``event_id``; anything unparseable has none (matches no filter)."""
+    if value is None:
+        return None
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    found = doc.get("event_id") if isinstance(doc, dict) else None
+    return found if isinstance(found, str) else None
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """A DLQ replay: which DLQ range, whether it writes, which dead letters."""
+
+    range: RangeRequest
+    dry_run: bool = False
+    filters: ReplayFilters = ReplayFilters()
+
+    @property
+    def key(self) -> str:
+        return request_key(self.range, dry_run=self.dry_run)
+
+
+# --------------------------------------------------------------------------- form fields
+
+
+def _whole_number(value: Any) -> int | None:
+    """An int, or a string of digits (JSON object keys); not a bool, not a fraction."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:  # "zero", "²" (a digit to str.isdigit, not to int)
+            return None
+    return None
+
+
+def _offset_pair(bounds: Any) -> bool:
+    return (isinstance(bounds, list | tuple) and len(bounds) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds))
+
+
+def _offsets(value: Any) -> dict[int, tuple[int, int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError('partitions must be an object like {"0": [0, 100]}')
+    out: dict[int, tuple[int, int]] = {}
+    for p, bounds in value.items():
+        part = _whole_number(p)
+        if part is None or part < 0 or not _offset_pair(bounds):
+            raise ValueError(f'partitions[{p!r}] must be [start, end] offsets (whole numbers), '
+                             f'e.g. {{"0": [0, 100]}}; got {bounds!r}')
+        lo, hi = bounds
+        if hi < lo:
+            raise ValueError(f"partition {part}: end {hi} is before start {lo}")
+        out[part] = (lo, hi)
+    return out
+
+
+def _instant(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        try:
+            parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO-8601 time (e.g. "
+                             "2026-01-01T00:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError("from and to need a UTC offset, e.g. 2026-01-01T00:00:00Z")
+    return parsed
+
+
+def _error_classes(value: Any) -> frozenset[str]:
+    classes = [value] if isinstance(value, str) else list(value or [])
+    unknown = sorted(set(map(str, classes)) - set(KNOWN_ERROR_CLASSES))
+    if unknown:
+        raise ValueError(f"unknown error class(es) {', '.join(unknown)}; known: "
+                         f"{', '.join(KNOWN_ERROR_CLASSES)}")
+    return frozenset(classes)
+
+
+def _partition_filter(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+        raise ValueError(f"source_partition must be an integer >= 0, not {value!r}")
+    return value
+
+
+def _event_id(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"event_id must be a non-empty string, not {value!r}")
+    return value
+
+
+_OFFSETS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": {
+    "type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}}
+_ERROR_CLASSES_SCHEMA: dict[str, Any] = {"type": "array", "uniqueItems": True, "items": {
+    "type": "string", "enum": list(KNOWN_ERROR_CLASSES)}}
+
+Offsets = Annotated[dict[int, tuple[int, int]] | None, BeforeValidator(_offsets)]
+Instant = Annotated[datetime | None, BeforeValidator(_instant)]
+
+
+def _offsets_field(title: str, description: str) -> Any:
+    return Field(None, title=title, description=description,
+                 json_schema_extra={"x-schema": _OFFSETS_SCHEMA})
+
+
+# --------------------------------------------------------------------------- forms
+
+
+class _Form(BaseModel):
+    """A trigger form: fields a person fills in, all optional, checked in one place."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    partitions: Offsets
+    start: Instant = Field(None, alias="from")
+    end: Instant = Field(None, alias="to")
+
+    @model_validator(mode="after")
+    def _one_kind_of_range(self) -> _Form:
+        if self.partitions and (self.start or self.end):
+            raise ValueError("give either 'partitions' (offsets) or 'from'/'to' (time), "
+                             "not both")
+        if (self.start is None) != (self.end is None):
+            raise ValueError("a time backfill needs both 'from' and 'to'")
+        return self
+
+    def range_request(self, *, now: datetime,
+                      interval: tuple[datetime, datetime] | None = None) -> RangeRequest:
+        """The range asked for; without one, ``interval`` (an Airflow backfill run's data
+        interval) by time, else a live run."""
+        if self.partitions:
+            return OffsetWindow(partitions=self.partitions)
+        if self.start is not None and self.end is not None:
+            return TimeWindow.between(self.start, self.end, now=now)
+        if interval is not None:
+            return TimeWindow.between(*interval, now=now)
+        return LiveRun()
+
+
+class IngestForm(_Form):
+    """The ingest DAG's trigger form: empty for a normal run, or a backfill range."""
+
+    partitions: Offsets = _offsets_field(
+        "Backfill by offsets",
+        'Offsets to re-read per partition, half-open [start, end): {"0": [0, 1000]}. '
+        "Leave empty for a normal run.")
+    start: Instant = Field(None, alias="from", title="Backfill from",
+                           description="Backfill by time: first instant (ISO-8601 with "
+                                       "offset), inclusive.")
+    end: Instant = Field(None, alias="to", title="Backfill to",
+                         description="Backfill by time: end instant, exclusive; not in the "
+                                     "future.")
+
+
+class ReplayForm(_Form):
+    """The DLQ-replay DAG's trigger form."""
+
+    dry_run: bool = Field(False, title="Dry run",
+                          description="Validate and report the counts; write nothing (no "
+                                      "rows, no dead_letters change, cursor unchanged).")
+    partitions: Offsets = _offsets_field(
+        "DLQ offsets",
+        'Offsets of the DLQ topic to replay per partition, half-open [start, end): '
+        '{"0": [0, 500]}. Leave empty to continue from the replay cursor.')
+    start: Instant = Field(None, alias="from", title="From",
+                           description="Replay DLQ records with timestamps (the original "
+                                       "messages' timestamps) from this instant, inclusive "
+                                       "(ISO-8601).")
+    end: Instant = Field(None, alias="to", title="To",
+                         description="End instant, exclusive; not in the future.")
+    error_classes: Annotated[frozenset[str], BeforeValidator(_error_classes)] = Field(
+        frozenset(), title="Error classes",
+        description="Only dead letters of these classes; empty means all.",
+        json_schema_extra={"x-schema": _ERROR_CLASSES_SCHEMA})
+    source_partition: Annotated[int | None, BeforeValidator(_partition_filter)] = Field(
+        None, title="Source partition", ge=0,
+        description="Only dead letters from this source partition.")
+    event_id: Annotated[str | None, BeforeValidator(_event_id)] = Field(
+        None, title="Event id", min_length=1, max_length=128,
+        description="Only the dead letter with this event_id.")
+
+    def filters(self) -> ReplayFilters:
+        return ReplayFilters(self.error_classes, self.source_partition, self.event_id)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+_F = TypeVar("_F", bound=_Form)
+
+
+def _parse(form: type[_F], params: Mapping[str, Any]) -> _F:
+    """Validate a form; every problem becomes one TriggerParamsError naming its field."""
+    try:
+        return form.model_validate(dict(params))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check its spelling)"
+            where = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{where}: {msg}" if where and not msg.startswith(where) else msg)
+        raise TriggerParamsError("; ".join(problems)) from None
+
+
+def ingest_request(params: Mapping[str, Any], *, now: datetime, run_type: str = "manual",
+                   interval: tuple[datetime, datetime] | None = None) -> RangeRequest:
+    """The range an ingest run reads, from its trigger params (or the CLI's).
+
+    ``partitions`` or ``from``/``to`` make a backfill; neither, a live run. Airflow's own
+    backfill runs (``run_type == "backfill"``) map their data interval to offsets by time.
+    """
+    form = _parse(IngestForm, params)
+    return form.range_request(now=now, interval=interval if run_type == "backfill" else None)
+
+
+def replay_request(params: Mapping[str, Any], *, now: datetime) -> ReplayRequest:
+    """A replay's range, dry-run flag and filters, from its trigger params (or the CLI's)."""
+    form = _parse(ReplayForm, params)
+    return ReplayRequest(form.range_request(now=now), form.dry_run, form.filters())
+
+
+def form_fields(form: type[_Form]) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """``{name: (default, JSON Schema)}`` of a form's fields, for the DAGs' ``Param``s.
+
+    Optional fields are nullable (``"type": [..., "null"]``), so a form left empty, or an
+    editor cleared, is never marked required.
+    """
+    props = form.model_json_schema(by_alias=True, mode="serialization")["properties"]
+    out: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for name, field in form.model_fields.items():
+        key = field.alias or name
+        raw = dict(props[key])
+        schema = {k: raw[k] for k in ("title", "description") if k in raw}
+        kind = raw.pop("x-schema", None) or _plain_type(raw)
+        default = field.get_default()
+        if isinstance(default, frozenset):
+            default = sorted(default)
+        nullable = default is None or kind.get("type") in ("array", "object")
+        types = kind.get("type")
+        if nullable and isinstance(types, str):
+            kind = {**kind, "type": [types, "null"]}
+        out[key] = (default, {**kind, **schema})
+    return out
+
+
+def _plain_type(raw: dict[str, Any]) -> dict[str, Any]:
+    """``anyOf: [X, {"type": "null"}]`` as X, with what Airflow's form needs of it."""
+    variants = [v for v in raw.get("anyOf", [raw]) if v.get("type") != "null"]
+    keep = ("type", "format", "minimum", "minLength", "maxLength")
+    return {k: v for k, v in variants[0].items() if k in keep}
+
+
+__all__ = [
+    "IngestForm",
+    "LiveRun",
+    "OffsetWindow",
+    "RangeRequest",
+    "ReplayFilters",
+    "ReplayForm",
+    "ReplayRequest",
+    "TimeWindow",
+    "form_fields",
+    "ingest_request",
+    "replay_request",
+    "request_key",
+]
