@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +89,7 @@ def offsets_for_time(consumer: Any, topic: str, partitions: list[int], when_ms: 
 
 def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, *,
                chunk_size: int, max_chunk_bytes: int | None = None,
-               poll_timeout_s: float = 1.0, idle_timeout_s: float = 30.0) -> Iterator[Chunk]:
+               poll_timeout_s: float = 1.0, idle_timeout_s: float = 30.0) -> Generator[Chunk]:
     """Yield chunks covering exactly ``[start, end)`` of one partition, in order.
 
     Chunks are bounded by offsets, not counts: a chunk is ``[pos, min(pos + chunk_size,

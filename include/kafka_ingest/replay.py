@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafka_ingest.clients import KafkaClients
@@ -112,6 +112,10 @@ class ReplayWriter:
     filters: ReplayFilters
     dry_run: bool
     needs_producer: bool = False
+    #: Source positions met earlier in this slice: a second DLQ record of the same source
+    #: (a retried produce) is a duplicate whichever chunk it is in, so a dry run (whose
+    #: chunks see nothing of each other's writes) counts exactly what the real run would.
+    seen: set[Position] = field(default_factory=set)
 
     def prepare(self, chunk: Chunk) -> _Triaged:
         outcomes: Counter[tuple[str, str]] = Counter()
@@ -122,10 +126,11 @@ class ReplayWriter:
                 outcomes[(skip, "-")] += 1
             elif not self.filters.matches(letter):
                 outcomes[("filtered_out", letter.error_class)] += 1
-            elif letter.source in letters:
+            elif letter.source in self.seen:
                 outcomes[("duplicate_in_dlq", letter.error_class)] += 1
             else:
                 letters[letter.source] = letter
+                self.seen.add(letter.source)
         result = validate_chunk([ReplayedMessage(d) for d in letters.values()], self.pipeline)
         size = sum(len(m.value() or b"") for m in chunk.messages)
         return _Triaged(letters, result, outcomes, size)

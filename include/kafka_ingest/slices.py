@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -177,9 +177,10 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
             start = resume_from_cursor(session, pipeline, rng) if moves else rng.start
             report.resumed_from = start if start != rng.start else None
             in_flight: _InFlight | None = None
-            for chunk in read_range(consumer, rng.topic, rng.partition, start, rng.end,
-                                    chunk_size=pipeline.chunk_size,
-                                    max_chunk_bytes=pipeline.max_chunk_bytes):
+            chunks = cleanup.enter_context(closing(read_range(
+                consumer, rng.topic, rng.partition, start, rng.end,
+                chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
+            for chunk in chunks:
                 t0 = time.monotonic()
                 prepared = writer.prepare(chunk)
                 at("validated")

@@ -7,8 +7,8 @@ Variable or the network): the DagBag is loaded with Airflow pointed at an empty 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -1,0 +1,58 @@
+"""The operator CLI reads its settings from the environment only: a missing one is an
+error naming the variable, never a fallback to a local address or credential."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_ingest.cli import main
+
+SETTINGS = ("KAFKA_INGEST_KAFKA_CONFIG", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_INGEST_PG_DSN")
+
+
+@pytest.fixture
+def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("KAFKA_INGEST_PIPELINES", raising=False)  # the shipped pipelines
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # Kafka is needed first: both ways to give it are named
+    (["run", "telemetry_metrics"],
+     "set KAFKA_INGEST_KAFKA_CONFIG or KAFKA_BOOTSTRAP_SERVERS (the Kafka cluster to use)"),
+    (["lag"], "set KAFKA_INGEST_KAFKA_CONFIG or KAFKA_BOOTSTRAP_SERVERS"),
+    # only the database is needed
+    (["migrate"], "set KAFKA_INGEST_PG_DSN (the pipelines' Postgres database"),
+    (["status"], "set KAFKA_INGEST_PG_DSN"),
+])
+def test_a_missing_setting_is_named(no_settings: None, argv: list[str], message: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_database_is_named_when_kafka_is_given(no_settings: None,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    assert main(["run", "telemetry_metrics"]) == 2
+    assert "set KAFKA_INGEST_PG_DSN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raw", ["not json", "[1, 2]"])
+def test_a_kafka_config_that_is_not_a_json_object_is_refused(
+        no_settings: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        raw: str) -> None:
+    monkeypatch.setenv("KAFKA_INGEST_KAFKA_CONFIG", raw)
+    monkeypatch.setenv("KAFKA_INGEST_PG_DSN", "postgresql://u@127.0.0.1:1/db")
+    assert main(["run", "telemetry_metrics"]) == 2
+    assert "KAFKA_INGEST_KAFKA_CONFIG is not a JSON object" in capsys.readouterr().err
+
+
+def test_the_dev_commands_come_from_the_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    # kafka_ingest_dev is installed in development: its commands are offered.
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "stack" in out and "demo" in out and "produce-sample" in out

@@ -1,0 +1,547 @@
+"""The slice engine (``kafka_ingest.slices.run_slice``) against fakes at its ports.
+
+The real engine, the real ingest and replay writers, the real validation and DLQ
+bookkeeping run here; only Kafka's clients and the Postgres session are fakes
+(``fakes.py``): stateful stand-ins, not scripted mocks. Each test sets up a log and a
+database, runs a slice, and checks what ended up committed, stored and produced, and in
+which order (from the one ``events`` list all fakes append to).
+
+The engine reads and validates chunk k+1 while chunk k's transaction runs in a writer
+thread, so orderings are asserted per chunk, never as one global interleaving.
+
+The pipeline is the shipped ``telemetry_metrics`` with ``chunk_size`` 3; the source
+range is [0, 10) of partition 2, so the chunks are [0, 3), [3, 6), [6, 9), [9, 10); the
+log holds 12 messages (2 past the range: the lag after the slice), and offset 4 is a
+poison pill (no timestamp, no metric_value: a contract violation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from fakes import Event, Events, FakeClients, FakeConsumer, FakeDatabase, FakeProducer, Msg
+
+from kafka_ingest import slices
+from kafka_ingest.config import DlqHeaderStyle, Pipeline
+from kafka_ingest.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
+from kafka_ingest.errors import (
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DeliveryFailed,
+    FencedError,
+    OffsetOutOfRange,
+)
+from kafka_ingest.ingest import ingest_range
+from kafka_ingest.ranges import Mode, OffsetRange
+from kafka_ingest.replay import replay_range
+
+PARTITION = 2
+N = 10  # the slice is [0, N)
+LOG_SIZE = 12
+POISON_AT = 4
+CHUNKS = [(0, 3), (3, 6), (6, 9), (9, 10)]
+VALID = [f"evt-{i:03d}" for i in range(N) if i != POISON_AT]  # the rows [0, N) must yield
+POISON = b'{"event_id": "evt-poison", "device_id": "device-1", "version": 2}'
+RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
+
+
+def metric(i: int) -> bytes:
+    """A valid metric_event v2 (the shipped contract), event id ``evt-<i>``."""
+    return json.dumps({"event_id": f"evt-{i:03d}", "device_id": f"device-{i % 3}",
+                       "timestamp": 1_767_225_600.0 + i, "metric_value": 20.5 + i,
+                       "version": 2}).encode()
+
+
+@pytest.fixture
+def pipeline(shipped: dict[str, Pipeline]) -> Pipeline:
+    return shipped["telemetry_metrics"].model_copy(update={"chunk_size": 3})
+
+
+class World:
+    """A source log of one partition, a DLQ producer and a database, sharing one events
+    list; the stored offset of the partition starts at 0 (as the planner leaves it)."""
+
+    def __init__(self, pipeline: Pipeline, log: list[Msg] | None = None, *,
+                 topic: str | None = None, partition: int = PARTITION,
+                 producer: FakeProducer | None = None, with_producer: bool = True,
+                 commit_failures: int = 0) -> None:
+        self.pipeline = pipeline
+        self.topic = topic or pipeline.topic
+        self.partition = partition
+        self.events: list[Event] = []
+        self.log = log if log is not None else [
+            Msg(i, value_=POISON if i == POISON_AT else metric(i), key_=b"device",
+                topic_=self.topic, partition_=partition) for i in range(LOG_SIZE)]
+        self.db = FakeDatabase(events=self.events,
+                               offsets={(pipeline.name, self.topic, partition): 0})
+        self.producer = producer or FakeProducer(events=self.events)
+        self.producer.events = self.events
+        self.commit_failures = commit_failures
+        self.clients = FakeClients(self._consumer, self.producer if with_producer else None)
+        self.ev = Events(self.events)
+
+    def _consumer(self) -> FakeConsumer:
+        return FakeConsumer(self.log, topic=self.topic, partition=self.partition,
+                            events=self.events, commit_failures=self.commit_failures)
+
+    @property
+    def consumer(self) -> FakeConsumer:
+        """The consumer of the latest slice."""
+        return self.clients.consumers[-1]
+
+    def range(self, start: int = 0, end: int = N, mode: Mode = Mode.LIVE) -> OffsetRange:
+        return OffsetRange(self.topic, self.partition, start, end, mode)
+
+    def ingest(self, rng: OffsetRange | None = None) -> slices.SliceReport:
+        return ingest_range(self.pipeline, rng or self.range(), self.clients, self.db,
+                            run_id=RUN_ID)
+
+    def stored(self) -> int | None:
+        return self.db.offset(self.pipeline.name, self.topic, self.partition)
+
+    def audit(self) -> list[tuple[int, int, str, int, int, int, int]]:
+        """(start, end, mode, read, inserted, duplicates, dead_lettered) per audit row."""
+        return [(r.start_offset, r.end_offset, r.mode, r.counts.read, r.counts.inserted,
+                 r.counts.duplicates, r.counts.dead_lettered) for r in self.db.runs]
+
+
+def assert_chunk_order(w: World, chunks: list[tuple[int, int]], *, kafka: bool) -> None:
+    """For each chunk: its rows written, then its COMMIT, then (live) its Kafka commit."""
+    for start, end in chunks:
+        txn = w.ev.txn_of_chunk(start, end)
+        write = w.ev.first("upsert", txn)
+        commit = w.ev.first("db_commit", txn, start, end)
+        assert write < commit, (start, end)
+        if kafka:
+            assert commit < w.ev.first("kafka_commit", end), (start, end)
+
+
+# --------------------------------------------------------------------------- 1. a live slice
+
+
+def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pipeline) -> None:
+    # The core guarantee: a chunk's offset reaches Kafka only after its rows, dead letters,
+    # cursor and audit row were committed in one transaction, chunk after chunk, in order.
+    w = World(pipeline)
+    report = w.ingest()
+
+    assert_chunk_order(w, CHUNKS, kafka=True)
+    assert w.consumer.committed_offsets() == [3, 6, 9, 10]
+    assert w.consumer.commits == [([(pipeline.topic, PARTITION, end)], False)
+                                  for end in (3, 6, 9, 10)]  # synchronous commits
+    assert w.ev.of("advance") == [("advance", 1, 0, 3), ("advance", 2, 3, 6),
+                                  ("advance", 3, 6, 9), ("advance", 4, 9, 10)]
+    assert w.stored() == 10
+    assert w.audit() == [(0, 3, "live", 3, 3, 0, 0), (3, 6, "live", 3, 2, 0, 1),
+                         (6, 9, "live", 3, 3, 0, 0), (9, 10, "live", 1, 1, 0, 0)]
+    assert {r.run_id for r in w.db.runs} == {RUN_ID}
+    assert sorted(w.db.rows) == VALID
+    assert w.db.rows["evt-007"].source == (pipeline.topic, PARTITION, 7, b"device",
+                                           datetime(2026, 1, 1, tzinfo=UTC))
+    # The poison pill: produced to the DLQ, its delivery report read (the DLQ offset it
+    # got is what the dead_letters row holds), recorded in chunk [3, 6)'s transaction.
+    (dlq,) = w.producer.delivered
+    assert (dlq.topic(), dlq.partition(), dlq.offset(), dlq.value()) == (
+        "telemetry-metrics-dlq", 0, 0, POISON)
+    assert dict(dlq.headers() or [])[PREFIX + "offset"] == b"4"
+    stored = w.db.dead_letters[(pipeline.name, pipeline.topic, PARTITION, POISON_AT)]
+    assert (stored.status, stored.attempts, stored.dlq_partition, stored.dlq_offset) == (
+        "parked", 1, 0, 0)
+    assert stored.letter.error_class == "contract_violation"
+    txn = w.ev.txn_of_chunk(3, 6)
+    delivered = w.ev.first("dlq_delivered", "telemetry-metrics-dlq", 0, 0)
+    recorded = w.ev.first("dead_letters", txn, (4,))
+    assert (w.ev.first("upsert", txn, (3, 5)) < delivered < recorded
+            < w.ev.first("db_commit", txn))
+    # Nothing past the slice's end is read; the report sums the chunks.
+    assert w.consumer.served == list(range(N))
+    assert (report.read, report.inserted, report.duplicates, report.dead_lettered,
+            report.chunks, report.lag_after, report.resumed_from) == (10, 9, 0, 1, 4, 2, None)
+    assert w.clients.group_ids == ["kafka-ingest.telemetry_metrics"]
+    assert w.consumer.closed and w.db.sessions[0].closed
+    assert w.ev.of("rollback") == []
+
+
+# --------------------------------------------------------------------------- 2. the lock
+
+
+def test_a_live_slice_holds_the_session_lock_from_before_the_first_read_to_the_end(
+        pipeline: Pipeline) -> None:
+    # The live slice owns the cursor: one lock, taken before the cursor is read and
+    # anything is consumed, released only after the last Kafka commit.
+    w = World(pipeline)
+    w.ingest()
+
+    lock = ("lock", "telemetry_metrics", PARTITION)
+    unlock = ("unlock", "telemetry_metrics", PARTITION)
+    assert w.ev.of("lock") == [lock]
+    assert w.ev.of("unlock") == [unlock]
+    assert w.ev.of("xact_lock") == []
+    assert (w.events.index(lock) < w.ev.first("cursor")
+            < w.ev.first("assign") < w.ev.first("begin"))
+    assert w.events.index(unlock) > w.events.index(("kafka_commit", 10))
+    assert w.events.index(unlock) < w.events.index(("session_close",))
+    assert w.db.held_locks() == {}
+
+
+def test_a_failing_live_slice_still_releases_its_lock_and_closes_everything(
+        pipeline: Pipeline) -> None:
+    # A lock left behind would block every later run of the partition for good.
+    w = World(pipeline)
+    w.db.inject(2, "upsert", RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        w.ingest()
+
+    assert w.ev.of("lock") == [("lock", "telemetry_metrics", PARTITION)]
+    assert w.ev.of("unlock") == [("unlock", "telemetry_metrics", PARTITION)]
+    assert w.db.held_locks() == {}
+    assert w.consumer.closed and w.db.sessions[0].closed
+    assert w.producer.flushes >= 1  # the producer is flushed on the way out
+
+
+def test_a_backfill_locks_per_chunk_transaction_and_never_touches_the_cursor(
+        pipeline: Pipeline) -> None:
+    # A backfill interleaves with live slices chunk by chunk: it must take the lock inside
+    # every chunk's transaction, and must neither move the stored offset nor the group's.
+    w = World(pipeline)
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 7)  # the live cursor
+    report = w.ingest(w.range(0, N, Mode.BACKFILL))
+
+    txns = [w.ev.txn_of_chunk(s, e) for s, e in CHUNKS]
+    assert w.ev.of("xact_lock") == [("xact_lock", "telemetry_metrics", PARTITION, t)
+                                    for t in txns]
+    for t in txns:
+        assert (w.ev.first("xact_lock", "telemetry_metrics", PARTITION, t)
+                < w.ev.first("upsert", t))
+    assert w.ev.of("lock") == [] and w.ev.of("unlock") == []
+    assert w.ev.of("cursor") == [] and w.ev.of("advance") == []
+    assert w.stored() == 7
+    assert w.consumer.commits == []
+    assert_chunk_order(w, CHUNKS, kafka=False)
+    assert w.audit() == [(0, 3, "backfill", 3, 3, 0, 0), (3, 6, "backfill", 3, 2, 0, 1),
+                         (6, 9, "backfill", 3, 3, 0, 0), (9, 10, "backfill", 1, 1, 0, 0)]
+    assert sorted(w.db.rows) == VALID
+    assert (report.moves_cursor, report.read, report.inserted) == (False, 10, 9)
+    assert w.db.held_locks() == {}
+
+
+# --------------------------------------------------------------------------- 3. failure, resume
+
+
+@pytest.mark.parametrize("stage", ["upsert", "advance", "audit", "commit"])
+def test_a_failed_chunk_commits_nothing_and_a_rerun_resumes_at_it(pipeline: Pipeline,
+                                                                  stage: str) -> None:
+    # Wherever chunk [3, 6)'s transaction fails, [0, 3) stays committed (rows, cursor and
+    # Kafka), [3, 6) leaves no trace, and a retry of the same pinned slice starts at 3:
+    # nothing is read twice into the table, nothing is skipped.
+    w = World(pipeline)
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    w.db.inject(2, stage, lost)
+    with pytest.raises(DatabaseUnavailable) as caught:  # psycopg's error, mapped
+        w.ingest()
+    assert caught.value.__cause__ is lost
+
+    first = w.consumer
+    assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
+    assert ("rollback", 2) in w.events
+    assert first.committed_offsets() == [3]
+    assert w.stored() == 3
+    assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
+    assert w.audit() == [(0, 3, "live", 3, 3, 0, 0)]
+    assert w.db.dead_letters == {}
+    assert first.closed and w.db.sessions[0].closed
+    # The reader let go of the partition before the consumer was closed.
+    assert w.events.index(("unassign",)) < w.events.index(("consumer_close",))
+
+    report = w.ingest()
+
+    second = w.consumer
+    assert second is not first
+    assert report.resumed_from == 3
+    assert second.assigned == [(pipeline.topic, PARTITION, 3)]
+    assert second.served == list(range(3, N))
+    assert second.committed_offsets() == [6, 9, 10]
+    assert (report.read, report.inserted, report.duplicates, report.dead_lettered) == (
+        7, 6, 0, 1)
+    assert w.stored() == 10
+    assert sorted(w.db.rows) == VALID
+    assert w.audit() == [(0, 3, "live", 3, 3, 0, 0), (3, 6, "live", 3, 2, 0, 1),
+                         (6, 9, "live", 3, 3, 0, 0), (9, 10, "live", 1, 1, 0, 0)]
+
+
+def test_a_lost_commit_reply_is_resolved_by_the_stored_offset(pipeline: Pipeline) -> None:
+    # COMMIT landed but its reply was lost (CommitOutcomeUnknown): the Kafka commit must
+    # not be sent blind, and the retry must learn from the stored offset that [3, 6) is in.
+    w = World(pipeline)
+    w.db.inject(2, "committed", CommitOutcomeUnknown(pipeline.name, PARTITION, 3, 6))
+    with pytest.raises(CommitOutcomeUnknown):
+        w.ingest()
+    assert w.stored() == 6
+    assert w.consumer.committed_offsets() == [3]
+
+    report = w.ingest()
+    assert report.resumed_from == 6
+    assert w.consumer.served == [6, 7, 8, 9]
+    assert w.consumer.committed_offsets() == [9, 10]
+    assert sorted(w.db.rows) == VALID
+    assert [(r.start_offset, r.end_offset) for r in w.db.runs] == CHUNKS
+
+
+# --------------------------------------------------------------------------- 4. DLQ delivery
+
+
+def test_an_undelivered_dead_letter_fails_the_chunk_before_its_commit(
+        pipeline: Pipeline) -> None:
+    # A dead letter the DLQ did not acknowledge must not be recorded as parked, nor its
+    # chunk's offset committed: it would be lost. The chunk rolls back; a retry redoes it.
+    w = World(pipeline, producer=FakeProducer(fail_deliveries=True))
+    with pytest.raises(DeliveryFailed) as caught:
+        w.ingest()
+    assert caught.value.failures == ["offset 4: _MSG_TIMED_OUT: Local: Message timed out"]
+
+    txn = 2  # chunk [3, 6)
+    assert ("dlq_failed", "telemetry-metrics-dlq", 4) in w.events
+    assert ("rollback", txn) in w.events
+    assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
+    assert w.ev.of("dead_letters") == []
+    assert w.consumer.committed_offsets() == [3]
+    assert w.stored() == 3
+    assert w.db.dead_letters == {}
+    assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
+
+
+def test_a_missing_delivery_report_fails_the_chunk_too(pipeline: Pipeline) -> None:
+    # flush() returning with reports outstanding proves nothing was delivered.
+    w = World(pipeline, producer=FakeProducer(hold_reports=True))
+    with pytest.raises(DeliveryFailed, match="no delivery report"):
+        w.ingest()
+    assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
+    assert w.consumer.committed_offsets() == [3]
+    assert w.stored() == 3
+
+
+# --------------------------------------------------------------------------- 5. the fence
+
+
+def test_a_cursor_moved_by_another_run_fences_the_chunk(pipeline: Pipeline) -> None:
+    # A zombie (or overlapping) run must never commit over the cursor another run moved:
+    # the compare-and-set finds 6 where [3, 6) expected 3, and the chunk rolls back.
+    w = World(pipeline)
+    w.db.inject(2, "advance",
+                lambda: w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 6))
+    with pytest.raises(FencedError) as caught:
+        w.ingest()
+    err = caught.value
+    assert (err.pipeline, err.topic, err.partition, err.expected, err.found) == (
+        pipeline.name, pipeline.topic, PARTITION, 3, 6)
+
+    assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
+    assert ("rollback", 2) in w.events
+    assert w.stored() == 6  # the other run's value, untouched
+    assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
+    assert [(r.start_offset, r.end_offset) for r in w.db.runs] == [(0, 3)]
+    assert w.db.dead_letters == {}
+    assert w.consumer.committed_offsets() == [3]
+    assert w.db.held_locks() == {}
+
+
+# --------------------------------------------------------------------------- 6. resume
+
+
+def test_a_slice_resumes_where_the_stored_offset_is(pipeline: Pipeline) -> None:
+    # A retried or cleared task finishes exactly its pinned slice: from the stored offset.
+    w = World(pipeline)
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 6)
+    report = w.ingest()
+
+    assert report.resumed_from == 6
+    assert w.consumer.assigned == [(pipeline.topic, PARTITION, 6)]
+    assert w.consumer.served == [6, 7, 8, 9]
+    assert [(r.start_offset, r.end_offset) for r in w.db.runs] == [(6, 9), (9, 10)]
+    assert w.consumer.committed_offsets() == [9, 10]
+    assert sorted(w.db.rows) == ["evt-006", "evt-007", "evt-008", "evt-009"]
+    assert (report.read, report.chunks, w.stored()) == (4, 2, 10)
+
+
+def test_a_slice_already_done_reads_nothing(pipeline: Pipeline) -> None:
+    # A retry after the last chunk committed (but before the task reported) is a no-op.
+    w = World(pipeline)
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 10)
+    report = w.ingest()
+
+    assert (report.resumed_from, report.read, report.chunks) == (10, 0, 0)
+    assert w.consumer.assigned == []
+    assert w.ev.of("begin") == []
+    assert w.stored() == 10
+
+
+@pytest.mark.parametrize("stored", [None, 2])
+def test_a_cursor_behind_the_slice_fails_without_reading(pipeline: Pipeline,
+                                                         stored: int | None) -> None:
+    # The cursor moved back (by hand) after the run was planned: re-reading from there
+    # would not be this run's slice. Fail loudly, read nothing, leave the lock.
+    w = World(pipeline)
+    if stored is None:
+        del w.db.offsets[(pipeline.name, pipeline.topic, PARTITION)]
+    else:
+        w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, stored)
+    with pytest.raises(OffsetOutOfRange, match=rf"stored offset is {stored}, behind"):
+        w.ingest(w.range(3, N))
+
+    assert w.consumer.assigned == []
+    assert w.consumer.served == []
+    assert w.ev.of("begin") == []
+    assert w.stored() == stored
+    assert w.ev.of("unlock") == [("unlock", "telemetry_metrics", PARTITION)]
+    assert w.db.held_locks() == {}
+
+
+# --------------------------------------------------------------------------- 7. dry-run replay
+
+
+def dlq_record(pipeline: Pipeline, dlq_offset: int, source_offset: int, value: bytes | None,
+               *, owner: str | None = None) -> Msg:
+    """A DLQ record as ingest writes it: original bytes, provenance and reason in headers."""
+    letter = DeadLetter(
+        source_topic=pipeline.topic, source_partition=PARTITION, source_offset=source_offset,
+        key=b"device", value=value, timestamp_ms=1_767_225_600_000,
+        error_class="contract_violation", error_detail="metric_value: Field required",
+        contract="metric_event.v2", dlq_topic=pipeline.dlq_topic)
+    headers = headers_for(letter, owner or pipeline.name, DlqHeaderStyle.BOTH)
+    return Msg(dlq_offset, value_=value, key_=b"device", topic_=pipeline.dlq_topic,
+               partition_=0, headers_=tuple(headers))
+
+
+def seed_dead_letters(db: FakeDatabase, pipeline: Pipeline, records: list[Msg],
+                      recovered: list[int]) -> None:
+    """Store the ``dead_letters`` rows ingest left, through a committed unit of work."""
+    session = db.open_slice()
+    with session.unit_of_work(pipeline) as uow:
+        letters = [parse_dlq_message(m) for m in records]
+        uow.dead_letters.record(pipeline.name, letters, [(0, m.offset()) for m in records])
+        uow.dead_letters.mark_recovered(
+            pipeline.name, [d.source for d in letters if d.source_offset in recovered])
+        uow.commit()
+    session.close()
+
+
+def test_a_dry_run_replay_counts_every_outcome_and_commits_nothing(
+        pipeline: Pipeline) -> None:
+    # A dry run must be exact (the same work, inside transactions) and leave no trace: no
+    # row, no dead-letter status, no cursor, no audit row, no Kafka commit.
+    records = [
+        dlq_record(pipeline, 0, 4, metric(4)),  # passes now: recovered
+        dlq_record(pipeline, 1, 4, metric(4)),  # the same letter again: duplicate_in_dlq
+        dlq_record(pipeline, 2, 7, POISON),  # fails again: still_parked
+        dlq_record(pipeline, 3, 8, metric(8)),  # recovered by an earlier replay
+        dlq_record(pipeline, 4, 9, metric(9), owner="orders_created"),  # other_pipeline
+        Msg(5, value_=metric(5), topic_=pipeline.dlq_topic, partition_=0),  # no headers
+    ]
+    w = World(pipeline, records, topic=pipeline.dlq_topic, partition=0,
+              with_producer=False)
+    w.db.set_offset(pipeline.name, pipeline.dlq_topic, 0, 0)  # the replay cursor
+    seed_dead_letters(w.db, pipeline, [records[0], records[2], records[3]], recovered=[8])
+    seeded = dict(w.db.dead_letters)
+    before = len(w.events)
+
+    rng = OffsetRange(pipeline.dlq_topic, 0, 0, 6, Mode.REPLAY, advance_cursor=True)
+    report = replay_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID, dry_run=True)
+
+    assert report.outcomes == {"recovered": 1, "still_parked": 1, "already_recovered": 1,
+                               "filtered_out": 0, "duplicate_in_dlq": 1,
+                               "other_pipeline": 1, "not_a_dead_letter": 1}
+    assert report.reasons["recovered"] == {"contract_violation": 1}
+    assert (report.dry_run, report.moves_cursor, report.read, report.inserted,
+            report.chunks) == (True, False, 6, 1, 2)
+    after = Events(w.events[before:])
+    assert after.of("begin") == [("begin", 2), ("begin", 3)]
+    assert after.of("rollback") == [("rollback", 2), ("rollback", 3)]
+    assert after.of("db_commit") == []
+    # Dry runs do not own the cursor: per-chunk locks under the replay's name.
+    assert after.of("xact_lock") == [("xact_lock", "telemetry_metrics:replay", 0, 2),
+                                     ("xact_lock", "telemetry_metrics:replay", 0, 3)]
+    assert after.of("lock") == []
+    assert w.db.rows == {}
+    assert w.db.dead_letters == seeded
+    assert w.db.runs == []
+    assert w.db.offset(pipeline.name, pipeline.dlq_topic, 0) == 0
+    assert w.consumer.commits == []
+    assert w.clients.group_ids == ["kafka-ingest.telemetry_metrics.dlq-replay"]
+    assert w.clients.producers_handed_out == 0
+
+
+# --------------------------------------------------------------------------- 8. CHUNK_HOOK
+
+
+STAGES = ["validated", "upserted", "dlq_produced", "db_committed", "kafka_committed"]
+
+
+def test_the_chunk_hook_sees_each_chunks_stages_in_the_documented_order(
+        pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The crash-safety tests kill the process at these stages: each must be reached once
+    # per chunk, in order, and "db_committed" only after the COMMIT, "kafka_committed"
+    # only after the Kafka commit.
+    w = World(pipeline)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", lambda stage: w.events.append(("at", stage)))
+    w.ingest()
+
+    marks = [e[1] for e in w.ev.of("at")]
+    assert {s: marks.count(s) for s in STAGES} == dict.fromkeys(STAGES, len(CHUNKS))
+    position: dict[str, list[int]] = {s: [] for s in STAGES}
+    for i, e in enumerate(w.events):
+        if e[0] == "at":
+            position[e[1]].append(i)
+    for k, (start, end) in enumerate(CHUNKS):  # the k-th mark of each stage is chunk k's
+        at = [position[s][k] for s in STAGES]
+        assert at == sorted(at), (start, end, at)
+        txn = w.ev.txn_of_chunk(start, end)
+        assert w.events.index(("db_commit", txn, start, end)) < position["db_committed"][k]
+        assert w.events.index(("kafka_commit", end)) < position["kafka_committed"][k]
+
+
+# --------------------------------------------------------------------------- Kafka commits
+
+
+def test_a_failing_kafka_commit_never_fails_the_slice(pipeline: Pipeline,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Postgres is the source of truth: a lost group commit only makes lag tools lag; the
+    # slice goes on and the stored offset is right.
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    w = World(pipeline, commit_failures=100)
+    report = w.ingest()
+
+    assert w.consumer.committed_offsets() == []
+    assert [e[1] for e in w.ev.of("kafka_commit_failed")] == [3] * 3 + [6] * 3 + [9] * 3 \
+        + [10] * 3
+    assert w.stored() == 10
+    assert sorted(w.db.rows) == VALID
+    assert (report.read, report.chunks) == (10, 4)
+
+
+def test_a_letter_twice_in_the_dlq_counts_the_same_in_a_dry_run_and_a_real_one(
+        pipeline: Pipeline) -> None:
+    # A retried produce can put the same source letter in the DLQ twice, in different
+    # chunks. A dry run's chunks see nothing of each other's (rolled back) writes, so the
+    # second copy must be told apart within the slice, or the dry run would count it as
+    # recovered a second time while the real run says already recovered.
+    def run(dry_run: bool) -> dict[str, int]:
+        records = [dlq_record(pipeline, 0, 4, metric(4)), dlq_record(pipeline, 1, 5, metric(5)),
+                   dlq_record(pipeline, 2, 6, metric(6)), dlq_record(pipeline, 3, 4, metric(4))]
+        w = World(pipeline, records, topic=pipeline.dlq_topic, partition=0,
+                  with_producer=False)
+        w.db.set_offset(pipeline.name, pipeline.dlq_topic, 0, 0)
+        seed_dead_letters(w.db, pipeline, records[:3], recovered=[])
+        rng = OffsetRange(pipeline.dlq_topic, 0, 0, 4, Mode.REPLAY, advance_cursor=True)
+        report = replay_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID, dry_run=dry_run)
+        assert report.chunks == 2  # chunk_size 3: the copy is in the second chunk
+        return report.outcomes
+
+    expected = {"recovered": 3, "still_parked": 0, "already_recovered": 0, "filtered_out": 0,
+                "duplicate_in_dlq": 1}
+    assert run(dry_run=True) == expected
+    assert run(dry_run=False) == expected
