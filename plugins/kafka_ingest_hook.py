@@ -21,7 +21,7 @@ from airflow.sdk import BaseHook, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kafka_ingest.clients import KafkaClients
-from kafka_ingest.db import Database
+from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.errors import PermanentError
 from kafka_ingest.reader import commit_offset, offsets_for_time, read_range, watermarks
 from kafka_ingest.requests import form_fields
@@ -82,22 +82,18 @@ class KafkaIngestHook(KafkaBaseHook):
 
 
 def postgres_database(conn_id: str) -> Database:
-    """A :class:`Database` for an Airflow Postgres connection (only its DSN is used).
+    """A :class:`Database` for an Airflow Postgres connection: host, port, login, password,
+    database (the connection's schema), and every libpq keyword of its extra (``sslmode``,
+    ``sslrootcert``, ``sslcert``, ``sslkey``, ``options``, ...). No host or no database is
+    a permanent error naming the connection.
 
     Writes go through psycopg 3 in one transaction per chunk, never through
     ``DbApiHook.insert_rows`` (it commits per batch on its own connection).
     """
     conn = BaseHook.get_connection(conn_id)
-    from psycopg.conninfo import make_conninfo
-
-    dsn = make_conninfo(
-        host=conn.host or "localhost",
-        port=str(conn.port or 5432),
-        user=conn.login or "",
-        password=conn.password or "",
-        dbname=conn.schema or "postgres",
-    )
-    return Database(dsn)
+    return Database(libpq_dsn(source=f"Airflow connection {conn_id!r}", host=conn.host,
+                              port=conn.port, user=conn.login, password=conn.password,
+                              dbname=conn.schema, extra=conn.extra_dejson))
 
 
 @contextmanager

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 . .venv/bin/activate
-kafka-ingest stack up
+kafka-ingest stack up --secure
 eval "$(kafka-ingest stack env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy

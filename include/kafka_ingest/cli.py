@@ -28,8 +28,8 @@ from kafka_ingest.backfill import require_window, run_backfill
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import get_pipeline, load_pipelines
 from kafka_ingest.contracts import json_schema
-from kafka_ingest.db import Database, OffsetsRepository, lock_partition, migrate
-from kafka_ingest.errors import IngestError, TriggerParamsError
+from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
+from kafka_ingest.errors import IngestError, SettingsError, TriggerParamsError
 from kafka_ingest.ingest import run_ingest
 from kafka_ingest.reader import partitions_of, watermarks
 from kafka_ingest.replay import run_replay
@@ -39,7 +39,7 @@ from kafka_ingest.status import lag, status_rows
 log = logging.getLogger("kafka_ingest")
 
 
-class MissingSetting(ValueError):
+class MissingSetting(SettingsError):
     """A setting the command needs is not in the environment."""
 
     def __init__(self, *names: str, what: str) -> None:
@@ -96,10 +96,27 @@ def _print_json(data: Any) -> int:
 # --------------------------------------------------------------------------- commands
 
 
-def cmd_migrate(_: argparse.Namespace) -> int:
-    with database().session() as conn:
+def admin_database(dsn: str | None = None) -> Database:
+    """The schema owner's database, for migrations: ``--dsn``, else
+    ``KAFKA_INGEST_PG_ADMIN_DSN``, else (a single-role setup) ``KAFKA_INGEST_PG_DSN``."""
+    for name, value in (("--dsn", dsn),
+                        ("KAFKA_INGEST_PG_ADMIN_DSN", os.environ.get("KAFKA_INGEST_PG_ADMIN_DSN")),
+                        ("KAFKA_INGEST_PG_DSN", os.environ.get("KAFKA_INGEST_PG_DSN"))):
+        if value:
+            log.info("migrating as the role of %s", name)
+            return Database(value)
+    raise MissingSetting("KAFKA_INGEST_PG_ADMIN_DSN", "--dsn", what="the schema owner's "
+                         "Postgres database, for migrations")
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    with admin_database(args.dsn).session() as conn:
         applied = migrate(conn)
+        if args.grant_to:
+            grant_runtime(conn, args.grant_to, [p.table for p in load_pipelines().values()])
     print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    if args.grant_to:
+        print(f"granted {args.grant_to!r} the runtime privileges on the pipelines' tables")
     return 0
 
 
@@ -282,7 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-ingest", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create or upgrade the schema").set_defaults(func=cmd_migrate)
+    p = sub.add_parser("migrate", help="create or upgrade the schema (as the owner role)")
+    p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
+    p.add_argument("--grant-to", metavar="ROLE",
+                   help="grant this runtime role the DML the pipelines need, and no more")
+    p.set_defaults(func=cmd_migrate)
     _add_operator_commands(sub)
     _add_inspection_commands(sub)
     for extension in entry_points(group="kafka_ingest.commands"):

@@ -50,6 +50,25 @@ _PRODUCER_ONLY = {"acks", "enable.idempotence", "linger.ms", "message.timeout.ms
                   "compression.type", "batch.size", "retries", "delivery.timeout.ms"}
 
 
+class _Refusals:
+    """The refusals librdkafka reports only through ``error_cb`` (a wrong password, a CA
+    that does not vouch for the broker): the request that failed says no more than
+    "transport failure" after its time-out."""
+
+    def __init__(self) -> None:
+        self.last: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() in REFUSED_CODES:
+            self.last = err
+
+
+class _Consumer(Consumer):
+    """A consumer that remembers whether the cluster refused it (see :func:`refusal`)."""
+
+    refusals: _Refusals
+
+
 class KafkaClients:
     """Builds confluent-kafka clients from one librdkafka config dict (the connection's)."""
 
@@ -68,10 +87,13 @@ class KafkaClients:
                 if k not in _CONSUMER_ONLY and k not in _PRODUCER_ONLY}
 
     def consumer(self, group_id: str) -> Consumer:
+        refusals = _Refusals()
         conf = {**CONSUMER_DEFAULTS, **{k: v for k, v in self.config.items()
                                         if k not in _PRODUCER_ONLY},
-                **FORCED_CONSUMER, "group.id": group_id}
-        return Consumer(conf)
+                **FORCED_CONSUMER, "group.id": group_id, "error_cb": refusals}
+        consumer = _Consumer(conf)
+        consumer.refusals = refusals
+        return consumer
 
     def producer(self) -> Producer:
         conf = {**PRODUCER_DEFAULTS, **{k: v for k, v in self.config.items()
@@ -102,14 +124,33 @@ REFUSED_CODES = frozenset({
 _OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 
 
-def map_kafka_error(operation: str, err: Any) -> IngestError:
+def refusal(client: Any, operation: str) -> KafkaRefused | None:
+    """Whether the cluster refused ``client`` (an unassigned consumer of ours): its queued
+    error events are served first, so a refusal is seen as soon as the request fails."""
+    refusals = getattr(client, "refusals", None)
+    if not isinstance(refusals, _Refusals):
+        return None
+    if refusals.last is None and not client.assignment():
+        client.poll(0)  # serves error_cb; an unassigned consumer has no message to lose
+    err = refusals.last
+    if err is None:
+        return None
+    kind = "fatal" if err.fatal() else "refused"
+    return KafkaRefused(operation, f"{err.name()} [{kind}]: {err.str()}")
+
+
+def map_kafka_error(operation: str, err: Any, client: Any = None) -> IngestError:
     """Map a confluent-kafka ``KafkaError`` (or ``KafkaException``) onto the error tree.
 
     Broker-side failures are infrastructure: transient, raised for Airflow to retry, never
     dead-lettered. Refusals (credentials, permissions, TLS, fatal client state) and offsets
     out of range (with ``auto.offset.reset=error``: retention deleted the range, or the
-    topic was recreated) are permanent.
+    topic was recreated) are permanent. With ``client``, a refusal it was told of (see
+    :func:`refusal`) explains a failure the request itself reports only as a time-out.
     """
+    refused = refusal(client, operation) if client is not None else None
+    if refused is not None:
+        return refused
     if isinstance(err, KafkaException):
         err = err.args[0] if err.args else err
     if not isinstance(err, KafkaError):
@@ -133,4 +174,5 @@ __all__ = [
     "REFUSED_CODES",
     "KafkaClients",
     "map_kafka_error",
+    "refusal",
 ]

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kafka_ingest.clients import REFUSED_CODES
 from kafka_ingest.config import DlqHeaderStyle
-from kafka_ingest.errors import DeliveryFailed
+from kafka_ingest.errors import DeliveryFailed, KafkaRefused
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,10 @@ def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline:
             break
     remaining = producer.flush(timeout_s)
     failures += _report_failures(letters[:queued], reports, remaining)
+    refused = [err for err, _ in reports.values()
+               if err is not None and (err.fatal() or err.code() in REFUSED_CODES)]
+    if refused:  # no write ACL on the DLQ topic, a fenced producer: no retry cures it
+        raise KafkaRefused(f"produce to {topic!r}", f"{refused[0].name()}: {refused[0].str()}")
     if failures:
         raise DeliveryFailed(topic, failures, len(letters))
     return [(reports[i][1].partition(), reports[i][1].offset()) for i in range(len(letters))]

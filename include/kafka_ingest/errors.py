@@ -18,6 +18,9 @@
     │   │                         moved back under a slice
     │   ├── KafkaRefused          authentication, authorisation, TLS, or a fatal client
     │   │                         error: no retry can cure it
+    │   ├── DatabaseRefused       Postgres refused the login: password, certificate, TLS
+    │   │                         required by pg_hba.conf, unknown role or database
+    │   ├── SettingsError         a connection or setting that cannot work (no host, ...)
     │   ├── ReconciliationError   read != inserted + duplicates + stale + dead + skipped
     │   ├── TriggerParamsError    a trigger form / CLI range that cannot be honoured
     │   ├── SchemaMissing         the pipelines' tables are not there: run the migrations
@@ -162,6 +165,20 @@ class KafkaRefused(PermanentError):
         self.reason = reason
         super().__init__(f"Kafka {operation} refused: {reason}; fix the Kafka connection's "
                          "settings (a retry cannot cure this)")
+
+
+class DatabaseRefused(PermanentError):
+    """Postgres refused the connection: credentials, certificate, or TLS required."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        self.kind = kind
+        self.reason = reason
+        super().__init__(f"Postgres refused the connection ({kind}): {reason}; fix the "
+                         "connection's settings (a retry cannot cure this)")
+
+
+class SettingsError(PermanentError, ValueError):
+    """A connection or setting that cannot work, named with what to set."""
 
 
 class ReconciliationError(PermanentError):

@@ -38,7 +38,7 @@ def partitions_of(consumer: Any, topic: str, *, timeout_s: float = 10.0,
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
     except KafkaException as exc:
-        raise map_kafka_error("metadata", exc) from exc
+        raise map_kafka_error("metadata", exc, consumer) from exc
     meta = md.topics.get(topic)
     if meta is None or (meta.error is not None
                         and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
@@ -57,7 +57,7 @@ def watermarks(consumer: Any, topic: str, partitions: list[int],
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p),
                                                        timeout=timeout_s, cached=False)
         except KafkaException as exc:
-            raise map_kafka_error(f"watermarks of {topic}[{p}]", exc) from exc
+            raise map_kafka_error(f"watermarks of {topic}[{p}]", exc, consumer) from exc
         out[p] = (int(low), int(high))
     return out
 
@@ -73,7 +73,7 @@ def offsets_for_time(consumer: Any, topic: str, partitions: list[int], when_ms: 
     try:
         found = consumer.offsets_for_times(tps, timeout=timeout_s)
     except KafkaException as exc:
-        raise map_kafka_error("offsets_for_times", exc) from exc
+        raise map_kafka_error("offsets_for_times", exc, consumer) from exc
     marks = None
     out: dict[int, int] = {}
     for tp in found:

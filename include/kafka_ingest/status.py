@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql
+
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository
@@ -37,20 +39,20 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
 def status_rows(conn: Any, pipeline: str | None, *,
                 limit: int = 10) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The last ``limit`` committed chunks and the dead letters by class and status."""
-    where, args = ("WHERE pipeline = %s", [pipeline]) if pipeline else ("", [])
-    cur = conn.execute(
+    where = sql.SQL("WHERE pipeline = %s" if pipeline else "")
+    args = [pipeline] if pipeline else []
+    runs = _rows(conn, sql.SQL(
         "SELECT pipeline, mode, partition, start_offset, end_offset, read, inserted,"
         " duplicates, stale, dead_lettered, tombstones, round(seconds::numeric, 3) AS seconds,"
-        f" committed_at FROM ingest_runs {where} ORDER BY id DESC LIMIT %s",
-        [*args, limit],
-    )
-    cols = [d.name for d in cur.description]
-    runs = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
-    cur = conn.execute(
+        " committed_at FROM ingest_runs {} ORDER BY id DESC LIMIT %s").format(where),
+        [*args, limit])
+    dead = _rows(conn, sql.SQL(
         "SELECT pipeline, status, error_class, count(*) AS n, max(last_failed_at) AS last"
-        f" FROM dead_letters {where} GROUP BY 1, 2, 3 ORDER BY 1, 2, 4 DESC",
-        args,
-    )
-    cols = [d.name for d in cur.description]
-    dead = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+        " FROM dead_letters {} GROUP BY 1, 2, 3 ORDER BY 1, 2, 4 DESC").format(where), args)
     return runs, dead
+
+
+def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, Any]]:
+    cur = conn.execute(query, args)
+    cols = [d.name for d in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]

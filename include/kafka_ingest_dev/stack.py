@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka_ingest_dev import tls
+
 __all__ = [
     "KAFKA_VERSION",
     "PartStatus",
@@ -66,8 +68,12 @@ log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.1.1"
 PG_ROLE = "kafka_ingest"
-PG_PASSWORD = "kafka_ingest"
+# The plaintext development stack's owner password: loopback only, documented, and the
+# same as docker-compose.yml's. The secure stack's runtime role gets a random one.
+PG_PASSWORD = "kafka_ingest"  # noqa: S105
 PG_DATABASE = "kafka_ingest"
+#: The secure stack's runtime role (least privilege); PG_ROLE owns the schema.
+PG_APP_ROLE = "kafka_ingest_app"
 AIRFLOW_DATABASE = "airflow"
 KAFKA_GROUP_ID = "kafka-ingest"
 
@@ -119,6 +125,7 @@ class Settings:
     repo: Path | None
     kafka_port: int
     controller_port: int
+    secure_port: int
     pg_port: int
     pg_home: Path
 
@@ -154,6 +161,23 @@ class Settings:
     def airflow_home(self) -> Path:
         return self.state / "airflow"
 
+    @property
+    def secure_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state / "tls"
+
+    @property
+    def secure_marker(self) -> Path:
+        """Present once ``up --secure`` ran: the stack stays secure across restarts."""
+        return self.state / "secure"
+
+    @property
+    def secure(self) -> bool:
+        return self.secure_marker.is_file()
+
 
 # --------------------------------------------------------------------------- settings
 
@@ -184,7 +208,8 @@ def _pg_home(state: Path) -> Path:
     if os.geteuid() != 0 or all(p.stat().st_mode & 0o001 for p in state.parents if p.exists()):
         return inside
     digest = hashlib.sha256(str(state).encode()).hexdigest()[:12]
-    return Path("/var/tmp/kafka-ingest") / digest / "postgres"
+    # A directory of our own (named by the state dir's hash), made 0700 by initdb.
+    return Path("/var/tmp/kafka-ingest") / digest / "postgres"  # noqa: S108
 
 
 def _cache_dir() -> Path:
@@ -212,6 +237,7 @@ def settings() -> Settings:
         repo=repo_root(),
         kafka_port=_port("KAFKA_INGEST_KAFKA_PORT", 19092),
         controller_port=_port("KAFKA_INGEST_CONTROLLER_PORT", 19093),
+        secure_port=_port("KAFKA_INGEST_KAFKA_SECURE_PORT", 19094),
         pg_port=_port("KAFKA_INGEST_PG_PORT", 15432),
         pg_home=_pg_home(state),
     )
@@ -311,6 +337,13 @@ def _accepts(port: int) -> bool:
     return False
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def _tail(path: Path, lines: int = 5) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -384,8 +417,48 @@ def _kafka_properties(s: Settings) -> str:
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
     }
+    if s.secure:
+        props.update(_secure_listener(s))
     header = "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
     return header + "".join(f"{key}={value}\n" for key, value in props.items())
+
+
+def _secure_listener(s: Settings) -> dict[str, str]:
+    """A ``SASL_SSL`` listener beside the plaintext one: SCRAM-SHA-512 over TLS, with the
+    stack's own certificate (a PEM keystore); brokers and controllers keep plaintext."""
+    files = tls.TlsFiles(s.tls_dir)
+    name = "listener.name.sasl_ssl"
+    return {
+        "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},"
+        f"SASL_SSL://127.0.0.1:{s.secure_port},CONTROLLER://127.0.0.1:{s.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{s.bootstrap},SASL_SSL://{s.secure_bootstrap}",
+        "listener.security.protocol.map":
+            "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        f"{name}.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        f"{name}.ssl.keystore.type": "PEM",
+        f"{name}.ssl.keystore.location": str(files.server_pem),
+    }
+
+
+def _create_scram_user(s: Settings) -> None:
+    """Create (or reset) the SCRAM-SHA-512 user over the plaintext listener; idempotent."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    creds = tls.credentials(tls.TlsFiles(s.tls_dir))
+    config: dict[str, Any] = {"bootstrap.servers": s.bootstrap, "logger": log}
+    admin = AdminClient(config)
+    upsert = UserScramCredentialUpsertion(
+        creds["kafka_user"], ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+        creds["kafka_password"].encode())
+    for future in admin.alter_user_scram_credentials([upsert]).values():
+        future.result(30)
 
 
 def _java_cmd(java: str, libs: Path, main_class: str, *args: str) -> list[str]:
@@ -419,6 +492,8 @@ def _kafka_preflight(s: Settings) -> str:
         _binary("mvn", "Maven (apt-get install maven)")
     _require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
     _require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
+    if s.secure:
+        _require_free(s.secure_port, "Kafka's SASL_SSL listener", "KAFKA_INGEST_KAFKA_SECURE_PORT")
     return java
 
 
@@ -567,7 +642,45 @@ def _pg_config(s: Settings) -> str:
         "password_encryption = 'scram-sha-256'\n"
         "log_min_messages = warning\n"
         "log_line_prefix = '%m [%p] %q%u@%d '\n"
+        + ("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
+           "ssl_min_protocol_version = 'TLSv1.2'\n" if s.secure else "")
     )
+
+
+def _pg_hba(s: Settings) -> str:
+    """Trust on the private unix socket, SCRAM on loopback; on the secure stack the
+    pipelines' runtime role may connect only over TLS (``hostssl``), never in plain text."""
+    secure = (
+        f"hostssl all {PG_APP_ROLE} 127.0.0.1/32 scram-sha-256\n"
+        f"host    all {PG_APP_ROLE} 127.0.0.1/32 reject\n" if s.secure else "")
+    return (
+        "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
+        "local   all         all                 trust\n"
+        "local   replication all                 trust\n"
+        f"{secure}"
+        "host    all         all  127.0.0.1/32   scram-sha-256\n"
+        "host    all         all  ::1/128        scram-sha-256\n"
+    )
+
+
+def _configure_postgres(s: Settings) -> bool:
+    """Write the settings, pg_hba.conf and (secure) the server's certificate into the data
+    directory; return whether anything changed."""
+    wanted = {"kafka_ingest.conf": _pg_config(s), "pg_hba.conf": _pg_hba(s)}
+    if s.secure:
+        files = tls.TlsFiles(s.tls_dir)
+        wanted["server.crt"] = files.server_cert.read_text()
+        wanted["server.key"] = files.server_key.read_text()
+    changed = False
+    for name, text in wanted.items():
+        path = s.pg_data / name
+        if _read(path) == text:
+            continue
+        path.write_text(text)
+        path.chmod(0o600)
+        _chown_postgres(path)
+        changed = True
+    return changed
 
 
 def _init_postgres(s: Settings, bindir: Path) -> None:
@@ -596,14 +709,16 @@ def _start_postgres(s: Settings) -> tuple[int, bool]:
     """Start the cluster unless it runs; pg_ctl -w polls until it accepts connections."""
     pid = _postmaster_pid(s)
     if pid is not None:
+        if _configure_postgres(s):  # ssl, pg_hba.conf: both take effect on a reload
+            _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(s.pg_data), "reload"],
+                    "pg_ctl reload")
         return pid, False
     bindir = _pg_bindir()
     _require_free(s.pg_port, "PostgreSQL", "KAFKA_INGEST_PG_PORT")
     s.pg_dir.mkdir(parents=True, exist_ok=True)
     _check_traversable(s)
     _init_postgres(s, bindir)
-    (s.pg_data / "kafka_ingest.conf").write_text(_pg_config(s))
-    _chown_postgres(s.pg_data / "kafka_ingest.conf")
+    _configure_postgres(s)
     logfile = s.pg_dir / "postgres.log"
     logfile.touch()
     _chown_postgres(logfile)
@@ -646,6 +761,8 @@ def _bootstrap_postgres(s: Settings) -> None:
         # worker that a fresh, just-filled database attracts; without this it fails with
         # "must be a member of the role whose process is being terminated".
         conn.execute(sql.SQL("GRANT pg_signal_backend TO {}").format(sql.Identifier(PG_ROLE)))
+        if s.secure:
+            _ensure_app_role(conn, tls.credentials(tls.TlsFiles(s.tls_dir))["pg_app_password"])
         for database in (PG_DATABASE, AIRFLOW_DATABASE):
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
             if found.fetchone() is None:
@@ -654,6 +771,17 @@ def _bootstrap_postgres(s: Settings) -> None:
                         sql.Identifier(database), sql.Identifier(PG_ROLE)
                     )
                 )
+
+
+def _ensure_app_role(conn: Any, password: str) -> None:
+    """The pipelines' runtime role: it logs in (over TLS only, see pg_hba.conf) and gets
+    only the DML its tables need, granted by ``kafka-ingest migrate --grant-to``."""
+    from psycopg import sql
+
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_APP_ROLE,))
+    verb = "ALTER" if exists.fetchone() else "CREATE"
+    conn.execute(sql.SQL(verb + " ROLE {} LOGIN NOCREATEDB NOCREATEROLE PASSWORD {}").format(
+        sql.Identifier(PG_APP_ROLE), sql.Literal(password)))
 
 
 def _stop_postgres(s: Settings) -> str:
@@ -772,34 +900,70 @@ def _airflow_status(s: Settings) -> PartStatus:
 # --------------------------------------------------------------------------- public API
 
 
-def env() -> dict[str, str]:
-    """The environment that points clients, tests and Airflow at the local stack."""
+def _kafka_client_config(s: Settings, *, secure: bool) -> dict[str, Any]:
+    """The librdkafka settings a client of this stack needs."""
+    if not secure:
+        return {"bootstrap.servers": s.bootstrap, "socket.timeout.ms": 10000}
+    files = tls.TlsFiles(s.tls_dir)
+    creds = tls.credentials(files)
+    return {
+        "bootstrap.servers": s.secure_bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": creds["kafka_user"],
+        "sasl.password": creds["kafka_password"],
+        "ssl.ca.location": str(files.ca_cert),
+        "socket.timeout.ms": 10000,
+    }
+
+
+def _pg_params(s: Settings, *, secure: bool, owner: bool = False) -> dict[str, Any]:
+    """libpq parameters: the owner role in plain text, or (secure) TLS verified against the
+    stack's CA, as the runtime role unless ``owner``."""
+    params: dict[str, Any] = {"host": "127.0.0.1", "port": s.pg_port, "dbname": PG_DATABASE,
+                              "user": PG_ROLE, "password": PG_PASSWORD}
+    if secure:
+        files = tls.TlsFiles(s.tls_dir)
+        if not owner:
+            params.update(user=PG_APP_ROLE,
+                          password=tls.credentials(files)["pg_app_password"])
+        params.update(sslmode="verify-full", sslrootcert=str(files.ca_cert))
+    return params
+
+
+def env(*, secure: bool = False) -> dict[str, str]:
+    """The environment that points clients, tests and Airflow at the local stack; with
+    ``secure``, at its SASL_SSL listener and at Postgres over verified TLS as the runtime
+    role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations)."""
+    from psycopg.conninfo import make_conninfo
+
     s = settings()
+    if secure and not s.secure:
+        raise StackError("the stack is not secure: run `kafka-ingest stack up --secure` first")
     airflow_secrets = _airflow_secrets(s)
     project = s.repo or Path.cwd()
-    kafka_conn = {
-        "conn_type": "kafka",
-        "extra": {
-            "bootstrap.servers": s.bootstrap,
-            "group.id": KAFKA_GROUP_ID,
-            "socket.timeout.ms": 10000,
-        },
-    }
-    pg_conn = {
-        "conn_type": "postgres",
-        "host": "127.0.0.1",
-        "port": s.pg_port,
-        "login": PG_ROLE,
-        "password": PG_PASSWORD,
-        "schema": PG_DATABASE,
-    }
+    kafka = _kafka_client_config(s, secure=secure)
+    pg = _pg_params(s, secure=secure)
+    tls_extra = {k: pg[k] for k in ("sslmode", "sslrootcert") if k in pg}
+    pg_conn = {"conn_type": "postgres", "host": pg["host"], "port": pg["port"],
+               "login": pg["user"], "password": pg["password"], "schema": pg["dbname"],
+               **({"extra": tls_extra} if tls_extra else {})}
     airflow_db = (
         f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
     )
     return {
         "KAFKA_INGEST_STATE_DIR": str(s.state),
-        "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
-        "KAFKA_INGEST_PG_DSN": _pg_dsn(s, PG_DATABASE),
+        "KAFKA_BOOTSTRAP_SERVERS": kafka["bootstrap.servers"],
+        "KAFKA_INGEST_KAFKA_CONFIG": json.dumps(kafka),
+        "KAFKA_INGEST_PG_DSN": make_conninfo(**pg),
+        "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(s, secure=secure, owner=True)),
+        "PGHOST": pg["host"],
+        "PGPORT": str(pg["port"]),
+        "PGUSER": pg["user"],
+        "PGPASSWORD": pg["password"],
+        "PGDATABASE": pg["dbname"],
+        "PGSSLMODE": pg.get("sslmode", "prefer"),
+        **({"PGSSLROOTCERT": pg["sslrootcert"]} if secure else {}),
         "AIRFLOW_HOME": str(s.airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
@@ -808,7 +972,8 @@ def env() -> dict[str, str]:
         "AIRFLOW__CORE__FERNET_KEY": airflow_secrets["fernet_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": airflow_secrets["jwt_secret"],
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_db,
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka_conn),
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+            {"conn_type": "kafka", "extra": {**kafka, "group.id": KAFKA_GROUP_ID}}),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(pg_conn),
     }
 
@@ -826,6 +991,10 @@ def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, boo
     preflight (java, mvn, ports) stays in the caller so its errors come at once.
     """
     running = _kafka_pid(s)
+    if running is not None and _read(s.kafka_props) != _kafka_properties(s):
+        log.info("kafka: its configuration changed (e.g. --secure); restarting it")
+        _stop_kafka(s)
+        running = None
     if running is None:
         java = _kafka_preflight(s)
         return pool.submit(lambda: (_launch_kafka(s, java), True))
@@ -834,17 +1003,26 @@ def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, boo
     return done
 
 
-def up(*, report: Report | None = None) -> dict[str, str]:
+def up(*, report: Report | None = None, secure: bool = False) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
     jar download and the broker's boot run while Postgres starts and Airflow migrates, so
     a cold start costs the slower of the two rather than their sum. ``report`` receives
     one line per part.
+
+    ``secure`` (sticky: later ``up`` calls keep it) adds a SASL_SSL listener to Kafka and
+    TLS to Postgres, with a CA, a server certificate and SCRAM users made in the state
+    directory; a running broker is restarted to take the listener.
     """
     emit = report or log.info
     s = settings()
     with _locked(s), ThreadPoolExecutor(max_workers=1) as pool:
+        if secure and not s.secure:
+            tls.ensure(s.tls_dir)
+            s.secure_marker.write_text("SASL_SSL listener and Postgres TLS on\n")
+        elif s.secure:
+            tls.ensure(s.tls_dir)
         kafka_since = time.monotonic()
         launch = _begin_kafka(s, pool)
         pg_since = time.monotonic()
@@ -855,7 +1033,11 @@ def up(*, report: Report | None = None) -> dict[str, str]:
         kafka_pid, kafka_started = launch.result()
         _await_kafka(s, kafka_pid)
         emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, kafka_since))
-    return env()
+        if s.secure:
+            _create_scram_user(s)
+            emit(f"secure: Kafka SASL_SSL (SCRAM-SHA-512) on {s.secure_bootstrap}, Postgres "
+                 f"TLS for {PG_APP_ROLE}; `kafka-ingest stack env --secure` points at them")
+    return env(secure=s.secure and secure)
 
 
 def down(*, report: Report | None = None) -> None:
@@ -890,8 +1072,8 @@ def status() -> list[PartStatus]:
     return [_kafka_status(s), _postgres_status(s), _airflow_status(s)]
 
 
-def _print_env() -> None:
-    for name, value in env().items():
+def _print_env(*, secure: bool = False) -> None:
+    for name, value in env(secure=secure).items():
         print(f"export {name}={shlex.quote(value)}")
 
 
@@ -901,10 +1083,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the real local stack: Kafka (KRaft), PostgreSQL, Airflow metadata.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="start what is not running and wait until it answers")
+    up_cmd = commands.add_parser("up", help="start what is not running and wait until it answers")
+    up_cmd.add_argument("--secure", action="store_true",
+                        help="also a Kafka SASL_SSL listener and Postgres TLS (kept from then on)")
     commands.add_parser("down", help="stop what `up` started; data is kept")
     commands.add_parser("status", help="show each part; exit 1 if any is down")
-    commands.add_parser("env", help='print `export` lines: eval "$(kafka-ingest stack env)"')
+    env_cmd = commands.add_parser("env",
+                                  help='print `export` lines: eval "$(kafka-ingest stack env)"')
+    env_cmd.add_argument("--secure", action="store_true",
+                         help="point at the SASL_SSL listener and TLS Postgres (runtime role)")
     return parser
 
 
@@ -913,7 +1100,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
-            up(report=print)
+            up(report=print, secure=args.secure)
         elif args.command == "down":
             down(report=print)
         elif args.command == "status":
@@ -922,7 +1109,7 @@ def main(argv: list[str]) -> int:
                 print(part.line())
             return 0 if all(part.up for part in parts) else 1
         else:
-            _print_env()
+            _print_env(secure=args.secure)
     except StackError as exc:
         print(f"kafka-ingest stack {args.command}: {exc}", file=sys.stderr)
         return 2

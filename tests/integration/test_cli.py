@@ -102,10 +102,13 @@ def test_a_database_without_the_schema_says_to_migrate(cli_env: dict[str, Any],
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        env = {**cli_env["env"], "KAFKA_INGEST_PG_DSN": make_conninfo(admin, dbname=name)}
+        empty = make_conninfo(admin, dbname=name)
+        env = {**cli_env["env"], "KAFKA_INGEST_PG_DSN": empty}
         result = cli(env, "run", cli_env["pipeline"].name)
         assert result.returncode == 2
         assert "kafka-ingest migrate" in result.stderr
+        # migrations run as the schema owner: its DSN, here the same role's
+        env["KAFKA_INGEST_PG_ADMIN_DSN"] = empty
         migrated = cli(env, "migrate")
         assert migrated.returncode == 0 and "0001_core" in migrated.stdout
         assert "up to date" in cli(env, "migrate").stdout

@@ -23,7 +23,7 @@ def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
      "set KAFKA_INGEST_KAFKA_CONFIG or KAFKA_BOOTSTRAP_SERVERS (the Kafka cluster to use)"),
     (["lag"], "set KAFKA_INGEST_KAFKA_CONFIG or KAFKA_BOOTSTRAP_SERVERS"),
     # only the database is needed
-    (["migrate"], "set KAFKA_INGEST_PG_DSN (the pipelines' Postgres database"),
+    (["migrate"], "set KAFKA_INGEST_PG_ADMIN_DSN or --dsn (the schema owner's Postgres database"),
     (["status"], "set KAFKA_INGEST_PG_DSN"),
 ])
 def test_a_missing_setting_is_named(no_settings: None, argv: list[str], message: str,

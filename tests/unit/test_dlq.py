@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from kafka_ingest.config import DlqHeaderStyle
 from kafka_ingest.dlq import (
@@ -24,7 +25,7 @@ from kafka_ingest.dlq import (
     parse_dlq_message,
     produce_dead_letters,
 )
-from kafka_ingest.errors import DeliveryFailed
+from kafka_ingest.errors import DeliveryFailed, KafkaRefused
 
 NATIVE_FIELDS = ["topic", "partition", "offset", "timestamp", "pipeline", "contract",
                  "error_class", "error_detail", "attempts", "first_failed_at"]
@@ -137,18 +138,6 @@ class Report:
 
 
 @dataclass
-class ReportError:
-    code: str
-    text: str
-
-    def name(self) -> str:
-        return self.code
-
-    def str(self) -> str:
-        return self.text
-
-
-@dataclass
 class RecordingProducer:
     """Records produce() calls; flush() fires the delivery callbacks ``outcome`` decides.
 
@@ -201,7 +190,7 @@ def test_nothing_to_produce() -> None:
 def test_one_failed_report_raises_delivery_failed_naming_it() -> None:
     def outcome(i: int) -> tuple[Any, Any]:
         if i == 1:
-            return (ReportError("MSG_TIMED_OUT", "Local: Message timed out"), None)
+            return (KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out"), None)
         return delivered(i)
 
     letters = [letter(offset=o) for o in (7, 8, 9)]
@@ -209,9 +198,22 @@ def test_one_failed_report_raises_delivery_failed_naming_it() -> None:
         produce_dead_letters(RecordingProducer(outcome), letters, "p", DlqHeaderStyle.NATIVE)
     err = info.value
     assert (err.topic, err.total) == ("telemetry-metrics-dlq", 3)
-    assert err.failures == ["offset 8: MSG_TIMED_OUT: Local: Message timed out"]
+    assert err.failures == ["offset 8: _MSG_TIMED_OUT: Local: Message timed out"]
     assert "1 of 3 dead letters were not delivered" in str(err)
     assert "nothing was committed" in str(err)
+
+
+def test_a_refused_delivery_is_permanent() -> None:
+    # No write ACL on the DLQ topic: retrying the task cannot deliver it, so say so now.
+    def outcome(i: int) -> tuple[Any, Any]:
+        if i == 0:
+            return (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorized"), None)
+        return delivered(i)
+
+    with pytest.raises(KafkaRefused) as info:
+        produce_dead_letters(RecordingProducer(outcome), [letter(offset=o) for o in (7, 8)],
+                             "p", DlqHeaderStyle.NATIVE)
+    assert "TOPIC_AUTHORIZATION_FAILED: not authorized" in str(info.value)
 
 
 def test_a_missing_report_is_a_failure_even_when_flush_returns_zero() -> None:

@@ -4,7 +4,12 @@ One chunk is one transaction on one psycopg 3 connection (:class:`UnitOfWork`): 
 dead letters, the stored offset moved by compare-and-set, the audit row, then COMMIT.
 """
 
-from kafka_ingest.db.connection import Database, map_psycopg_error, translate_errors
+from kafka_ingest.db.connection import (
+    Database,
+    libpq_dsn,
+    map_psycopg_error,
+    translate_errors,
+)
 from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
@@ -15,7 +20,7 @@ from kafka_ingest.db.repositories import (
     RunRecord,
     RunsRepository,
 )
-from kafka_ingest.db.schema import migrate
+from kafka_ingest.db.schema import grant_runtime, migrate
 from kafka_ingest.db.session import SliceSession
 from kafka_ingest.db.uow import UnitOfWork
 from kafka_ingest.db.upsert import RowsRepository, UpsertResult
@@ -33,6 +38,8 @@ __all__ = [
     "SliceSession",
     "UnitOfWork",
     "UpsertResult",
+    "grant_runtime",
+    "libpq_dsn",
     "lock_partition",
     "map_psycopg_error",
     "migrate",
