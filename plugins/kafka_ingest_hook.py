@@ -1,4 +1,5 @@
-"""Airflow's side of Kafka and Postgres for kafka_ingest: a hook and a DSN helper.
+"""Airflow's side of Kafka and Postgres for kafka_ingest: a hook, a DSN helper, and the
+monitor's alerting (notifiers, failing the task).
 
 ``KafkaIngestHook`` subclasses the Kafka provider's ``KafkaBaseHook`` and overrides only
 ``_get_client``: the connection's extra (the librdkafka dict) becomes a
@@ -11,20 +12,27 @@ No side effects at import time (the plugin manager imports every file here).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
-from airflow.sdk import BaseHook, Param
+from airflow.sdk import BaseHook, BaseNotifier, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.errors import PermanentError
+from kafka_ingest.monitor import Breach, post_webhook, redact_url
 from kafka_ingest.reader import commit_offset, offsets_for_time, read_range, watermarks
 from kafka_ingest.requests import form_fields
+
+log = logging.getLogger(__name__)
 
 
 class KafkaIngestHook(KafkaBaseHook):
@@ -116,19 +124,27 @@ def form_params(form: Any) -> dict[str, Param]:
             form_fields(form).items()}
 
 
-METRICS = ("read", "inserted", "duplicates", "stale", "dead_lettered", "tombstones", "bytes",
-           "lag_after", "dlq_rate", "recovered", "still_parked")
+METRICS = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead", "tombstones",
+           "bytes",
+           "lag_after", "dlq_rate", "recovered", "still_parked", "total_lag", "group_lag",
+           "parked")
 
 
 def emit_metrics(kind: str, pipeline: str, summary: dict[str, Any]) -> None:
-    """Send a run's sums to Airflow's metrics (StatsD or OpenTelemetry, as configured):
-    ``kafka_ingest.<kind>.<name>`` gauges, tagged with the pipeline."""
+    """Send a run's sums to Airflow's metrics (StatsD or OpenTelemetry, as configured).
+
+    Each figure goes out twice, as Airflow's own metrics do: ``kafka_ingest.<kind>.<name>``
+    tagged with the pipeline (OpenTelemetry, DogStatsD), and
+    ``kafka_ingest.<kind>.<pipeline>.<name>`` for plain StatsD, which drops tags (without
+    the name, two pipelines would overwrite each other's gauge).
+    """
     from airflow.sdk.observability.stats import Stats
 
     for name in METRICS:
         value = summary.get(name)
         if isinstance(value, int | float):
             Stats.gauge(f"kafka_ingest.{kind}.{name}", value, tags={"pipeline": pipeline})
+            Stats.gauge(f"kafka_ingest.{kind}.{pipeline}.{name}", value)
 
 
 def dag_default_args(pipeline: Any) -> dict[str, Any]:
@@ -161,3 +177,67 @@ def table_updated_task(pipeline: Any) -> Any:
         return int(summary["inserted"])
 
     return table_updated
+
+
+# --------------------------------------------------------------------------- alerting
+
+
+def _build_notifier(ref: NotifierClass) -> Any:
+    """Import ``ref``'s class by its dotted path and build it with its kwargs."""
+    module, _, name = ref.class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    notifier = cls(**ref.kwargs)
+    if not callable(getattr(notifier, "notify", None)):
+        raise TypeError(f"{ref.class_path} is not a notifier (it has no notify(context))")
+    return notifier
+
+
+def notify_breaches(pipeline: Any, breaches: Sequence[Breach],
+                    context: Mapping[str, Any]) -> list[str]:
+    """Tell every notifier of ``pipeline.alerts.notifiers`` about ``breaches``; return the
+    notifiers that failed (each is logged; none stops the others or hides the breach).
+
+    A webhook URL gets one POST per breach, JSON ``{pipeline, rule, message, figures}``
+    with a 10 s time-out. An Airflow notifier class is built with its kwargs and called
+    once with the task's context plus ``pipeline``, ``breaches`` (their dicts) and
+    ``message`` (one line per breach): a ``BaseNotifier`` through its ``__call__``, which
+    renders its templated fields first (``{{ message }}`` works), anything else through
+    ``notify(context)``. Webhook URLs are logged without their path (it may hold a secret).
+    """
+    if not breaches:
+        return []
+    extra = {"pipeline": pipeline.name, "breaches": [b.to_dict() for b in breaches],
+             "message": "\n".join(b.message for b in breaches)}
+    failed = []
+    for ref in pipeline.alerts.notifiers:
+        target = redact_url(ref) if isinstance(ref, str) else ref.class_path
+        try:
+            if isinstance(ref, str):
+                for breach in breaches:
+                    post_webhook(ref, breach)
+            else:
+                notifier = _build_notifier(ref)
+                call = notifier if isinstance(notifier, BaseNotifier) else notifier.notify
+                call({**context, **extra})
+        except Exception as exc:  # any notifier's failure is logged; the breach still fails
+            log.error("%s: notifier %s failed: %s: %s", pipeline.name, target,
+                      type(exc).__name__, exc)
+            failed.append(target)
+        else:
+            log.info("%s: notifier %s told of %d breach(es)", pipeline.name, target,
+                     len(breaches))
+    return failed
+
+
+def alert_on_breaches(pipeline: Any, breaches: Sequence[Breach],
+                      context: Mapping[str, Any]) -> None:
+    """On any breach: call the pipeline's notifiers, then fail the task without retry
+    (the next scheduled check judges again) with a message naming the pipeline, each rule
+    and its figures, so Airflow's own failure alerting fires too."""
+    if not breaches:
+        return
+    failed = notify_breaches(pipeline, breaches, context)
+    lines = [f"{b.message} (figures: {json.dumps(b.figures, default=str)})" for b in breaches]
+    note = f"; notifiers that failed: {', '.join(failed)}" if failed else ""
+    raise AirflowFailException(f"{len(breaches)} alert rule(s) breached: "
+                               + " | ".join(lines) + note)

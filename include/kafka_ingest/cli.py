@@ -34,7 +34,8 @@ from kafka_ingest.ingest import run_ingest
 from kafka_ingest.reader import partitions_of, watermarks
 from kafka_ingest.replay import run_replay
 from kafka_ingest.requests import ingest_request, replay_request
-from kafka_ingest.status import lag, status_rows
+from kafka_ingest.status import lag, pipeline_status, status_rows
+from kafka_ingest.topics import create_pipeline_topics
 
 log = logging.getLogger("kafka_ingest")
 
@@ -170,12 +171,30 @@ def cmd_lag(args: argparse.Namespace) -> int:
             rows += lag(get_pipeline(name), clients, db)
         except ValueError as exc:  # topic not created yet
             print(f"{name}: {exc}", file=sys.stderr)
-    print_table(rows)
+    print_table(rows)  # lag: from the stored offset (the truth); group_lag: what lag tools see
+    for r in rows:
+        if r["stored_offset"] is not None and r["group_offset"] != r["stored_offset"]:
+            print(f"{r['pipeline']} {r['topic']}[{r['partition']}]: the group offset "
+                  f"{r['group_offset']} differs from the stored offset {r['stored_offset']}; "
+                  "the next live run re-syncs it", file=sys.stderr)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with database().session() as conn:
+    """The on-call view per pipeline (the monitor DAG's rules judged now, nothing
+    recorded), then the recent chunks and the dead letters. Needs only the database: without
+    Kafka settings the lag is shown as not known."""
+    db = database()
+    pipelines = ([get_pipeline(args.pipeline)] if args.pipeline
+                 else [p for _, p in sorted(load_pipelines().items())])
+    try:
+        clients: KafkaClients | None = kafka_clients()
+    except MissingSetting as exc:
+        clients = None
+        print(f"kafka-ingest: lag not shown: {exc}", file=sys.stderr)
+    for pipeline in pipelines:
+        print("\n".join(pipeline_status(pipeline, clients, db)), end="\n\n")
+    with db.session() as conn:
         runs, dead = status_rows(conn, args.pipeline, limit=args.limit)
     print("recent chunks:")
     print_table(runs)
@@ -221,6 +240,21 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
                                                target)
         conn.commit()
     print(f"{pipeline.name} {pipeline.topic}[{args.partition}]: {before} -> {target}")
+    return 0
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    pipelines = load_pipelines()
+    unknown = sorted(set(args.pipelines) - set(pipelines))
+    if unknown:
+        raise ValueError(f"unknown pipeline(s) {', '.join(unknown)}; defined: "
+                         f"{', '.join(sorted(pipelines))}")
+    chosen = [pipelines[n] for n in (args.pipelines or sorted(pipelines))]
+    created, existed = create_pipeline_topics(kafka_clients(), chosen)
+    for topic in created:
+        print(f"created {topic}")
+    for topic in existed:
+        print(f"already there: {topic}")
     return 0
 
 
@@ -277,7 +311,9 @@ def _add_inspection_commands(sub: Any) -> None:
     p.add_argument("pipeline", nargs="?")
     p.set_defaults(func=cmd_lag)
 
-    p = sub.add_parser("status", help="recent chunks and dead letters")
+    p = sub.add_parser("status", help="the on-call view per pipeline (last run, lag, DLQ "
+                       "rate, parked, last error, alert rules breached), then recent chunks "
+                       "and dead letters")
     p.add_argument("pipeline", nargs="?")
     p.add_argument("--limit", type=int, default=10)
     p.set_defaults(func=cmd_status)
@@ -288,6 +324,13 @@ def _add_inspection_commands(sub: Any) -> None:
     p.add_argument("--to", required=True, help="an offset, 'earliest' or 'latest'")
     p.add_argument("--yes", action="store_true", help="do it (otherwise only say what)")
     p.set_defaults(func=cmd_reset_offsets)
+
+    p = sub.add_parser("topics", help="create the pipelines' source and dead-letter topics")
+    topics_sub = p.add_subparsers(dest="topics_command", required=True)
+    p = topics_sub.add_parser("create", help="create the missing topics of the named pipelines "
+                              "(all by default) with their partitions and replication factor")
+    p.add_argument("pipelines", nargs="*", metavar="PIPELINE")
+    p.set_defaults(func=cmd_topics_create)
 
     p = sub.add_parser("schema", help="print a contract's JSON Schema")
     p.add_argument("event_type")

@@ -14,15 +14,24 @@ from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kafka_ingest.contracts import Contract, get_contract
 
 DEFAULT_PIPELINES_FILE = Path(__file__).resolve().parent.parent / "pipelines.yaml"
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+_DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
 
 
 class StartPolicy(StrEnum):
@@ -87,6 +96,82 @@ class Upsert(_Strict):
         return self
 
 
+class NotifierClass(_Strict):
+    """An Airflow notifier by the dotted path of its class (a ``BaseNotifier`` subclass,
+    e.g. ``airflow.providers.smtp.notifications.smtp.SmtpNotifier``) and its keyword
+    arguments. The monitor DAG imports and builds it when a rule is breached, never when
+    the file loads (the core imports no Airflow), so a wrong path shows in the task log."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+
+    class_path: Annotated[str, Field(alias="class")]
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("class_path")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if not re.fullmatch(_DOTTED, value):
+            raise ValueError(f"{value!r} is not a dotted path to a class "
+                             "(package.module.ClassName)")
+        return value
+
+
+def _webhook_url(index: int, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"entry {index} is not an http(s) URL with a host: a webhook URL is "
+                         "'https://host/path'")
+    return value
+
+
+def _notifier(index: int, value: Any) -> str | NotifierClass:
+    """One entry of ``alerts.notifiers``: a webhook URL, or ``{class, kwargs}``."""
+    if isinstance(value, str):
+        return _webhook_url(index, value)
+    if isinstance(value, NotifierClass):
+        return value
+    if isinstance(value, dict):
+        try:
+            return NotifierClass.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError(_format_error(f"entry {index}", exc)) from None
+    raise ValueError(f"entry {index} must be a webhook URL or {{class: <dotted path>, "
+                     f"kwargs: {{...}}}}, not {type(value).__name__}")
+
+
+class Alerts(_Strict):
+    """When the monitor DAG (``kafka_ingest_monitor``) alerts about a pipeline. Each key is
+    a rule; a figure strictly above its limit breaches it. See the README's runbook."""
+
+    #: Messages not yet ingested, summed over the partitions (from the stored offsets).
+    max_lag: Annotated[int, Field(ge=0)] = 100_000
+    #: Consecutive monitor checks at which the total lag grew (strictly), i.e. the last
+    #: ``lag_growth_checks + 1`` recorded totals are strictly increasing.
+    lag_growth_checks: Annotated[int, Field(ge=1, le=1000)] = 3
+    #: Dead letters / messages read, over the live chunks committed in the window.
+    max_dlq_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    #: The window of ``max_dlq_rate``, in minutes.
+    window_minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)] = 60
+    #: Minutes without a committed live chunk while the lag is above 0.
+    freshness_minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)] = 30
+    #: Dead letters still parked (not recovered by a replay).
+    max_parked: Annotated[int, Field(ge=0)] = 1000
+    #: Called at each breaching check: webhook URLs (POSTed JSON ``{pipeline, rule,
+    #: message, figures}``) and Airflow notifier classes ``{class, kwargs}``.
+    notifiers: tuple[str | NotifierClass, ...] = ()
+
+    @field_validator("notifiers", mode="before")
+    @classmethod
+    def _notifiers(cls, value: Any) -> Any:
+        if value is None:
+            return ()
+        if not isinstance(value, list | tuple):
+            raise ValueError("must be a list of webhook URLs and/or {class: <dotted path>, "
+                             "kwargs: {...}}")
+        return tuple(_notifier(i, v) for i, v in enumerate(value))
+
+
 class Pipeline(_Strict):
     """One pipeline. Field names are the YAML keys."""
 
@@ -118,6 +203,13 @@ class Pipeline(_Strict):
     #: A task running longer than this is failed by Airflow (and retried): a backstop for
     #: anything hung that no time-out of Kafka's or Postgres' caught.
     task_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = 60
+    #: The monitor DAG's rules and notifiers for this pipeline.
+    alerts: Alerts = Alerts()
+    #: What `kafka-ingest topics create` makes the source and dead-letter topics with.
+    partitions: Annotated[int, Field(ge=1, le=100_000)] = 3
+    replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
+    #: Topic settings for both, e.g. ``{min.insync.replicas: "2"}``.
+    topic_config: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _check(self) -> Pipeline:
@@ -167,6 +259,16 @@ def _format_error(where: str, exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def _merge(defaults: dict[str, Any], body: dict[str, Any], name: str) -> dict[str, Any]:
+    """A pipeline's keys over the defaults; ``alerts`` merges key by key, so a pipeline
+    may change one limit and keep the shared notifiers."""
+    merged = {**defaults, **body, "name": name}
+    shared, own = defaults.get("alerts"), body.get("alerts")
+    if isinstance(shared, dict) and isinstance(own, dict):
+        merged["alerts"] = {**shared, **own}
+    return merged
+
+
 def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, Pipeline]:
     """Validate a loaded YAML document ``{pipelines: {name: {...}}}``."""
     if not isinstance(document, dict) or set(document) - {"pipelines", "defaults"}:
@@ -180,7 +282,7 @@ def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, 
         if not isinstance(body, dict):
             raise ValueError(f"{source}: pipelines.{name} must be a mapping")
         try:
-            pipelines[name] = Pipeline.model_validate({**defaults, **body, "name": name})
+            pipelines[name] = Pipeline.model_validate(_merge(defaults, body, name))
         except ValidationError as exc:
             raise ValueError(f"{source}: {_format_error(f'pipelines.{name}', exc)}") from None
         except ValueError as exc:

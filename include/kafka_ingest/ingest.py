@@ -5,7 +5,10 @@ Postgres rejects are isolated and join the dead letters), the dead letters produ
 the DLQ topic with every delivery report checked, then recorded in ``dead_letters``, and
 the counts reconciled against what was read and against the table. Live runs and
 backfills both write chunks this way; they differ in the range (planned by
-:mod:`kafka_ingest.planning`) and in whether the cursor moves (backfills never).
+:mod:`kafka_ingest.planning`), in whether the cursor moves (backfills never), and in
+what a poison pill already in ``dead_letters`` becomes: a backfill neither produces nor
+records it again (it is counted as ``known_dead``), while a live run re-reading a chunk
+after a crash produces it again (at-least-once into the DLQ, as documented).
 
 DAG tasks and the CLI call exactly these functions, so ``kafka-ingest run`` and the
 Airflow DAG share one code path.
@@ -35,7 +38,8 @@ from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
 log = logging.getLogger(__name__)
 
 #: The sums a run's report carries (besides partitions, lag and the DLQ rate).
-SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "tombstones", "bytes")
+SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead",
+          "tombstones", "bytes")
 
 
 def ingest_target(pipeline: Pipeline) -> PlanTarget:
@@ -61,6 +65,9 @@ class IngestWriter:
     """Validates a chunk of source messages and writes it (see the module docstring)."""
 
     pipeline: Pipeline
+    #: A backfill chunk: dead letters whose source offset is already in ``dead_letters``
+    #: (any status) are counted as known, neither produced nor recorded again.
+    backfill: bool = False
     needs_producer: bool = True
 
     def prepare(self, chunk: Chunk) -> ValidationResult:
@@ -72,16 +79,28 @@ class IngestWriter:
         up = uow.rows.upsert(prepared.rows)
         at("upserted")
         dead = prepared.dead + _rejected_letters(pipeline, chunk, up)
+        dead, known = _known_letters(uow, pipeline, dead) if self.backfill else (dead, 0)
         delivered = produce_dead_letters(producer, dead, pipeline.name,
                                          pipeline.dlq_header_style)
         at("dlq_produced")
         uow.dead_letters.record(pipeline.name, dead, delivered)
         counts = ChunkCounts(read=prepared.read, inserted=up.inserted,
                              duplicates=up.duplicates, stale=up.stale,
-                             dead_lettered=len(dead), tombstones=prepared.tombstones,
-                             bytes=prepared.bytes)
+                             dead_lettered=len(dead), known_dead=known,
+                             tombstones=prepared.tombstones, bytes=prepared.bytes)
         reconcile(chunk.partition, counts, missing=up.missing)
         return ChunkResult(counts)
+
+
+def _known_letters(uow: UnitOfWork, pipeline: Pipeline,
+                   dead: list[DeadLetter]) -> tuple[list[DeadLetter], int]:
+    """Split off the dead letters already in ``dead_letters`` (one query): return the new
+    ones and how many were known."""
+    if not dead:
+        return dead, 0
+    known = uow.dead_letters.status_of(pipeline.name, [d.source for d in dead])
+    fresh = [d for d in dead if d.source not in known]
+    return fresh, len(dead) - len(fresh)
 
 
 def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult) -> list[DeadLetter]:
@@ -93,8 +112,9 @@ def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult) -> lis
 
 
 def reconcile(partition: int, counts: ChunkCounts, *, missing: int = 0) -> None:
-    """read = inserted + duplicates + stale + dead letters + tombstones, and no valid row
-    missing from the table after the upsert; or fail loudly (the chunk rolls back)."""
+    """read = inserted + duplicates + stale + dead letters + known dead + tombstones, and
+    no valid row missing from the table after the upsert; or fail loudly (the chunk rolls
+    back)."""
     accounted = counts.accounted()
     if sum(accounted.values()) != counts.read or missing:
         raise ReconciliationError(partition, counts.read, accounted, missing=missing)
@@ -106,7 +126,8 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     backfill slices read their whole range and never touch it."""
     spec = SliceSpec(pipeline=pipeline, run_id=run_id, lock_name=pipeline.name,
                      group_id=pipeline.group_id)
-    return run_slice(spec, IngestWriter(pipeline), rng, clients, db)
+    return run_slice(spec, IngestWriter(pipeline, backfill=rng.mode is Mode.BACKFILL), rng,
+                     clients, db)
 
 
 def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str,

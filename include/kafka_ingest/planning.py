@@ -12,6 +12,14 @@ Ingest and replay plan the same way over different topics; what differs is a
 - a :class:`~kafka_ingest.requests.TimeWindow` is mapped with ``offsets_for_times``.
 
 Only cursor ranges may move the cursor. Empty ranges make no task.
+
+A cursor run that moves cursors and writes (live ingest, an unfiltered replay that is
+not a dry run) also re-syncs the consumer group: for every partition of the topic,
+planned or not, whose group offset differs from the stored offset, the stored offset is
+committed to the group (Postgres is the source of truth). A kill between a chunk's
+database commit and its Kafka commit would otherwise leave the group behind for good
+when the next run plans nothing for that partition. A partition with no stored offset is
+never committed.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
+
+from confluent_kafka import KafkaException
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
@@ -38,7 +48,13 @@ from kafka_ingest.ranges import (
     plan_live,
     start_offset,
 )
-from kafka_ingest.reader import offsets_for_time, partitions_of, watermarks
+from kafka_ingest.reader import (
+    commit_offset,
+    committed_offsets,
+    offsets_for_time,
+    partitions_of,
+    watermarks,
+)
 from kafka_ingest.requests import LiveRun, OffsetWindow, RangeRequest, TimeWindow
 
 log = logging.getLogger(__name__)
@@ -106,12 +122,15 @@ def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consume
         start = offsets_for_time(consumer, topic, parts, request.from_ms)
         end = offsets_for_time(consumer, topic, parts, request.to_ms)
         return plan_between(topic, start, end, mode=target.window_mode)
-    return _plan_cursor(pipeline, target, conn, [
+    return _plan_cursor(pipeline, target, conn, consumer, [
         PartitionState(p, *marks[p], None) for p in parts], run_id)
 
 
-def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any,
+def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: Any,
                  parts: list[PartitionState], run_id: str) -> list[OffsetRange]:
+    # The group is read before the stored offsets: a slice commits to Postgres before it
+    # commits to Kafka, so stored offsets read afterwards are never older than the group's.
+    group = _group_offsets(consumer, target, [s.partition for s in parts])
     offsets = OffsetsRepository(conn)
     stored = offsets.all(pipeline.name, target.topic)
     states = [replace(s, stored=stored.get(s.partition)) for s in parts]
@@ -135,4 +154,34 @@ def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any,
             if s.stored is None:
                 offsets.initialise(pipeline.name, target.topic, s.partition,
                                    start_offset(s, target.start_policy))
+    if group is not None:  # only offsets stored (committed) before this plan, not its own
+        _resync_group(consumer, target, stored, group)
     return ranges
+
+
+def _group_offsets(consumer: Any, target: PlanTarget,
+                   partitions: list[int]) -> dict[int, int | None] | None:
+    """The group's committed offsets, when this plan re-syncs the group (a cursor run that
+    moves cursors and writes); ``None`` when it does not, or they cannot be read (lag is a
+    report: never a reason to fail a run)."""
+    if not (target.moves_cursor and target.writes):
+        return None
+    try:
+        return committed_offsets(consumer, target.topic, partitions)
+    except KafkaException as exc:
+        log.warning("could not read the committed offsets of group %s on %s; not re-syncing "
+                    "it this run: %s", target.group_id, target.topic, exc)
+        return None
+
+
+def _resync_group(consumer: Any, target: PlanTarget, stored: dict[int, int],
+                  group: dict[int, int | None]) -> None:
+    """Commit the stored offset to the group wherever the two differ (stored ones only)."""
+    for partition, offset in sorted(stored.items()):
+        if partition not in group or group[partition] == offset:
+            continue
+        log.warning("group %s %s[%d]: committed offset %s differs from the stored offset %d "
+                    "(a kill between the database and the Kafka commit, or a reset); "
+                    "re-syncing the group to the stored offset", target.group_id,
+                    target.topic, partition, group[partition], offset)
+        commit_offset(consumer, target.topic, partition, offset)

@@ -81,8 +81,10 @@ class Row(NamedTuple):
 class ChunkCounts:
     """What happened to the messages of one chunk (or, summed, of a slice).
 
-    Every message read is exactly one of inserted, duplicates, stale, dead-lettered or
-    tombstones; :func:`kafka_ingest.ingest.reconcile` checks that they add up.
+    Every message read is exactly one of inserted, duplicates, stale, dead-lettered,
+    known dead (a backfill met a poison pill already dead-lettered earlier: neither
+    produced nor recorded again) or tombstones; :func:`kafka_ingest.ingest.reconcile`
+    checks that they add up.
     """
 
     read: int = 0
@@ -90,6 +92,7 @@ class ChunkCounts:
     duplicates: int = 0
     stale: int = 0
     dead_lettered: int = 0
+    known_dead: int = 0
     tombstones: int = 0
     bytes: int = 0
 
@@ -100,7 +103,8 @@ class ChunkCounts:
     def accounted(self) -> dict[str, int]:
         """What the messages read became (the terms that must sum to ``read``)."""
         return {"inserted": self.inserted, "duplicates": self.duplicates, "stale": self.stale,
-                "dead_lettered": self.dead_lettered, "tombstones": self.tombstones}
+                "dead_lettered": self.dead_lettered, "known_dead": self.known_dead,
+                "tombstones": self.tombstones}
 
 
 __all__ = [

@@ -140,8 +140,9 @@ class SliceReport(ChunkCounts):
         if self.outcomes:
             return head + "".join(f", {k} {v}" for k, v in self.outcomes.items())
         return (f"{head}, inserted {self.inserted}, duplicates {self.duplicates}, stale "
-                f"{self.stale}, dead-lettered {self.dead_lettered}, tombstones "
-                f"{self.tombstones}, lag after {self.lag_after}, {self.seconds:.2f}s")
+                f"{self.stale}, dead-lettered {self.dead_lettered}, already dead-lettered "
+                f"{self.known_dead}, tombstones {self.tombstones}, lag after {self.lag_after}, "
+                f"{self.seconds:.2f}s")
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,11 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 cleanup.callback(session.unlock, spec.lock_name, rng.partition)
             start = resume_from_cursor(session, pipeline, rng) if moves else rng.start
             report.resumed_from = start if start != rng.start else None
+            if moves and start != rng.start:
+                # An earlier attempt committed up to here; its Kafka commit may not have
+                # followed (a kill between the two), and this slice may have nothing left
+                # to read: say it to the group now, so lag tools are not left behind.
+                commit_offset(consumer, rng.topic, rng.partition, start)
             in_flight: _InFlight | None = None
             chunks = cleanup.enter_context(closing(read_range(
                 consumer, rng.topic, rng.partition, start, rng.end,

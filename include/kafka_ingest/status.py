@@ -1,10 +1,13 @@
 """What an operator asks: how far behind is each pipeline, and what happened lately.
 
-Read-only: ``kafka-ingest lag`` and ``kafka-ingest status`` call these.
+``kafka-ingest lag`` and ``kafka-ingest status`` call these and only read;
+:func:`check_pipeline` (the monitor DAG's check) also records the check in
+``monitor_checks``, the memory of the lag-growth rule.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import sql
@@ -12,11 +15,21 @@ from psycopg import sql
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository
+from kafka_ingest.errors import IngestError
+from kafka_ingest.monitor import CheckResult, Figures, check
 from kafka_ingest.reader import committed_offsets, partitions_of, watermarks
 
 
 def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
-    """Per partition: stored offset, Kafka group offset, watermarks and lag."""
+    """Per partition: stored offset, Kafka group offset, watermarks and both lags.
+
+    ``lag`` is the truth, from the stored offset (Postgres is the source of truth): the
+    high watermark minus the stored offset, or minus the low watermark when nothing is
+    stored yet. ``group_lag`` is what lag tools (``kafka-consumer-groups``, Burrow) see,
+    from the consumer group's committed offset (``None`` when the group has none). They
+    differ after a kill between the database commit and the Kafka commit, until the next
+    live run re-syncs the group to the stored offset.
+    """
     consumer = clients.consumer(pipeline.group_id)
     try:
         parts = partitions_of(consumer, pipeline.topic)
@@ -29,10 +42,11 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     rows = []
     for p in parts:
         low, high = marks[p]
-        s = stored.get(p)
+        s, g = stored.get(p), group.get(p)
         rows.append({"pipeline": pipeline.name, "topic": pipeline.topic, "partition": p,
-                     "stored_offset": s, "group_offset": group.get(p), "low": low,
-                     "high": high, "lag": high - (s if s is not None else low)})
+                     "stored_offset": s, "group_offset": g, "low": low,
+                     "high": high, "lag": high - (s if s is not None else low),
+                     "group_lag": high - g if g is not None else None})
     return rows
 
 
@@ -43,7 +57,8 @@ def status_rows(conn: Any, pipeline: str | None, *,
     args = [pipeline] if pipeline else []
     runs = _rows(conn, sql.SQL(
         "SELECT pipeline, mode, partition, start_offset, end_offset, read, inserted,"
-        " duplicates, stale, dead_lettered, tombstones, round(seconds::numeric, 3) AS seconds,"
+        " duplicates, stale, dead_lettered, known_dead, tombstones,"
+        " round(seconds::numeric, 3) AS seconds,"
         " committed_at FROM ingest_runs {} ORDER BY id DESC LIMIT %s").format(where),
         [*args, limit])
     dead = _rows(conn, sql.SQL(
@@ -56,3 +71,118 @@ def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, A
     cur = conn.execute(query, args)
     cols = [d.name for d in cur.description]
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
+# --------------------------------------------------------------------------- on-call view
+
+
+def check_pipeline(pipeline: Pipeline, clients: KafkaClients, db: Database) -> CheckResult:
+    """The monitor DAG's check of one pipeline: its lag (Kafka's watermarks against the
+    stored offsets), the rules of :mod:`kafka_ingest.monitor`, and the check recorded in
+    ``monitor_checks`` (committed)."""
+    rows = lag(pipeline, clients, db)
+    with db.session() as conn:
+        result = check(pipeline, rows, conn, record_check=True)
+        conn.commit()
+    return result
+
+
+def pipeline_status(pipeline: Pipeline, clients: KafkaClients | None,
+                    db: Database) -> list[str]:
+    """The on-call view of one pipeline, as lines of text: the last successful run (the
+    newest committed live chunk), the lag, the DLQ rate in the alert window, the parked
+    letters, the last error, the monitor's last alert, and the rules breached now (judged
+    as the monitor DAG judges them; nothing is recorded).
+
+    Without ``clients`` (no Kafka settings), or when Kafka cannot tell the lag, the view
+    says so and the rules that need the lag are not judged.
+
+    "Last error" is the newest offset gap (retention deleted unread messages), the only
+    failure that leaves a row: a failed run rolls back everything it did, so its error is
+    in the Airflow task log, not in this database.
+    """
+    rows: list[dict[str, Any]] | None = None
+    lag_note = "not known: no Kafka settings"
+    if clients is not None:
+        try:
+            rows = lag(pipeline, clients, db)
+        except (IngestError, ValueError) as exc:  # a missing topic, Kafka unreachable
+            lag_note = f"not known: {exc}"
+    with db.session() as conn:
+        result = check(pipeline, rows, conn, record_check=False)
+        latest = {key: next(iter(_rows(conn, query, [pipeline.name])), None)
+                  for key, query in _LATEST.items()}
+    return _status_lines(pipeline, result, latest, lag_note)
+
+
+_LATEST: dict[str, sql.Composable] = {
+    "live": sql.SQL(
+        "SELECT run_id, topic, partition, start_offset, end_offset, committed_at"
+        " FROM ingest_runs WHERE pipeline = %s AND mode = 'live'"
+        " ORDER BY committed_at DESC, id DESC LIMIT 1"),
+    "gap": sql.SQL(
+        "SELECT topic, partition, from_offset, to_offset, run_id, detected_at"
+        " FROM offset_gaps WHERE pipeline = %s ORDER BY id DESC LIMIT 1"),
+    "alert": sql.SQL(
+        "SELECT checked_at, breaches FROM monitor_checks"
+        " WHERE pipeline = %s AND cardinality(breaches) > 0 ORDER BY id DESC LIMIT 1"),
+}
+
+
+def _when(ts: datetime, now: datetime) -> str:
+    minutes = max(0, int((now - ts).total_seconds() // 60))
+    ago = (f"{minutes} min" if minutes < 120 else
+           f"{minutes // 60} h" if minutes < 48 * 60 else f"{minutes // 1440} days")
+    return f"{ts.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z ({ago} ago)"
+
+
+def _lag_text(f: Figures, lag_note: str, max_lag: int) -> str:
+    if f.total_lag is None:
+        return lag_note
+    group = "not known" if f.group_lag is None else str(f.group_lag)
+    return (f"{f.total_lag} messages over {f.partitions} partitions (group lag {group}); "
+            f"limit {max_lag}")
+
+
+def _dlq_text(f: Figures, max_rate: float) -> str:
+    rate = f.dlq_rate
+    if rate is None:
+        return f"no message read by live chunks; limit {max_rate:.2%}"
+    return (f"{f.dead_lettered} of {f.read} read by live chunks ({rate:.2%}); "
+            f"limit {max_rate:.2%}")
+
+
+def _last_run_text(live: dict[str, Any] | None, now: datetime) -> str:
+    if live is None:
+        return "none: no live chunk committed yet"
+    return (f"{_when(live['committed_at'], now)}, run {live['run_id']}, chunk "
+            f"{live['topic']}[{live['partition']}] [{live['start_offset']}, "
+            f"{live['end_offset']})")
+
+
+def _error_text(gap: dict[str, Any] | None, now: datetime) -> str:
+    if gap is None:
+        return ("none recorded (a failed run rolls back and leaves no row: see the "
+                "ingest DAG's failed tasks in Airflow)")
+    return (f"offset gap {gap['topic']}[{gap['partition']}] [{gap['from_offset']}, "
+            f"{gap['to_offset']}) skipped {_when(gap['detected_at'], now)}, run "
+            f"{gap['run_id']}: retention deleted unread messages")
+
+
+def _status_lines(pipeline: Pipeline, result: CheckResult,
+                  latest: dict[str, dict[str, Any] | None], lag_note: str) -> list[str]:
+    f, alerts, alert = result.figures, pipeline.alerts, latest["alert"]
+    fields = [
+        ("last successful run", _last_run_text(latest["live"], f.now)),
+        ("lag", _lag_text(f, lag_note, alerts.max_lag)),
+        (f"DLQ (last {f.window_minutes} min)", _dlq_text(f, alerts.max_dlq_rate)),
+        ("parked letters", f"{f.parked}; limit {alerts.max_parked}"),
+        ("last error", _error_text(latest["gap"], f.now)),
+        ("last alert", "none recorded by the monitor DAG" if alert is None else
+         f"{_when(alert['checked_at'], f.now)}: {', '.join(alert['breaches'])}"),
+        ("breaches now", f"{len(result.breaches)}" if result.breaches else "none"),
+    ]
+    lines = [f"{pipeline.name}: {pipeline.topic} -> {pipeline.table}"]
+    lines += [f"  {label:<20} {text}" for label, text in fields]
+    lines += [f"    ! {b.message}" for b in result.breaches]
+    return lines

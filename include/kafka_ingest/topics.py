@@ -1,4 +1,4 @@
-"""Topics: create the ones a pipeline needs (topics are never auto-created)."""
+"""Topics: create the ones the pipelines need (the broker never auto-creates them)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,19 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
 from kafka_ingest.clients import KafkaClients, map_kafka_error
+from kafka_ingest.config import Pipeline
 
 
 def ensure_topics(clients: KafkaClients, topics: dict[str, int], *, replication_factor: int = 1,
-                  timeout_s: float = 30.0) -> list[str]:
+                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics (name -> partitions); return the ones created."""
     admin = clients.admin()
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
         raise map_kafka_error("list topics", exc) from exc
-    wanted = [NewTopic(t, num_partitions=n, replication_factor=replication_factor)
+    wanted = [NewTopic(t, num_partitions=n, replication_factor=replication_factor,
+                       config=dict(config or {}))
               for t, n in topics.items() if t not in existing]
     if not wanted:
         return []
@@ -27,3 +29,23 @@ def ensure_topics(clients: KafkaClients, topics: dict[str, int], *, replication_
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise map_kafka_error("create topics", exc) from exc
     return [t.topic for t in wanted]
+
+
+def create_pipeline_topics(clients: KafkaClients, pipelines: list[Pipeline]
+                           ) -> tuple[list[str], list[str]]:
+    """Create the missing source and dead-letter topics of ``pipelines``, each with its
+    pipeline's partitions, replication factor and topic settings; idempotent.
+
+    Returns (created, already there). Pipelines sharing a topic share its creation.
+    """
+    created: list[str] = []
+    existed: list[str] = []
+    done: set[str] = set()
+    for p in pipelines:
+        wanted = {t: p.partitions for t in (p.topic, p.dlq_topic) if t not in done}
+        made = ensure_topics(clients, wanted, replication_factor=p.replication_factor,
+                             config=p.topic_config)
+        created += made
+        existed += [t for t in wanted if t not in made]
+        done |= set(wanted)
+    return created, existed

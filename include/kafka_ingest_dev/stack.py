@@ -36,8 +36,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +47,20 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ingest_dev import tls
+from kafka_ingest_dev.airflow_services import AirflowServices
+from kafka_ingest_dev.procs import (
+    CHILDREN,
+    PartStatus,
+    StackError,
+    accepts,
+    alive,
+    binary,
+    our_pid,
+    read_or_none,
+    require_free,
+    tail,
+    terminate,
+)
 
 __all__ = [
     "KAFKA_VERSION",
@@ -61,6 +73,7 @@ __all__ = [
     "restart_postgres",
     "state_dir",
     "status",
+    "stop_airflow",
     "up",
 ]
 
@@ -84,36 +97,7 @@ _PG_TIMEOUT_S = 60
 _MIGRATE_TIMEOUT_S = 900.0
 _POLL_S = 0.1
 
-# Processes started by this interpreter, so they can be reaped (not left as zombies that
-# still look alive) when the same process also stops them, as the tests do.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
 Report = Callable[[str], None]
-
-
-class StackError(RuntimeError):
-    """The stack cannot be brought up: a missing binary, a busy port, a part that died.
-
-    The message is one line saying what to install or free; ``main`` prints it and exits 2.
-    """
-
-
-@dataclass(frozen=True)
-class PartStatus:
-    """One part of the stack as ``status`` sees it."""
-
-    name: str
-    address: str
-    up: bool
-    pid: int | None = None
-    detail: str = ""
-
-    def line(self) -> str:
-        """Render as the fixed-width line ``stack status`` prints."""
-        state = "up" if self.up else "down"
-        pid = f" pid {self.pid}" if self.pid else ""
-        detail = f" ({self.detail})" if self.detail else ""
-        return f"{self.name:<11} {state:<5} {self.address}{pid}{detail}"
 
 
 @dataclass(frozen=True)
@@ -126,6 +110,7 @@ class Settings:
     kafka_port: int
     controller_port: int
     secure_port: int
+    airflow_port: int
     pg_port: int
     pg_home: Path
 
@@ -170,6 +155,11 @@ class Settings:
         return self.state / "tls"
 
     @property
+    def bin_dir(self) -> Path:
+        """Kafka's command-line tools, as wrapper scripts ``stack env`` puts on PATH."""
+        return self.state / "bin"
+
+    @property
     def secure_marker(self) -> Path:
         """Present once ``up --secure`` ran: the stack stays secure across restarts."""
         return self.state / "secure"
@@ -177,6 +167,10 @@ class Settings:
     @property
     def secure(self) -> bool:
         return self.secure_marker.is_file()
+
+    @property
+    def airflow(self) -> AirflowServices:
+        return AirflowServices(self.airflow_home, self.airflow_port)
 
 
 # --------------------------------------------------------------------------- settings
@@ -213,9 +207,11 @@ def _pg_home(state: Path) -> Path:
 
 
 def _cache_dir() -> Path:
-    """Jars are shared by every checkout and state dir, so they go to the user cache."""
+    """Jars are shared by every checkout and state dir, so they go to the user cache, in a
+    directory named after the pom that lists them."""
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kafka-ingest" / f"kafka-{KAFKA_VERSION}"
+    pom = hashlib.sha256((_BROKER_DIR / "pom.xml").read_bytes()).hexdigest()[:12]
+    return Path(xdg) / "kafka-ingest" / f"kafka-{KAFKA_VERSION}-{pom}"
 
 
 def _port(name: str, default: int) -> int:
@@ -238,125 +234,13 @@ def settings() -> Settings:
         kafka_port=_port("KAFKA_INGEST_KAFKA_PORT", 19092),
         controller_port=_port("KAFKA_INGEST_CONTROLLER_PORT", 19093),
         secure_port=_port("KAFKA_INGEST_KAFKA_SECURE_PORT", 19094),
+        airflow_port=_port("KAFKA_INGEST_AIRFLOW_PORT", 18080),
         pg_port=_port("KAFKA_INGEST_PG_PORT", 15432),
         pg_home=_pg_home(state),
     )
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def _reap(pid: int) -> None:
-    """Collect our own exited child so it stops looking alive."""
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        _CHILDREN.pop(pid, None)
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` is a live, non-zombie process."""
-    _reap(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def _cmdline(pid: int) -> str | None:
-    """The command line of ``pid``, or None where /proc is not available."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return None
-
-
-def _our_pid(pidfile: Path, marker: str) -> int | None:
-    """The pid in ``pidfile`` if that process is alive and is the one we started.
-
-    The marker (a path only our process has on its command line) guards against a pid
-    reused by an unrelated process after a reboot or crash.
-    """
-    try:
-        pid = int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    if not _alive(pid):
-        return None
-    cmdline = _cmdline(pid)
-    return pid if cmdline is None or marker in cmdline else None
-
-
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(_POLL_S)
-    return not _alive(pid)
-
-
-def _terminate(pid: int, timeout_s: float) -> None:
-    """SIGTERM (a clean, durable shutdown), then SIGKILL if it does not exit in time."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if _wait_gone(pid, timeout_s):
-            return
-    raise StackError(f"process {pid} survived SIGKILL; stop it by hand")
-
-
-def _port_free(port: int) -> bool:
-    """Whether a listener could bind 127.0.0.1:port (TIME_WAIT does not count as busy)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _require_free(port: int, what: str, env_name: str) -> None:
-    if not _port_free(port):
-        raise StackError(
-            f"port 127.0.0.1:{port} for {what} is held by a process this stack did not "
-            f"start: stop it, or choose another port with {env_name}"
-        )
-
-
-def _accepts(port: int) -> bool:
-    """A cheap, silent liveness probe before asking a client library (which logs errors)."""
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-        return True
-    return False
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in text[-lines:])
-
-
-def _binary(name: str, install: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        raise StackError(f"{name} not found on PATH: install {install}")
-    return found
 
 
 @contextlib.contextmanager
@@ -375,12 +259,14 @@ def _locked(s: Settings) -> Iterator[None]:
 
 
 def _fetch_kafka_jars(s: Settings) -> Path:
-    """Download the broker's jars once; the marker makes an interrupted download redo."""
+    """Download the broker's and tools' jars once; the marker makes an interrupted download
+    redo. (The cache directory is named after the pom, so a changed pom fetches anew while
+    a running broker keeps the jars it started with.)"""
     libs = s.cache / "libs"
     marker = s.cache / ".complete"
     if marker.is_file():
         return libs
-    mvn = _binary("mvn", "Maven (apt-get install maven)")
+    mvn = binary("mvn", "Maven (apt-get install maven)")
     shutil.rmtree(libs, ignore_errors=True)
     libs.mkdir(parents=True)
     cmd = [
@@ -393,6 +279,34 @@ def _fetch_kafka_jars(s: Settings) -> Path:
         raise StackError(f"mvn could not fetch Kafka {KAFKA_VERSION} jars: {detail[0]}")
     marker.write_text(f"{KAFKA_VERSION}\n")
     return libs
+
+
+#: The Kafka tools ``stack env`` puts on PATH, with their main classes (kafka-tools 4.x).
+KAFKA_TOOLS = {
+    "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "kafka-get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+}
+
+
+def _install_kafka_tools(s: Settings, java: str, libs: Path) -> None:
+    """Small wrapper scripts in ``<state>/bin`` that run Kafka's own tools from the jars."""
+    s.bin_dir.mkdir(parents=True, exist_ok=True)
+    log_config = _BROKER_DIR / "tools-log4j2.yaml"
+    for name, main_class in KAFKA_TOOLS.items():
+        script = (
+            "#!/bin/sh\n"
+            f"# Kafka's {name}, from the local stack's jars (written by kafka-ingest stack up).\n"
+            f"exec {shlex.quote(java)} -Xmx256m -Dlog4j2.configurationFile="
+            f"{shlex.quote(str(log_config))} -cp {shlex.quote(str(libs))}'/*' "
+            f'{main_class} "$@"\n'
+        )
+        path = s.bin_dir / name
+        if read_or_none(path) != script:
+            path.write_text(script)
+            path.chmod(0o755)
 
 
 def _kafka_properties(s: Settings) -> str:
@@ -482,18 +396,18 @@ def _format_kafka_storage(s: Settings, java: str, libs: Path) -> None:
 
 
 def _kafka_pid(s: Settings) -> int | None:
-    return _our_pid(s.kafka_pidfile, str(s.kafka_props))
+    return our_pid(s.kafka_pidfile, str(s.kafka_props))
 
 
 def _kafka_preflight(s: Settings) -> str:
     """Fail in a second, before any slow step, on what the user must fix; return java."""
-    java = _binary("java", "a Java 17+ runtime (apt-get install openjdk-17-jre-headless)")
+    java = binary("java", "a Java 17+ runtime (apt-get install openjdk-17-jre-headless)")
     if not (s.cache / ".complete").is_file():
-        _binary("mvn", "Maven (apt-get install maven)")
-    _require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
-    _require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
+        binary("mvn", "Maven (apt-get install maven)")
+    require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
+    require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
     if s.secure:
-        _require_free(s.secure_port, "Kafka's SASL_SSL listener", "KAFKA_INGEST_KAFKA_SECURE_PORT")
+        require_free(s.secure_port, "Kafka's SASL_SSL listener", "KAFKA_INGEST_KAFKA_SECURE_PORT")
     return java
 
 
@@ -514,14 +428,14 @@ def _launch_kafka(s: Settings, java: str) -> int:
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             cwd=s.kafka_dir, start_new_session=True,
         )  # fmt: skip
-    _CHILDREN[child.pid] = child
+    CHILDREN[child.pid] = child
     s.kafka_pidfile.write_text(f"{child.pid}\n")
     return child.pid
 
 
 def _kafka_answers(s: Settings, timeout_s: float) -> bool:
     """Health: the broker answers a metadata request (AdminClient.list_topics)."""
-    if not _accepts(s.kafka_port):
+    if not accepts(s.kafka_port):
         return False
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -540,9 +454,9 @@ def _await_kafka(s: Settings, pid: int) -> None:
     """Poll until the broker answers; fail fast (with its log) if the JVM exits."""
     deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             s.kafka_pidfile.unlink(missing_ok=True)
-            log_tail = _tail(s.kafka_dir / "broker.log")
+            log_tail = tail(s.kafka_dir / "broker.log")
             raise StackError(f"the Kafka broker exited while starting: {log_tail}")
         if _kafka_answers(s, timeout_s=2.0):
             return
@@ -558,7 +472,7 @@ def _stop_kafka(s: Settings) -> str:
     if pid is None:
         s.kafka_pidfile.unlink(missing_ok=True)
         return "kafka: not running"
-    _terminate(pid, _KAFKA_STOP_TIMEOUT_S)
+    terminate(pid, _KAFKA_STOP_TIMEOUT_S)
     s.kafka_pidfile.unlink(missing_ok=True)
     return f"kafka: stopped (pid {pid})"
 
@@ -674,7 +588,7 @@ def _configure_postgres(s: Settings) -> bool:
     changed = False
     for name, text in wanted.items():
         path = s.pg_data / name
-        if _read(path) == text:
+        if read_or_none(path) == text:
             continue
         path.write_text(text)
         path.chmod(0o600)
@@ -702,7 +616,7 @@ def _init_postgres(s: Settings, bindir: Path) -> None:
 
 
 def _postmaster_pid(s: Settings) -> int | None:
-    return _our_pid(s.pg_data / "postmaster.pid", str(s.pg_data))
+    return our_pid(s.pg_data / "postmaster.pid", str(s.pg_data))
 
 
 def _start_postgres(s: Settings) -> tuple[int, bool]:
@@ -714,7 +628,7 @@ def _start_postgres(s: Settings) -> tuple[int, bool]:
                     "pg_ctl reload")
         return pid, False
     bindir = _pg_bindir()
-    _require_free(s.pg_port, "PostgreSQL", "KAFKA_INGEST_PG_PORT")
+    require_free(s.pg_port, "PostgreSQL", "KAFKA_INGEST_PG_PORT")
     s.pg_dir.mkdir(parents=True, exist_ok=True)
     _check_traversable(s)
     _init_postgres(s, bindir)
@@ -730,7 +644,7 @@ def _start_postgres(s: Settings) -> tuple[int, bool]:
         _as_postgres(cmd), capture_output=True, text=True, check=False, start_new_session=True
     )
     if done.returncode != 0:
-        raise StackError(f"PostgreSQL did not start: {_tail(logfile, 3)}")
+        raise StackError(f"PostgreSQL did not start: {tail(logfile, 3)}")
     pid = _postmaster_pid(s)
     if pid is None:
         raise StackError(f"PostgreSQL started but left no postmaster.pid in {s.pg_data}")
@@ -790,7 +704,7 @@ def _stop_postgres(s: Settings) -> str:
         return "postgres: not running"
     cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(s.pg_data), "-m", "fast", "-w", "stop"]
     subprocess.run(_as_postgres(cmd), capture_output=True, check=False)
-    _terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
+    terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
     return f"postgres: stopped (pid {pid})"
 
 
@@ -881,7 +795,7 @@ def _ensure_airflow_db(s: Settings) -> str:
             stderr=subprocess.STDOUT, timeout=_MIGRATE_TIMEOUT_S, check=False,
         )  # fmt: skip
     if done.returncode != 0:
-        raise StackError(f"airflow db migrate failed: {_tail(logfile, 3)}")
+        raise StackError(f"airflow db migrate failed: {tail(logfile, 3)}")
     _migrate_marker(s).write_text(f"{version}\n")
     took = time.monotonic() - started
     return f"airflow-db: migrated (airflow {version}) in {took:.1f} s"
@@ -931,6 +845,13 @@ def _pg_params(s: Settings, *, secure: bool, owner: bool = False) -> dict[str, A
     return params
 
 
+def _with_tools(s: Settings) -> str:
+    """PATH with Kafka's tools (and this interpreter's scripts: kafka-ingest, airflow) first."""
+    first = [str(s.bin_dir), str(Path(sys.executable).parent)]
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p not in first]
+    return os.pathsep.join(first + rest)
+
+
 def env(*, secure: bool = False) -> dict[str, str]:
     """The environment that points clients, tests and Airflow at the local stack; with
     ``secure``, at its SASL_SSL listener and at Postgres over verified TLS as the runtime
@@ -953,6 +874,7 @@ def env(*, secure: bool = False) -> dict[str, str]:
     )
     return {
         "KAFKA_INGEST_STATE_DIR": str(s.state),
+        "PATH": _with_tools(s),
         "KAFKA_BOOTSTRAP_SERVERS": kafka["bootstrap.servers"],
         "KAFKA_INGEST_KAFKA_CONFIG": json.dumps(kafka),
         "KAFKA_INGEST_PG_DSN": make_conninfo(**pg),
@@ -975,6 +897,7 @@ def env(*, secure: bool = False) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
             {"conn_type": "kafka", "extra": {**kafka, "group.id": KAFKA_GROUP_ID}}),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(pg_conn),
+        **(s.airflow.client_env() if s.airflow.running() else {}),
     }
 
 
@@ -991,7 +914,7 @@ def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, boo
     preflight (java, mvn, ports) stays in the caller so its errors come at once.
     """
     running = _kafka_pid(s)
-    if running is not None and _read(s.kafka_props) != _kafka_properties(s):
+    if running is not None and read_or_none(s.kafka_props) != _kafka_properties(s):
         log.info("kafka: its configuration changed (e.g. --secure); restarting it")
         _stop_kafka(s)
         running = None
@@ -1003,7 +926,8 @@ def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, boo
     return done
 
 
-def up(*, report: Report | None = None, secure: bool = False) -> dict[str, str]:
+def up(*, report: Report | None = None, secure: bool = False, airflow: bool = False,
+       airflow_env: dict[str, str] | None = None) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
@@ -1014,6 +938,10 @@ def up(*, report: Report | None = None, secure: bool = False) -> dict[str, str]:
     ``secure`` (sticky: later ``up`` calls keep it) adds a SASL_SSL listener to Kafka and
     TLS to Postgres, with a CA, a server certificate and SCRAM users made in the state
     directory; a running broker is restarted to take the listener.
+
+    ``airflow`` also starts Airflow's api-server, scheduler, dag-processor and triggerer
+    (:mod:`kafka_ingest_dev.airflow_services`), with this process's environment, the
+    stack's, and ``airflow_env`` (e.g. another pipelines file or connection) on top.
     """
     emit = report or log.info
     s = settings()
@@ -1033,10 +961,13 @@ def up(*, report: Report | None = None, secure: bool = False) -> dict[str, str]:
         kafka_pid, kafka_started = launch.result()
         _await_kafka(s, kafka_pid)
         emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, kafka_since))
+        _install_kafka_tools(s, binary("java", "a Java 17+ runtime"), _fetch_kafka_jars(s))
         if s.secure:
             _create_scram_user(s)
             emit(f"secure: Kafka SASL_SSL (SCRAM-SHA-512) on {s.secure_bootstrap}, Postgres "
                  f"TLS for {PG_APP_ROLE}; `kafka-ingest stack env --secure` points at them")
+        if airflow:
+            s.airflow.start({**os.environ, **env(), **(airflow_env or {})}, emit)
     return env(secure=s.secure and secure)
 
 
@@ -1045,8 +976,19 @@ def down(*, report: Report | None = None) -> None:
     emit = report or log.info
     s = settings()
     with _locked(s):
+        for line in s.airflow.stop():
+            emit(line)
         emit(_stop_kafka(s))
         emit(_stop_postgres(s))
+
+
+def stop_airflow(*, report: Report | None = None) -> None:
+    """Stop only Airflow's services (``stack up --airflow`` starts them again)."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        for line in s.airflow.stop():
+            emit(line)
 
 
 def restart_kafka() -> None:
@@ -1069,7 +1011,7 @@ def restart_postgres() -> None:
 def status() -> list[PartStatus]:
     """Each part with its address and whether it answers right now."""
     s = settings()
-    return [_kafka_status(s), _postgres_status(s), _airflow_status(s)]
+    return [_kafka_status(s), _postgres_status(s), _airflow_status(s), *s.airflow.status()]
 
 
 def _print_env(*, secure: bool = False) -> None:
@@ -1086,7 +1028,12 @@ def _parser() -> argparse.ArgumentParser:
     up_cmd = commands.add_parser("up", help="start what is not running and wait until it answers")
     up_cmd.add_argument("--secure", action="store_true",
                         help="also a Kafka SASL_SSL listener and Postgres TLS (kept from then on)")
-    commands.add_parser("down", help="stop what `up` started; data is kept")
+    up_cmd.add_argument("--airflow", action="store_true",
+                        help="also Airflow's api-server (UI, REST API), scheduler, dag-processor "
+                             "and triggerer on 127.0.0.1:18080")
+    down_cmd = commands.add_parser("down", help="stop what `up` started; data is kept")
+    down_cmd.add_argument("--airflow", action="store_true",
+                          help="stop only Airflow's services")
     commands.add_parser("status", help="show each part; exit 1 if any is down")
     env_cmd = commands.add_parser("env",
                                   help='print `export` lines: eval "$(kafka-ingest stack env)"')
@@ -1100,9 +1047,9 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
-            up(report=print, secure=args.secure)
+            up(report=print, secure=args.secure, airflow=args.airflow)
         elif args.command == "down":
-            down(report=print)
+            (stop_airflow if args.airflow else down)(report=print)
         elif args.command == "status":
             parts = status()
             for part in parts:

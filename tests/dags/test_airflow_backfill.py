@@ -6,18 +6,17 @@ The DAG is unpaused (Airflow 3 leaves a paused DAG's backfill runs queued), so t
 scheduler first makes its usual scheduled run, which ingests everything live; the test
 then deletes the window's rows and backfills them back, as an operator would.
 
-This starts Airflow's api-server (the execution API tasks report to), dag-processor and
-scheduler (LocalExecutor) against the stack's metadata database, on a pipelines file that
-holds one pipeline with a unique name, so nothing else in the metadata database is touched.
+This runs the stack's own Airflow services (``kafka-ingest stack up --airflow``: api-server,
+scheduler with the LocalExecutor, dag-processor, triggerer) against its metadata database,
+on a pipelines file that holds one pipeline with a unique name, so nothing else in the
+metadata database is touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,29 +31,11 @@ from kafka_ingest.config import parse_pipelines
 from kafka_ingest_dev.demo import _airflow_bin
 from kafka_ingest_dev.samples import make_event
 from tests.conftest import dag_env
+from tests.dags.airflow_api import AirflowApi, poll, running_airflow
 
 pytestmark = pytest.mark.integration
 
 HOUR = timedelta(hours=1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _poll(what: str, check: Callable[[], Any], timeout_s: float,
-          procs: list[subprocess.Popen[bytes]]) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        dead = [p.args for p in procs if p.poll() is not None]
-        assert not dead, f"an Airflow process exited while waiting for {what}: {dead}"
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.fixture
@@ -67,50 +48,25 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
         "retries": 0,
     }}}
     pipeline = parse_pipelines(doc)[name]
-    port = _free_port()
-    env = {
-        **os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline),
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-    }
-    return {"pipeline": pipeline, "env": env, "port": port}
+    env = {**os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline)}
+    return {"pipeline": pipeline, "env": env}
 
 
 @pytest.fixture
-def airflow_services(airflow_env: dict[str, Any], tmp_path: Path
-                     ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = []
-    for cmd in (["api-server", "--port", str(airflow_env["port"]), "--host", "127.0.0.1"],
-                ["dag-processor"], ["scheduler"]):
-        log = (tmp_path / f"{cmd[0]}.log").open("wb")
-        procs.append(subprocess.Popen([_airflow_bin(), *cmd], env=airflow_env["env"],
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.terminate()
-        _forget_dags(airflow_env)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
-
-
-def _forget_dags(airflow_env: dict[str, Any]) -> None:
-    """Remove the test's DAGs and their runs from the shared metadata database."""
+def airflow_api(airflow_env: dict[str, Any]) -> Iterator[AirflowApi]:
+    """The stack's own Airflow services (``stack up --airflow``) on this test's pipeline."""
     name = airflow_env["pipeline"].name
-    for dag_id in (f"{name}_ingest", f"{name}_dlq_replay"):
-        subprocess.run([_airflow_bin(), "dags", "delete", dag_id, "--yes"],
-                       env=airflow_env["env"], capture_output=True, check=False)
+    # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.
+    extra = {"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1"}
+    with running_airflow(dag_env_only(airflow_env["env"]), [f"{name}_ingest"],
+                         extra=extra) as api:
+        yield api
+
+
+def dag_env_only(env: dict[str, str]) -> dict[str, str]:
+    """The settings that make this test's environment differ from the stack's."""
+    return {k: env[k] for k in ("KAFKA_INGEST_PIPELINES", "AIRFLOW_CONN_POSTGRES_DEFAULT")}
 
 
 def _produce_at(clients: Any, pipeline: Any, stamps: list[datetime]) -> list[str]:
@@ -140,7 +96,7 @@ def _runs(stack_env: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
 
 def test_airflow_backfill_maps_each_data_interval_to_offsets(
         stack_env: dict[str, str], clients: Any, pg_dsn: str, airflow_env: dict[str, Any],
-        airflow_services: list[subprocess.Popen[bytes]]) -> None:
+        airflow_api: AirflowApi) -> None:
     pipeline = airflow_env["pipeline"]
     dag_id = f"{pipeline.name}_ingest"
     h3 = datetime.now(tz=UTC).replace(minute=0, second=0, microsecond=0) - HOUR
@@ -156,7 +112,7 @@ def test_airflow_backfill_maps_each_data_interval_to_offsets(
     def scheduled_run_done() -> bool:
         return ("scheduled", "success") in _runs(stack_env, dag_id)
 
-    _poll("the scheduled (live) run", scheduled_run_done, 180, airflow_services)
+    poll("the scheduled (live) run", scheduled_run_done, 180)
     with psycopg.connect(pg_dsn) as conn:
         assert {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")} == set(ids)
         live_offsets = conn.execute("SELECT partition, next_offset FROM ingest_offsets"
@@ -175,7 +131,7 @@ def test_airflow_backfill_maps_each_data_interval_to_offsets(
         return runs if len(runs) == 2 and all(s in {"success", "failed"} for _, s in runs) \
             else None
 
-    runs = _poll("both backfill runs to finish", finished, 300, airflow_services)
+    runs = poll("both backfill runs to finish", finished, 300)
     assert [s for _, s in runs] == ["success", "success"]
     with psycopg.connect(pg_dsn) as conn:
         loaded = {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")}

@@ -27,7 +27,16 @@ from kafka_ingest.requests import (
     TimeWindow,
     ingest_request,
 )
+from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
+from tests.integration.helpers_ingest import (
+    dead_letter_rows,
+    dlq_positions,
+    expected_from_sample,
+    highs,
+    poison_positions,
+    read_topic,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -229,3 +238,86 @@ def test_backfill_ranges_the_topic_cannot_honour(
     with db.session() as conn:  # failed while planning: nothing pinned, nothing read
         assert conn.execute("SELECT count(*) FROM run_plans").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM ingest_runs").fetchone() == (0,)
+
+
+# --------------------------------------------------------------------------- known poison pills
+
+SAMPLE = 300
+TERMS = ("inserted", "duplicates", "stale", "dead_lettered", "known_dead", "tombstones")
+
+
+def whole_topic(clients: Any, pipeline: Pipeline) -> OffsetWindow:
+    return OffsetWindow(partitions={p: (0, hi) for p, hi in
+                                    highs(clients, pipeline.topic).items() if hi})
+
+
+def audit_reconciles(db: Any) -> list[tuple[str, int]]:
+    """Every audit row adds up; returns (mode, known_dead) summed per mode."""
+    with db.session() as conn:
+        bad = conn.execute("SELECT count(*) FROM ingest_runs WHERE read <> inserted"
+                           " + duplicates + stale + dead_lettered + known_dead"
+                           " + tombstones").fetchone()
+        per_mode = conn.execute("SELECT mode, sum(known_dead) FROM ingest_runs"
+                                " GROUP BY mode ORDER BY mode").fetchall()
+    assert bad == (0,)
+    return [(m, int(n)) for m, n in per_mode]
+
+
+def test_backfills_never_dead_letter_a_known_poison_pill_again(
+        make_pipeline: Callable[..., Pipeline], clients: Any, db: Any, pg_dsn: str) -> None:
+    # A backfill over a range ingested live meets the same poison pills: they are in
+    # dead_letters already, so they are counted as known_dead and neither produced to the
+    # DLQ again (a later replay would call them duplicate_in_dlq) nor recorded again.
+    pipeline = make_pipeline("telemetry_metrics", partitions=PARTITIONS, chunk_size=100)
+    sample = produce_sample(clients, pipeline, count=SAMPLE, poison=1, partitions=PARTITIONS)
+    expected = expected_from_sample(pipeline, sample, count=SAMPLE, poison=1,
+                                    partitions=PARTITIONS)
+    poison = len(expected.poison)
+    live = run(pipeline, clients, db)
+    assert (live["dead_lettered"], live["known_dead"]) == (poison, 0)
+    dlq = read_topic(clients, pipeline.dlq_topic)
+    letters = dead_letter_rows(pg_dsn, pipeline)
+    assert len(dlq) == len(letters) == poison
+    assert {attempts for _, attempts in letters.values()} == {1}
+    offsets = stored(db, pipeline)
+
+    for _ in range(2):
+        summary = run(pipeline, clients, db, whole_topic(clients, pipeline))
+        assert summary["read"] == sample["produced"]
+        assert (summary["inserted"], summary["dead_lettered"], summary["known_dead"]) == (
+            0, 0, poison)
+        assert summary["read"] == sum(summary[t] for t in TERMS)
+        assert read_topic(clients, pipeline.dlq_topic) == dlq  # not one record more
+        assert dead_letter_rows(pg_dsn, pipeline) == letters  # attempts still 1
+    assert audit_reconciles(db) == [("backfill", 2 * poison), ("live", 0)]
+    assert stored(db, pipeline) == offsets
+
+
+def test_a_backfill_dead_letters_poison_that_was_never_dead_lettered_once(
+        make_pipeline: Callable[..., Pipeline], clients: Any, db: Any, pg_dsn: str) -> None:
+    # A fresh pipeline whose first run is a backfill: its poison pills were never
+    # dead-lettered, so they are, exactly once; the next backfill knows them.
+    pipeline = make_pipeline("telemetry_metrics", partitions=PARTITIONS, chunk_size=100)
+    sample = produce_sample(clients, pipeline, count=SAMPLE, poison=1, partitions=PARTITIONS)
+    expected = expected_from_sample(pipeline, sample, count=SAMPLE, poison=1,
+                                    partitions=PARTITIONS)
+    window = whole_topic(clients, pipeline)
+
+    first = run(pipeline, clients, db, window)
+
+    source = read_topic(clients, pipeline.topic)
+    poison = poison_positions(source, expected)
+    assert (first["dead_lettered"], first["known_dead"]) == (len(poison), 0)
+    assert first["read"] == sum(first[t] for t in TERMS)
+    dlq = read_topic(clients, pipeline.dlq_topic)
+    seen = dlq_positions(dlq, pipeline, source)
+    assert set(seen) == set(poison.items()) and set(seen.values()) == {1}
+    letters = dead_letter_rows(pg_dsn, pipeline)
+    assert letters == {pos: (cls, 1) for pos, cls in poison.items()}
+
+    again = run(pipeline, clients, db, window)
+    assert (again["dead_lettered"], again["known_dead"]) == (0, len(poison))
+    assert read_topic(clients, pipeline.dlq_topic) == dlq
+    assert dead_letter_rows(pg_dsn, pipeline) == letters
+    assert audit_reconciles(db) == [("backfill", len(poison))]
+    assert stored(db, pipeline) == {}  # a backfill never creates or moves a live offset

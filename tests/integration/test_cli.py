@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -125,3 +126,38 @@ def test_stack_env_readies_a_shell(stack_env: dict[str, str]) -> None:
                               f"{os.environ['PATH']}"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", stack_env["KAFKA_BOOTSTRAP_SERVERS"]]
+
+
+def test_topics_create_makes_what_is_missing_with_the_pipelines_settings(
+        stack_env: dict[str, str], clients: Any, tmp_path: Path) -> None:
+    from confluent_kafka.admin import ConfigResource
+
+    from kafka_ingest.config import parse_pipelines
+
+    tag = uuid.uuid4().hex[:8]
+    doc = {"pipelines": {"one": {
+        "topic": f"src-{tag}", "dlq_topic": f"dlq-{tag}", "table": "telemetry_metrics",
+        "contract": {"event_type": "metric_event", "version": 2}, "partitions": 4,
+        "topic_config": {"retention.ms": "3600000"},
+    }}}
+    pipeline = parse_pipelines(doc)["one"]
+    env = {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline))}
+    admin = clients.admin()
+    try:
+        first = cli(env, "topics", "create")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.splitlines() == [f"created src-{tag}", f"created dlq-{tag}"]
+        again = cli(env, "topics", "create", "one")  # idempotent, and says what was there
+        assert again.stdout.splitlines() == [f"already there: src-{tag}",
+                                             f"already there: dlq-{tag}"]
+        meta = admin.list_topics(timeout=10).topics
+        assert len(meta[f"src-{tag}"].partitions) == len(meta[f"dlq-{tag}"].partitions) == 4
+        resource = ConfigResource(ConfigResource.Type.TOPIC, f"src-{tag}")
+        config = admin.describe_configs([resource])[resource].result(30)
+        assert config["retention.ms"].value == "3600000"
+        bad = cli(env, "topics", "create", "nope")
+        assert bad.returncode == 2 and "unknown pipeline(s) nope" in bad.stderr
+    finally:
+        for future in admin.delete_topics([f"src-{tag}", f"dlq-{tag}"]).values():
+            with contextlib.suppress(Exception):
+                future.result(30)

@@ -189,9 +189,31 @@ def test_env_is_evaluable_by_a_shell(
     assert all(shlex.split(line)[0] == "export" for line in exports.splitlines())
 
 
+def test_env_readies_a_shell_with_psql_and_kafkas_own_tools(
+        stack_env: dict[str, str], topic: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``eval "$(kafka-ingest stack env)"``: psql from the PG* variables alone, and Kafka's
+    own tools on PATH, talking to the stack."""
+    assert stack.main(["env"]) == 0
+    exports = capsys.readouterr().out
+    script = exports + (
+        'psql -Atc "select current_user, current_database()"\n'
+        'kafka-topics --bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" --describe --topic '
+        f'{topic} | head -1\n'
+        f'kafka-get-offsets --bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" --topic {topic}\n'
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "KAFKA_"))}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+                          env=clean, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "kafka_ingest|kafka_ingest"
+    assert f"Topic: {topic}" in lines[1] and f"PartitionCount: {PARTITIONS}" in lines[1]
+    assert sorted(lines[2:]) == [f"{topic}:{p}:0" for p in range(PARTITIONS)]  # empty
+
+
 def test_status_reports_every_part_up(stack_env: dict[str, str]) -> None:
     parts = {part.name: part for part in stack.status()}
-    assert set(parts) == {"kafka", "postgres", "airflow-db"}
+    assert {"kafka", "postgres", "airflow-db"} <= set(parts)
     assert all(part.up for part in parts.values()), parts
 
 

@@ -11,7 +11,8 @@ from kafka_ingest.ingest import reconcile, summarize
 from kafka_ingest.records import ChunkCounts
 from kafka_ingest.slices import SliceReport
 
-COUNTS = {"inserted": 6, "duplicates": 2, "stale": 1, "dead_lettered": 3, "tombstones": 1}
+COUNTS = {"inserted": 6, "duplicates": 2, "stale": 1, "dead_lettered": 3, "known_dead": 0,
+          "tombstones": 1}
 
 
 def test_reconcile_passes_when_every_message_is_accounted_for() -> None:
@@ -33,7 +34,7 @@ def test_reconcile_raises_naming_the_counts(read: int) -> None:
     assert isinstance(err, IngestError)
     assert (err.partition, err.read, err.accounted) == (4, read, COUNTS)
     assert str(err) == (f"partition 4: read {read} but inserted 6 + duplicates 2 + stale 1 + "
-                        "dead_lettered 3 + tombstones 1 = 13")
+                        "dead_lettered 3 + known_dead 0 + tombstones 1 = 13")
 
 
 def report(partition: int, **counts: Any) -> dict[str, Any]:
@@ -44,14 +45,14 @@ def test_summarize_sums_the_mapped_results() -> None:
     summary = summarize([
         report(0, read=100, inserted=90, duplicates=4, dead_lettered=5, tombstones=1,
                bytes=12_000, seconds=1.5, lag_after=7),
-        report(1, read=300, inserted=280, stale=5, dead_lettered=15, bytes=36_000,
-               seconds=2.25, lag_after=0),
+        report(1, read=300, inserted=278, stale=5, dead_lettered=15, known_dead=2,
+               bytes=36_000, seconds=2.25, lag_after=0),
         report(2, lag_after=None),  # a slice whose lag could not be read
     ])
     assert summary == {
-        "read": 400, "inserted": 370, "duplicates": 4, "stale": 5, "dead_lettered": 20,
-        "tombstones": 1, "bytes": 48_000, "seconds": 3.75, "partitions": 3, "lag_after": 7,
-        "dlq_rate": 0.05,
+        "read": 400, "inserted": 368, "duplicates": 4, "stale": 5, "dead_lettered": 20,
+        "known_dead": 2, "tombstones": 1, "bytes": 48_000, "seconds": 3.75, "partitions": 3,
+        "lag_after": 7, "dlq_rate": 0.05,
     }
 
 

@@ -264,7 +264,8 @@ def test_a_failed_chunk_commits_nothing_and_a_rerun_resumes_at_it(pipeline: Pipe
     assert report.resumed_from == 3
     assert second.assigned == [(pipeline.topic, PARTITION, 3)]
     assert second.served == list(range(3, N))
-    assert second.committed_offsets() == [6, 9, 10]
+    # the resumed slice first tells the group where the earlier attempt got to
+    assert second.committed_offsets() == [3, 6, 9, 10]
     assert (report.read, report.inserted, report.duplicates, report.dead_lettered) == (
         7, 6, 0, 1)
     assert w.stored() == 10
@@ -286,7 +287,7 @@ def test_a_lost_commit_reply_is_resolved_by_the_stored_offset(pipeline: Pipeline
     report = w.ingest()
     assert report.resumed_from == 6
     assert w.consumer.served == [6, 7, 8, 9]
-    assert w.consumer.committed_offsets() == [9, 10]
+    assert w.consumer.committed_offsets() == [6, 9, 10]  # the landed COMMIT, told to Kafka
     assert sorted(w.db.rows) == VALID
     assert [(r.start_offset, r.end_offset) for r in w.db.runs] == CHUNKS
 
@@ -362,7 +363,7 @@ def test_a_slice_resumes_where_the_stored_offset_is(pipeline: Pipeline) -> None:
     assert w.consumer.assigned == [(pipeline.topic, PARTITION, 6)]
     assert w.consumer.served == [6, 7, 8, 9]
     assert [(r.start_offset, r.end_offset) for r in w.db.runs] == [(6, 9), (9, 10)]
-    assert w.consumer.committed_offsets() == [9, 10]
+    assert w.consumer.committed_offsets() == [6, 9, 10]  # where it resumed, then each chunk
     assert sorted(w.db.rows) == ["evt-006", "evt-007", "evt-008", "evt-009"]
     assert (report.read, report.chunks, w.stored()) == (4, 2, 10)
 
@@ -377,6 +378,9 @@ def test_a_slice_already_done_reads_nothing(pipeline: Pipeline) -> None:
     assert w.consumer.assigned == []
     assert w.ev.of("begin") == []
     assert w.stored() == 10
+    # ... except that the group learns the stored offset: a kill between the last database
+    # commit and its Kafka commit must not leave lag tools behind for good.
+    assert w.consumer.committed_offsets() == [10]
 
 
 @pytest.mark.parametrize("stored", [None, 2])
@@ -545,3 +549,50 @@ def test_a_letter_twice_in_the_dlq_counts_the_same_in_a_dry_run_and_a_real_one(
                 "duplicate_in_dlq": 1}
     assert run(dry_run=True) == expected
     assert run(dry_run=False) == expected
+
+
+# --------------------------------------------------------------------------- known dead letters
+
+
+def test_a_backfill_dead_letters_a_poison_pill_once_and_never_again(pipeline: Pipeline) -> None:
+    # A backfill over a range whose poison pill was never dead-lettered dead-letters it
+    # (once); a later backfill over the same range finds it in dead_letters and counts it
+    # as known_dead: neither produced to the DLQ nor recorded again, attempts stay 1, and
+    # the chunk still reconciles (read = ... + dead_lettered + known_dead + ...).
+    w = World(pipeline)
+    key = (pipeline.name, pipeline.topic, PARTITION, POISON_AT)
+    first = w.ingest(w.range(0, N, Mode.BACKFILL))
+
+    assert (first.dead_lettered, first.known_dead) == (1, 0)
+    assert len(w.producer.produced) == len(w.producer.delivered) == 1
+    letter = w.db.dead_letters[key]
+    assert (letter.status, letter.attempts) == ("parked", 1)
+    before = len(w.events)
+
+    again = w.ingest(w.range(0, N, Mode.BACKFILL))
+
+    assert (again.read, again.inserted, again.duplicates, again.dead_lettered,
+            again.known_dead) == (N, 0, N - 1, 0, 1)
+    assert len(w.producer.produced) == 1  # the first backfill's, only
+    after = Events(w.events[before:])
+    assert after.of("dlq_produce") == [] and after.of("dead_letters") == []
+    assert w.db.dead_letters[key] == letter
+    assert [(r.start_offset, r.counts.dead_lettered, r.counts.known_dead)
+            for r in w.db.runs[len(CHUNKS):]] == [(0, 0, 0), (3, 0, 1), (6, 0, 0), (9, 0, 0)]
+    assert "dead-lettered 0, already dead-lettered 1," in again.log_line()
+    assert w.stored() == 0  # backfills never move the cursor
+
+
+def test_a_live_slice_re_reading_a_known_poison_pill_dead_letters_it_again(
+        pipeline: Pipeline) -> None:
+    # Live runs meet a known offset only when a chunk is read again (after a crash, or a
+    # cursor moved back by hand): producing it again is the documented at-least-once into
+    # the DLQ, and attempts counts it. Only backfills skip known dead letters.
+    w = World(pipeline)
+    w.ingest()
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 0)
+    report = w.ingest()
+
+    assert (report.dead_lettered, report.known_dead) == (1, 0)
+    assert len(w.producer.delivered) == 2
+    assert w.db.dead_letters[(pipeline.name, pipeline.topic, PARTITION, POISON_AT)].attempts == 2

@@ -21,6 +21,7 @@ RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "ingest_runs": ("SELECT", "INSERT"),
     "run_plans": ("SELECT", "INSERT"),
     "offset_gaps": ("SELECT", "INSERT"),
+    "monitor_checks": ("SELECT", "INSERT"),
 }
 #: On the pipelines' target tables: the upsert reads, inserts and (``latest``) updates.
 TARGET_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")

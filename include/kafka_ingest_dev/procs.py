@@ -1,0 +1,164 @@
+"""Processes of the local stack: pid files that cannot be fooled by a reused pid, clean
+stops (SIGTERM, then SIGKILL), ports, and the one error the stack raises."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_POLL_S = 0.1
+
+# Processes started by this interpreter, so they can be reaped (not left as zombies that
+# still look alive) when the same process also stops them, as the tests do.
+CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class StackError(RuntimeError):
+    """The stack cannot be brought up: a missing binary, a busy port, a part that died.
+
+    The message is one line saying what to install or free; ``main`` prints it and exits 2.
+    """
+
+
+
+def reap(pid: int) -> None:
+    """Collect our own exited child so it stops looking alive."""
+    child = CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        CHILDREN.pop(pid, None)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` is a live, non-zombie process."""
+    reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def cmdline(pid: int) -> str | None:
+    """The command line of ``pid``, or None where /proc is not available."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None
+
+
+def our_pid(pidfile: Path, *markers: str) -> int | None:
+    """The pid in ``pidfile`` if that process is alive and is the one we started.
+
+    A marker (a path only our process has on its command line; any of several, for a
+    process that retitles itself) guards against a pid reused by an unrelated process
+    after a reboot or crash.
+    """
+    try:
+        pid = int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not alive(pid):
+        return None
+    command = cmdline(pid)
+    return pid if command is None or any(m in command for m in markers) else None
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(_POLL_S)
+    return not alive(pid)
+
+
+def terminate(pid: int, timeout_s: float, *, group: bool = False) -> None:
+    """SIGTERM (a clean, durable shutdown), then SIGKILL if it does not exit in time;
+    ``group``: to the whole process group the process leads (its workers too)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        if wait_gone(pid, timeout_s):
+            return
+    raise StackError(f"process {pid} survived SIGKILL; stop it by hand")
+
+
+def port_free(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:port (TIME_WAIT does not count as busy)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def require_free(port: int, what: str, env_name: str) -> None:
+    if not port_free(port):
+        raise StackError(
+            f"port 127.0.0.1:{port} for {what} is held by a process this stack did not "
+            f"start: stop it, or choose another port with {env_name}"
+        )
+
+
+def accepts(port: int) -> bool:
+    """A cheap, silent liveness probe before asking a client library (which logs errors)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+def binary(name: str, install: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"{name} not found on PATH: install {install}")
+    return found
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    """One part of the stack as ``status`` sees it."""
+
+    name: str
+    address: str
+    up: bool
+    pid: int | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        """Render as the fixed-width line ``stack status`` prints."""
+        state = "up" if self.up else "down"
+        pid = f" pid {self.pid}" if self.pid else ""
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.name:<11} {state:<5} {self.address}{pid}{detail}"

@@ -1,0 +1,104 @@
+"""Airflow's services of the local stack (``stack up --airflow``) for a test, and a client of
+its REST API, used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
+
+:func:`running_airflow` starts the api-server, scheduler, dag-processor and triggerer with
+a test's pipelines file and database (on top of the stack's environment), waits until the
+test's DAGs are parsed, and on exit stops the services and deletes the test's DAGs from
+the shared metadata database, so no other test sees them or depends on them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.demo import _airflow_bin
+
+TERMINAL = {"success", "failed"}
+
+
+class AirflowApi:
+    """The REST API of the stack's api-server, logged in as the stack's admin."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        self.url = url
+        self.user = user
+        self.password = password
+        token = httpx.post(f"{url}/auth/token", json={"username": user, "password": password},
+                           timeout=30)
+        token.raise_for_status()
+        self.client = httpx.Client(base_url=f"{url}/api/v2", timeout=30, headers={
+            "Authorization": f"Bearer {token.json()['access_token']}"})
+
+    def get(self, path: str) -> Any:
+        response = self.client.get(path)
+        response.raise_for_status()
+        return response.json()
+
+    def unpause(self, dag_id: str) -> None:
+        self.client.patch(f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        response = self.client.post(f"/dags/{dag_id}/dagRuns",
+                                    json={"logical_date": None, "conf": conf})
+        response.raise_for_status()
+        return str(response.json()["dag_run_id"])
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float = 240) -> str:
+        run = poll(f"{dag_id} run {run_id} to finish", lambda: self._finished(dag_id, run_id),
+                   timeout_s)
+        return str(run)
+
+    def _finished(self, dag_id: str, run_id: str) -> str | None:
+        state = self.get(f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+        return state if state in TERMINAL else None
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+        entry = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                         "/xcomEntries/return_value")
+        return entry["value"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        tis = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {f"{t['task_id']}[{t['map_index']}]": t["state"] for t in tis}
+
+
+def poll(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
+    """Wait for ``check()`` to return something truthy, by polling with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@contextmanager
+def running_airflow(env: dict[str, str], dag_ids: list[str],
+                    *, extra: dict[str, str] | None = None) -> Iterator[AirflowApi]:
+    """The stack's Airflow services with ``env`` (pipelines file, connections) on top; the
+    DAGs ``dag_ids`` parsed and visible through the REST API."""
+    stack.stop_airflow()  # whatever ran before, with another environment
+    up = stack.up(airflow=True, airflow_env={**env, **(extra or {})})
+    api = AirflowApi(up["AIRFLOW_API_URL"], up["AIRFLOW_API_USER"], up["AIRFLOW_API_PASSWORD"])
+    try:
+        for dag_id in dag_ids:
+            poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d), 120)
+        yield api
+    finally:
+        stack.stop_airflow()
+        for dag_id in dag_ids:
+            subprocess.run([_airflow_bin(), "dags", "delete", dag_id, "--yes"],
+                           env={**os.environ, **env}, capture_output=True, check=False)
+
+
+def _dag_known(api: AirflowApi, dag_id: str) -> bool:
+    return api.client.get(f"/dags/{dag_id}").status_code == 200
