@@ -123,7 +123,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     return _print_json(run_ingest(get_pipeline(args.pipeline), kafka_clients(), database(),
-                                  run_id=args.run_id or new_run_id("cli")))
+                                  run_id=args.run_id or new_run_id("cli"),
+                                  workers=args.workers))
 
 
 def _offset_params(args: argparse.Namespace) -> dict[str, list[int]]:
@@ -284,6 +285,9 @@ def _add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("run", help="run one micro-batch of a pipeline (the DAG's code path)")
     p.add_argument("pipeline")
     p.add_argument("--run-id", help="pin the run (a rerun with the same id finishes its slice)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="partitions ingested at once, one process each, as the DAG's mapped "
+                        "tasks (default: the number of cores; 1: one after another)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("backfill", help="re-read a source range (offsets or time) through "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +33,11 @@ DEFAULT_PIPELINES_FILE = Path(__file__).resolve().parent.parent / "pipelines.yam
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 _DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+_POOL = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,255}$"
+#: Airflow's own pool, used when a pipeline names none.
+DEFAULT_POOL = "default_pool"
+#: The size of a pipeline's pool when no pipeline naming it says ``pool_slots``.
+DEFAULT_POOL_SLOTS = 8
 
 
 class StartPolicy(StrEnum):
@@ -203,6 +209,17 @@ class Pipeline(_Strict):
     #: A task running longer than this is failed by Airflow (and retried): a backstop for
     #: anything hung that no time-out of Kafka's or Postgres' caught.
     task_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = 60
+    #: The Airflow pool of the mapped ingest and replay tasks (None: ``default_pool``). A
+    #: pool shared by pipelines bounds their Postgres writers together, across DAG runs.
+    pool: Annotated[str, Field(pattern=_POOL)] | None = None
+    #: The size of ``pool``, as the local stack (and ``kafka-ingest pools``) creates it;
+    #: None: ``DEFAULT_POOL_SLOTS``. Not Airflow's per-task ``pool_slots``: each slice
+    #: takes one slot.
+    pool_slots: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    #: Slices of one DAG run running at once (``max_active_tis_per_dagrun`` of the mapped
+    #: task): each is one Kafka consumer and one Postgres connection (two while a chunk
+    #: commits), so a 64-partition topic does not open 64 writers at once.
+    max_parallel_partitions: Annotated[int, Field(ge=1, le=1024)] = 8
     #: The monitor DAG's rules and notifiers for this pipeline.
     alerts: Alerts = Alerts()
     #: What `kafka-ingest topics create` makes the source and dead-letter topics with.
@@ -218,6 +235,8 @@ class Pipeline(_Strict):
             raise ValueError("dlq_topic must differ from topic")
         if self.upsert.mode is UpsertMode.LATEST:
             self._check_latest_columns()
+        if self.pool_slots is not None and self.pool is None:
+            raise ValueError("pool_slots is the size of the pipeline's pool: set pool too")
         return self
 
     def _check_latest_columns(self) -> None:
@@ -269,6 +288,33 @@ def _merge(defaults: dict[str, Any], body: dict[str, Any], name: str) -> dict[st
     return merged
 
 
+def airflow_pools(pipelines: Mapping[str, Pipeline]) -> dict[str, int]:
+    """The Airflow pools the pipelines name, with their size: the ``pool_slots`` of the
+    pipelines naming one (they must agree), else ``DEFAULT_POOL_SLOTS``. Airflow's own
+    ``default_pool`` is listed only when a pipeline sizes it explicitly."""
+    sizes: dict[str, set[int]] = {}
+    for pipeline in pipelines.values():
+        if pipeline.pool is not None:
+            said = sizes.setdefault(pipeline.pool, set())
+            if pipeline.pool_slots is not None:
+                said.add(pipeline.pool_slots)
+    for name, said in sizes.items():
+        if len(said) > 1:
+            users = sorted(p.name for p in pipelines.values() if p.pool == name)
+            raise ValueError(f"pipelines {', '.join(users)} give the pool {name!r} different "
+                             f"sizes ({', '.join(map(str, sorted(said)))}): say one")
+    return {name: (min(said) if said else DEFAULT_POOL_SLOTS)
+            for name, said in sorted(sizes.items()) if name != DEFAULT_POOL or said}
+
+
+def pool_import_document(pipelines: Mapping[str, Pipeline]) -> dict[str, dict[str, Any]]:
+    """The pipelines' pools as ``airflow pools import <file>`` reads them."""
+    return {name: {"slots": slots, "include_deferred": False,
+                   "description": "kafka-ingest: slices of "
+                   + ", ".join(sorted(p.name for p in pipelines.values() if p.pool == name))}
+            for name, slots in airflow_pools(pipelines).items()}
+
+
 def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, Pipeline]:
     """Validate a loaded YAML document ``{pipelines: {name: {...}}}``."""
     if not isinstance(document, dict) or set(document) - {"pipelines", "defaults"}:
@@ -287,6 +333,10 @@ def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, 
             raise ValueError(f"{source}: {_format_error(f'pipelines.{name}', exc)}") from None
         except ValueError as exc:
             raise ValueError(f"{source}: pipelines.{name}: {exc}") from None
+    try:
+        airflow_pools(pipelines)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
     return pipelines
 
 

@@ -17,8 +17,10 @@ Airflow DAG share one code path.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,11 +133,28 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
 
 
 def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str,
-               request: RangeRequest | None = None) -> dict[str, Any]:
-    """Plan and ingest one run with the DAG's code path, partitions one after another."""
+               request: RangeRequest | None = None, workers: int = 1) -> dict[str, Any]:
+    """Plan and ingest one run with the DAG's code path.
+
+    ``workers`` > 1 runs the partitions' slices in that many processes at once, as the
+    DAG's mapped tasks do on separate workers (each slice is still one process with its
+    own clients, connection and lock; validation holds the GIL, so threads would not do).
+    """
     ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
-    reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
+    if workers > 1 and len(ranges) > 1:
+        spawn = multiprocessing.get_context("spawn")  # never fork librdkafka's threads
+        with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=spawn) as pool:
+            futures = [pool.submit(_ingest_range_dict, pipeline, r, clients, db, run_id)
+                       for r in ranges]
+            reports = [f.result() for f in futures]
+    else:
+        reports = [_ingest_range_dict(pipeline, r, clients, db, run_id) for r in ranges]
     return {"run_id": run_id, **summarize(reports)}
+
+
+def _ingest_range_dict(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients,
+                       db: Database, run_id: str) -> dict[str, Any]:
+    return ingest_range(pipeline, rng, clients, db, run_id=run_id).to_dict()
 
 
 def summarize(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

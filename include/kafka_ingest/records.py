@@ -43,13 +43,15 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
 
 
 class Provenance(NamedTuple):
-    """Where a row came from: the provenance columns of every target table, in order."""
+    """Where a row came from: the provenance columns of every target table, in order
+    (the Kafka timestamp in epoch milliseconds, as it travels; Postgres makes it a
+    ``timestamptz``, see :data:`PROVENANCE_STAGED`)."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    timestamp: datetime | None
+    timestamp_ms: int | None
 
     @property
     def position(self) -> Position:
@@ -64,17 +66,30 @@ PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kafka_key", "bytea"),
     ("kafka_timestamp", "timestamptz"),
 )
+#: Columns Postgres computes from the value that travels (see ``Contract.STAGED``).
+PROVENANCE_STAGED: dict[str, tuple[str, str]] = {
+    "kafka_timestamp": ("int8", "to_timestamp({}::float8 / 1000)"),
+}
+_SOURCE = len(PROVENANCE_COLUMNS)
 
 
-class Row(NamedTuple):
-    """One valid event for the target table: the contract's values and its provenance."""
+class Row(tuple[Any, ...]):
+    """One valid event for the target table, flat in COPY order: the contract's column
+    values, then the provenance columns (:class:`Provenance` order).
 
-    values: tuple[Any, ...]
-    source: Provenance
+    Flat, because it is built once per message on the hot path and goes to ``COPY`` as it
+    is; :attr:`values` and :attr:`source` name its two parts.
+    """
 
-    def columns(self) -> tuple[Any, ...]:
-        """The table row: contract columns, then provenance columns (COPY order)."""
-        return (*self.values, *self.source)
+    __slots__ = ()
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        return self[:-_SOURCE]
+
+    @property
+    def source(self) -> Provenance:
+        return Provenance(*self[-_SOURCE:])
 
 
 @dataclass(kw_only=True)
@@ -110,6 +125,7 @@ class ChunkCounts:
 __all__ = [
     "MAX_TIMESTAMP_MS",
     "PROVENANCE_COLUMNS",
+    "PROVENANCE_STAGED",
     "ChunkCounts",
     "MessageLike",
     "Position",

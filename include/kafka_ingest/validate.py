@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.contracts.base import sink_getter
 from kafka_ingest.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.errors import (
     ContractViolation,
@@ -23,13 +24,7 @@ from kafka_ingest.errors import (
     Undecodable,
     UnknownVersion,
 )
-from kafka_ingest.records import (
-    MessageLike,
-    Provenance,
-    Row,
-    kafka_timestamp_ms,
-    ms_to_datetime,
-)
+from kafka_ingest.records import MessageLike, Row, kafka_timestamp_ms
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
@@ -50,6 +45,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
     """Validate each message against the pipeline's contract; never raises a DataError."""
     model = pipeline.model
     parse = model.model_validate_json
+    columns = sink_getter(model)
     max_bytes = pipeline.max_message_bytes
     dead_tombstones = pipeline.on_tombstone is OnTombstone.DEAD_LETTER
     result = ValidationResult()
@@ -73,13 +69,9 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
         except ValidationError as exc:
             result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
             continue
-        rows_append(Row(event.sink_values(), Provenance(
-            msg.topic() or pipeline.topic,
-            msg.partition() or 0,
-            msg.offset() or 0,
-            msg.key(),
-            ms_to_datetime(kafka_timestamp_ms(msg)),
-        )))
+        # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
+        rows_append(Row((*columns(event), msg.topic(), msg.partition(), msg.offset(),
+                         msg.key(), kafka_timestamp_ms(msg))))
     return result
 
 

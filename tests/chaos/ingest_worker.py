@@ -67,11 +67,11 @@ def _copy_then_die(self: RowsRepository, rows: list[Any]) -> None:
         return
     self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        self.stage, sql.SQL(", ").join(map(sql.Identifier, self.columns)))
+        self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied)))
     with self.conn.cursor().copy(stmt) as copy:
         copy.set_types(self.types)
         for row in rows[: len(rows) // 2]:
-            copy.write_row(row.columns())
+            copy.write_row(row)
         _die()
 
 

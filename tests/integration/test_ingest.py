@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -42,7 +43,7 @@ from kafka_ingest.errors import (
     TopicMissing,
     TransientError,
 )
-from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.ingest import ingest_range, plan_run, run_ingest
 from kafka_ingest.requests import OffsetWindow
 from kafka_ingest_dev.samples import produce_sample, sample_stream
 
@@ -94,6 +95,21 @@ def test_one_run_lands_every_valid_event_once_and_dead_letters_every_poison(
     assert len(dead_letter_rows(pg_dsn, pipeline)) == len(expected.poison)
 
 
+def test_partitions_ingested_in_parallel_processes_land_exactly_the_same(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # `kafka-ingest run --workers N`: one process per partition slice, as mapped tasks.
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=700)
+    sample = produce_sample(clients, pipeline, count=3_000, poison=1)
+    expected = expected_from_sample(pipeline, sample, count=3_000, poison=1)
+
+    summary = run_ingest(pipeline, clients, db, run_id=f"par__{uuid.uuid4().hex[:6]}",
+                         workers=3)
+
+    assert (summary["partitions"], summary["read"]) == (3, sample["produced"])
+    assert summary["inserted"] == len(expected.ids)
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+
+
 def test_same_event_in_one_chunk_and_across_partitions_lands_once(
         make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
     pipeline = make_pipeline("telemetry_metrics")
@@ -108,6 +124,28 @@ def test_same_event_in_one_chunk_and_across_partitions_lands_once(
     assert total(reports, "read") == 5
     assert total(reports, "inserted") == 2
     assert total(reports, "duplicates") == 3
+
+
+def test_times_are_stored_exactly_as_postgres_converts_them(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # Event epochs and Kafka timestamps travel as numbers and Postgres makes them
+    # timestamptz (STAGED columns): to the microsecond, both ends of the range included.
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    epochs = {"t-now": 1_767_225_600.123456, "t-zero": 0.0, "t-far": 253_402_300_799.0}
+    producer = clients.producer()
+    kafka_ms = 1_767_225_600_789
+    for event_id, epoch in epochs.items():
+        producer.produce(pipeline.topic, value=metric(event_id, "d", epoch), partition=0,
+                         timestamp=kafka_ms)
+    assert producer.flush(30) == 0
+
+    run(pipeline, clients, db)
+
+    rows = dict((r[0], r[1:]) for r in query(
+        pg_dsn, "SELECT event_id, timestamp, kafka_timestamp FROM telemetry_metrics"))
+    assert {k: v[0] for k, v in rows.items()} == {
+        k: datetime.fromtimestamp(e, tz=UTC) for k, e in epochs.items()}
+    assert {v[1] for v in rows.values()} == {datetime(2026, 1, 1, 0, 0, 0, 789_000, tzinfo=UTC)}
 
 
 def test_orders_decimal_totals_are_exact(

@@ -37,7 +37,7 @@ from kafka_ingest.errors import (
     TransientError,
 )
 from kafka_ingest.ingest import ingest_range, plan_run
-from kafka_ingest.records import Provenance, Row
+from kafka_ingest.records import Row
 from kafka_ingest.requests import OffsetWindow
 from kafka_ingest.slices import SliceReport
 
@@ -52,8 +52,9 @@ class Boom(Exception):
 
 def _rows(n: int, *, start: int = 0) -> list[Row]:
     """Rows (contract columns + provenance) for ``telemetry_metrics``."""
-    ts = datetime(2026, 1, 1, tzinfo=UTC)
-    return [Row((f"u-{i}", "d1", ts, float(i), "OK", None), Provenance(TOPIC, 0, i, b"k", ts))
+    epoch = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    ms = int(1_000 * epoch)
+    return [Row((f"u-{i}", "d1", epoch, float(i), "OK", None, TOPIC, 0, i, b"k", ms))
             for i in range(start, start + n)]
 
 

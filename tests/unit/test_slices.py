@@ -141,7 +141,8 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     assert {r.run_id for r in w.db.runs} == {RUN_ID}
     assert sorted(w.db.rows) == VALID
     assert w.db.rows["evt-007"].source == (pipeline.topic, PARTITION, 7, b"device",
-                                           datetime(2026, 1, 1, tzinfo=UTC))
+                                           int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+                                               * 1000))
     # The poison pill: produced to the DLQ, its delivery report read (the DLQ offset it
     # got is what the dead_letters row holds), recorded in chunk [3, 6)'s transaction.
     (dlq,) = w.producer.delivered

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
-from kafka_ingest.contracts.base import EPOCH_MAX, Contract, epoch_to_datetime, short_text
+from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
 
 
 class MetricEventV1(Contract):
     """One metric reading of one device.
 
-    ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``.
+    ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``,
+    converted by Postgres (``STAGED``).
     """
 
     EVENT_TYPE: ClassVar[str] = "metric_event"
@@ -24,6 +25,7 @@ class MetricEventV1(Contract):
         ("metric_value", "float8"),
         ("status", "text"),
     )
+    STAGED: ClassVar[dict[str, tuple[str, str]]] = {"timestamp": ("float8", "to_timestamp({})")}
 
     version: int = Field(default=1, ge=1, le=1)
     device_id: short_text(128)  # type: ignore[valid-type]
@@ -31,14 +33,6 @@ class MetricEventV1(Contract):
     metric_value: float
     status: short_text(32) = "OK"  # type: ignore[valid-type]
 
-    def sink_values(self) -> tuple[Any, ...]:
-        return (
-            self.event_id,
-            self.device_id,
-            epoch_to_datetime(self.timestamp),
-            self.metric_value,
-            self.status,
-        )
 
 
 class MetricEventV2(MetricEventV1):
@@ -52,6 +46,3 @@ class MetricEventV2(MetricEventV1):
 
     version: int = Field(default=1, ge=1, le=2)
     unit: short_text(32) | None = None  # type: ignore[valid-type]
-
-    def sink_values(self) -> tuple[Any, ...]:
-        return (*super().sink_values(), self.unit)

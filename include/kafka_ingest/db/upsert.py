@@ -18,7 +18,7 @@ from psycopg import sql
 
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.errors import RejectedByDatabase
-from kafka_ingest.records import PROVENANCE_COLUMNS, Row
+from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED, Row
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,18 @@ class RowsRepository:
         self.conn = conn
         self.pipeline = pipeline
         cols = (*pipeline.model.SINK_COLUMNS, *PROVENANCE_COLUMNS)
+        #: The table's columns, and the staging table's definition of each: a column that
+        #: Postgres converts (``STAGED``) is generated from a raw column the row fills.
         self.columns = [name for name, _ in cols]
-        self.types = [pg_type for _, pg_type in cols]
+        staged = {**pipeline.model.STAGED, **PROVENANCE_STAGED}
+        self.copied = [f"raw_{name}" if name in staged else name for name, _ in cols]
+        self.types = [staged[name][0] if name in staged else t for name, t in cols]
+        self._stage_columns = [
+            sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(t)) if raw == name else
+            sql.SQL("{raw} {t}, {name} {final} GENERATED ALWAYS AS ({expr}) STORED").format(
+                raw=sql.Identifier(raw), t=sql.SQL(t), name=sql.Identifier(name),
+                final=sql.SQL(final), expr=sql.SQL(staged[name][1]).format(sql.Identifier(raw)))
+            for (name, final), raw, t in zip(cols, self.copied, self.types, strict=True)]
         self.table = sql.Identifier(pipeline.table)
         self.stage = sql.Identifier(f"stage_{pipeline.table}")
         self._stage_ready = False
@@ -78,13 +88,9 @@ class RowsRepository:
     def _ensure_stage(self) -> None:
         if self._stage_ready:
             return
-        cols = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
-            for n, t in zip(self.columns, self.types, strict=True)
-        )
         self.conn.execute(
             sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ({}) ON COMMIT DELETE ROWS").format(
-                self.stage, cols
+                self.stage, sql.SQL(", ").join(self._stage_columns)
             )
         )
         self._stage_ready = True
@@ -92,12 +98,13 @@ class RowsRepository:
     def _copy(self, rows: list[Row]) -> None:
         self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
         stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-            self.stage, sql.SQL(", ").join(map(sql.Identifier, self.columns))
+            self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied))
         )
         with self.conn.cursor().copy(stmt) as copy:
             copy.set_types(self.types)
+            write = copy.write_row
             for row in rows:
-                copy.write_row(row.columns())
+                write(row)
 
     def _upsert_once(self, rows: list[Row]) -> UpsertResult:
         self._copy(rows)
