@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test bootstrap lint stack-up stack-down bench lock
+.PHONY: demo test bootstrap lint stack-up stack-down bench bench-smoke lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -19,8 +19,11 @@ stack-up: bootstrap
 stack-down:
 	.venv/bin/kafka-ingest stack down
 
-bench: bootstrap  ## ingest benchmark (200k events); figures in benchmarks/results/latest.json
-	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --chunk-size 20000 --partitions 3
+bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, median of 3); benchmarks/results/latest.json
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --partitions 1 --repeat 3 --peers
+
+bench-smoke: bootstrap  ## every benchmark path and peer on 3,000 events: each must start, finish and load the right rows
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
 
 lock:            ## re-resolve and pin requirements.txt (review the diff)
 	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt

@@ -1,13 +1,17 @@
-"""Ingest benchmark: events/s read -> committed in Postgres, and peak memory, per path.
+"""Ingest benchmark: events/s read -> committed in Postgres, peak memory and CPU, per path.
 
 Usage (the local stack is started if it is not running)::
 
     python benchmarks/bench_ingest.py [--events 200000] [--chunk-size 20000]
                                       [--partitions 3] [--repeat 3] [--no-parallel]
+                                      [--peers] [--smoke] [--only KEY,...]
+                                      [--scale | --scale-only] [--scale-sizes N,...]
+                                      [--scale-partitions P,...]
 
 One run produces the sample once (telemetry events, every poison pill once, so the DLQ
 path runs) to a fresh random topic, then measures every path on that same data, each in
-its own freshly spawned process so peak RSS (``VmHWM``) is that path's alone:
+its own freshly spawned process so peak RSS (``VmHWM``) and CPU seconds are that path's
+alone:
 
 - ``A  raw read``: ``reader.read_range`` over each partition, nothing else (Kafka's ceiling);
 - ``B  naive loader``: ``json.loads`` + ``executemany(INSERT ... ON CONFLICT DO NOTHING)``
@@ -20,10 +24,17 @@ its own freshly spawned process so peak RSS (``VmHWM``) is that path's alone:
 - ``validate only`` / ``sink only``: ``validate.validate_chunk`` and ``RowsRepository.upsert``
   (+ COMMIT) timed alone; reading (and validating, for the sink) is done but not timed.
 
+``--peers`` adds, on the same sample (``peers.py``): a plain binary COPY ceiling, Kafka
+Connect + the Debezium JDBC sink (fresh JVM and warm worker), the Airflow provider's
+``ConsumeFromTopicOperator`` (per message and per batch) and the seeds' poll/commit loop
+(first 2,000 messages only). ``--scale`` adds the project path at 0.1M, 1M and 3M events
+and at 1, 2 and 3 partitions. ``--smoke``: tiny sizes as a check of every path; the exit
+status is 1 if any run failed or loaded the wrong rows (so it is for every invocation).
+
 Why spawn and not fork: the parent holds librdkafka clients (threads); forking them is
 unsafe, and a forked child would inherit the parent's memory high-water mark.
-Every project run is checked against what the sample promised (rows, duplicates, dead
-letters, tombstones) before its figure is accepted: a fast wrong run is not a result.
+Every run is checked against what the sample promised (rows, duplicates, dead letters,
+tombstones) before its figure is accepted: a fast wrong run is not a result.
 The database and topics are created for the run and removed at the end.
 """
 
@@ -58,6 +69,10 @@ from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.reader import read_range
 from kafka_ingest.validate import validate_chunk
 
+# peers.py imports this module by name; run as a script (or as a spawned child's
+# __mp_main__), this module is that name, not a second copy.
+sys.modules.setdefault("bench_ingest", sys.modules[__name__])
+
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 BASE_PIPELINE = "telemetry_metrics"
 TEMPLATE_TABLE = "telemetry_metrics"
@@ -90,6 +105,8 @@ class Measure:
     peak_rss_mb: float
     start_rss_mb: float
     detail: dict[str, Any] = field(default_factory=dict)
+    #: CPU seconds (user + sys, every thread) the measured process spent in the timed part.
+    cpu_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -125,16 +142,16 @@ def child_read(t: Target) -> dict[str, Any]:
     start_rss = _rss_mb()
     consumer = KafkaClients(t.kafka).consumer(t.group)
     n = size = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         for chunk in _chunks(t, consumer):
             n += len(chunk.messages)
             size += sum(len(m.value() or b"") for m in chunk.messages)
     finally:
         consumer.close()
-    secs = time.perf_counter() - t0
-    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
-            "detail": {"value_mb": round(size / 1e6, 1)}}
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"events": n, "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": {"value_mb": round(size / 1e6, 1)}}
 
 
 _NAIVE_COLUMNS = ("event_id", "device_id", "timestamp", "metric_value", "status", "unit",
@@ -177,7 +194,7 @@ def child_naive(t: Target, table: str) -> dict[str, Any]:
     insert = _naive_insert(table)
     consumer = KafkaClients(t.kafka).consumer(t.group)
     n = kept = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         with psycopg.connect(t.dsn) as conn:
             for chunk in _chunks(t, consumer):
@@ -189,9 +206,9 @@ def child_naive(t: Target, table: str) -> dict[str, Any]:
                 conn.commit()
     finally:
         consumer.close()
-    secs = time.perf_counter() - t0
-    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
-            "detail": {"rows_sent": kept, "skipped": n - kept}}
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"events": n, "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": {"rows_sent": kept, "skipped": n - kept}}
 
 
 def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
@@ -201,12 +218,12 @@ def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> di
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
     clients, db = KafkaClients(t.kafka), Database(t.dsn)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ranges = plan_run(pipeline, clients, db, run_id=run_id)
     reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     summary = summarize(reports)
-    return {"events": summary["read"], "seconds": secs, "start_rss_mb": start_rss,
+    return {"events": summary["read"], "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
             "peak_rss_mb": _rss_mb(), "detail": summary}
 
 
@@ -219,10 +236,11 @@ def child_project_range(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
     pipeline = _pipeline(doc)
     clients, db = KafkaClients(t.kafka), Database(t.dsn)
     barrier.wait(60)
-    began = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes on Linux
+    began, c0 = time.monotonic(), time.process_time()  # monotonic: comparable across processes
     report = ingest_range(pipeline, OffsetRange.from_dict(rng), clients, db, run_id=run_id)
     ended = time.monotonic()
     return {"events": report.read, "seconds": ended - began, "start_rss_mb": start_rss,
+            "cpu_s": time.process_time() - c0,
             "peak_rss_mb": _rss_mb(), "detail": {**report.to_dict(), "began": began,
                                                  "ended": ended}}
 
@@ -233,17 +251,17 @@ def child_validate(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]
     pipeline = _pipeline(doc)
     consumer = KafkaClients(t.kafka).consumer(t.group)
     n = rows = dead = 0
-    secs = 0.0
+    secs = cpu = 0.0
     try:
         for chunk in _chunks(t, consumer):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = validate_chunk(chunk.messages, pipeline)
-            secs += time.perf_counter() - t0
+            secs, cpu = secs + time.perf_counter() - t0, cpu + time.process_time() - c0
             n, rows, dead = n + result.read, rows + len(result.rows), dead + len(result.dead)
     finally:
         consumer.close()
-    return {"events": n, "seconds": secs, "start_rss_mb": start_rss, "peak_rss_mb": _rss_mb(),
-            "detail": {"rows": rows, "dead": dead}}
+    return {"events": n, "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
+            "peak_rss_mb": _rss_mb(), "detail": {"rows": rows, "dead": dead}}
 
 
 def child_sink(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
@@ -255,19 +273,19 @@ def child_sink(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     pipeline = _pipeline(doc)
     consumer = KafkaClients(t.kafka).consumer(t.group)
     rows = inserted = 0
-    secs = 0.0
+    secs = cpu = 0.0
     try:
         with psycopg.connect(t.dsn) as conn:
             for chunk in _chunks(t, consumer):
                 prepared = validate_chunk(chunk.messages, pipeline).rows
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 result = RowsRepository(conn, pipeline).upsert(prepared)  # new repo per chunk,
                 conn.commit()  # as the unit of work builds one per chunk
-                secs += time.perf_counter() - t0
+                secs, cpu = secs + time.perf_counter() - t0, cpu + time.process_time() - c0
                 rows, inserted = rows + len(prepared), inserted + result.inserted
     finally:
         consumer.close()
-    return {"events": rows, "seconds": secs, "start_rss_mb": start_rss,
+    return {"events": rows, "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
             "peak_rss_mb": _rss_mb(), "detail": {"inserted": inserted}}
 
 
@@ -315,7 +333,7 @@ def run_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 
 def as_measure(path: str, raw: dict[str, Any]) -> Measure:
     return Measure(path, raw["events"], raw["seconds"], raw["peak_rss_mb"],
-                   raw["start_rss_mb"], raw.get("detail", {}))
+                   raw["start_rss_mb"], raw.get("detail", {}), raw.get("cpu_s", 0.0))
 
 
 @contextmanager
@@ -360,7 +378,13 @@ def fresh_topics(clients: KafkaClients, tag: str, partitions: int) -> Iterator[t
         yield source, dlq
     finally:
         admin = clients.admin()
-        for future in admin.delete_topics([source, dlq], operation_timeout=30).values():
+        try:  # the peers add topics of their own, all named <source>-...
+            ours = [name for name in admin.list_topics(timeout=30).topics
+                    if name == source or name.startswith(f"{source}-")]
+        except Exception as exc:  # best effort, as below
+            print(f"warning: could not list topics: {exc}", file=sys.stderr)
+            ours = [source, dlq]
+        for future in admin.delete_topics(ours, operation_timeout=30).values():
             try:
                 future.result(30)
             except Exception as exc:  # best effort: a leftover topic is harmless
@@ -372,7 +396,8 @@ def _delete_groups(clients: KafkaClients, tag: str) -> None:
     admin = clients.admin()
     try:
         listed = admin.list_consumer_groups(request_timeout=10).result()
-        ours = [g.group_id for g in listed.valid if g.group_id.startswith(f"bench-{tag}")]
+        ours = [g.group_id for g in listed.valid  # Connect's are connect-<connector name>
+                if g.group_id.startswith((f"bench-{tag}", f"connect-bench-{tag}"))]
         if ours:
             for future in admin.delete_consumer_groups(ours, request_timeout=10).values():
                 future.result()
@@ -407,6 +432,8 @@ class Bench:
     produced: int
     target: Target
     base_body: dict[str, Any]
+    #: peers.PeerData when --peers: the Connect jars and topics
+    peers: Any = None
 
     def pipeline_doc(self, name: str) -> tuple[str, dict[str, Any]]:
         """A pipeline on the bench topics writing to its own table ``name``."""
@@ -456,7 +483,8 @@ def measure_parallel(b: Bench, rep: int) -> Measure:
     check_project(b, summary, name)
     return Measure("project, parallel (one process per range)", summary["read"],
                    plan_s + ended - began, max(r["peak_rss_mb"] for r in raws),
-                   max(r["start_rss_mb"] for r in raws), summary)
+                   max(r["start_rss_mb"] for r in raws), summary,
+                   sum(r["cpu_s"] for r in raws))
 
 
 def measure_naive(b: Bench, rep: int) -> Measure:
@@ -464,6 +492,7 @@ def measure_naive(b: Bench, rep: int) -> Measure:
     make_table(b.dsn, name)
     raw = run_child(child_naive, b.target, name)
     raw["detail"]["stored"] = count_rows(b.dsn, name)
+    _check_read(b, raw)  # what it stores is its own business (see the table's note)
     return as_measure("B  naive loader (json.loads + executemany)", raw)
 
 
@@ -471,15 +500,31 @@ def measure_sink(b: Bench, rep: int) -> Measure:
     name = f"bench_sink_{rep}"
     make_table(b.dsn, name)
     raw = run_child(child_sink, b.target, b.pipeline_doc(name))
+    stored, want = count_rows(b.dsn, name), b.expect.get("row", 0)
+    if stored != want:
+        raise RuntimeError(f"sink only: {name} has {stored} rows; expected {want}")
     return as_measure("sink only (RowsRepository.upsert + COMMIT; rows)", raw)
 
 
+def _check_read(b: Bench, raw: dict[str, Any]) -> None:
+    if raw["events"] != b.produced:
+        raise RuntimeError(f"read {raw['events']} messages of {b.produced}")
+
+
 def measure_read(b: Bench, _rep: int) -> Measure:
-    return as_measure("A  raw read (reader.read_range)", run_child(child_read, b.target))
+    raw = run_child(child_read, b.target)
+    _check_read(b, raw)
+    return as_measure("A  raw read (reader.read_range)", raw)
 
 
 def measure_validate(b: Bench, _rep: int) -> Measure:
     raw = run_child(child_validate, b.target, b.pipeline_doc(BASE_PIPELINE))
+    _check_read(b, raw)
+    e, got = b.expect, raw["detail"]
+    want = {"rows": e.get("row", 0) + e.get("duplicate", 0),
+            "dead": sum(v for k, v in e.items() if k not in {"row", "duplicate", "tombstone"})}
+    if {k: got.get(k) for k in want} != want:
+        raise RuntimeError(f"validate only: {got}; expected {want}")
     return as_measure("validate only (validate_chunk)", raw)
 
 
@@ -489,7 +534,8 @@ def median_of(runs: list[Measure]) -> Measure:
     mid = ordered[(len(ordered) - 1) // 2]
     return Measure(mid.path, mid.events, mid.seconds, max(m.peak_rss_mb for m in runs),
                    mid.start_rss_mb, {**mid.detail, "all_seconds": [round(m.seconds, 3)
-                                                                    for m in runs]})
+                                                                    for m in runs]},
+                   mid.cpu_s)
 
 
 # --------------------------------------------------------------------------- reporting
@@ -514,29 +560,70 @@ def machine() -> dict[str, Any]:
     }
 
 
-def server_versions(b: Bench) -> dict[str, str]:
-    with psycopg.connect(b.dsn) as conn:
+def server_versions(dsn: str) -> dict[str, str]:
+    with psycopg.connect(dsn) as conn:
         pg = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
     return {"postgres": pg}
 
 
+PROJECT_PATH = "project (DAG path, ranges in turn)"
+PARALLEL_PATH = "project, parallel (one process per range)"
+
+
+def _times(a: Measure | None, m: Measure) -> str:
+    """How many times ``a``'s events/s is ``m``'s ("-" for ``a`` itself or no figure)."""
+    return f"{a.rate / m.rate:.2f}x" if a and a is not m and m.rate else "-"
+
+
 def table(results: list[Measure], baseline: Measure | None) -> str:
-    head = "| path | events | seconds | events/s | vs B | peak RSS MB |"
-    rows = [head, "|---|--:|--:|--:|--:|--:|"]
+    project = next((m for m in results if m.path == PROJECT_PATH), None)
+    parallel = next((m for m in results if m.path == PARALLEL_PATH), None)
+    head = ("| path | events | seconds | events/s | vs B | project ÷ this | parallel ÷ this "
+            "| peak RSS MB | CPU s |")
+    rows = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for m in results:
         ratio = f"{m.rate / baseline.rate:.2f}x" if baseline and baseline.rate else "-"
         rows.append(f"| {m.path} | {m.events:,} | {m.seconds:.2f} | {m.rate:,.0f} | {ratio} "
-                    f"| {m.peak_rss_mb:.0f} |")
+                    f"| {_times(project, m)} | {_times(parallel, m)} "
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} |")
     return "\n".join(rows)
 
 
-def write_json(results: list[Measure], info: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    doc = {**info, "results": [{**asdict(m), "events_per_s": round(m.rate)} for m in results]}
-    RESULTS.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+def scale_table(points: list[dict[str, Any]]) -> str:
+    rows = ["| events | partitions | path | seconds | events/s | s per 100k events "
+            "| peak RSS MB | CPU s |", "|--:|--:|---|--:|--:|--:|--:|--:|"]
+    for p in points:
+        m = p["measure"]
+        rows.append(f"| {p['events']:,} | {p['partitions']} | {m.path} | {m.seconds:.2f} "
+                    f"| {m.rate:,.0f} | {m.seconds / m.events * 100_000:.2f} "
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} |")
+    sizes = [p["measure"] for p in points if p.get("sweep") == "events"]
+    if len(sizes) > 1:  # linear means the same seconds per 100k at every size
+        per = [m.seconds / m.events * 1e5 for m in sizes]
+        rows.append(f"\nseconds per 100k events, largest size / smallest: "
+                    f"{per[-1] / per[0]:.2f} (1.00 = linear)")
+    return "\n".join(rows)
+
+
+def _as_json(m: Measure) -> dict[str, Any]:
+    return {**asdict(m), "events_per_s": round(m.rate)}
+
+
+def write_json(path: Path, results: list[Measure], info: dict[str, Any],
+               scale: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**info, "results": [_as_json(m) for m in results],
+           "scale": [{**p, "measure": _as_json(p["measure"]),
+                      "s_per_100k": round(p["measure"].seconds / p["measure"].events * 1e5, 3)}
+                     for p in scale]}
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- main
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -548,7 +635,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="runs of each path; the median run is reported (default 3)")
     p.add_argument("--no-parallel", action="store_true",
                    help="skip the one-process-per-range project run")
-    return p.parse_args(argv)
+    p.add_argument("--peers", action="store_true",
+                   help="add the peers (benchmarks/peers.py): COPY ceiling, Kafka Connect + "
+                        "Debezium JDBC sink, the Airflow provider's operator, the seeds' loop")
+    p.add_argument("--only", type=lambda text: [x.strip() for x in text.split(",")],
+                   default=None, help="comma-separated path keys to run (e.g. project,"
+                   "connect_warm); default all. Keys: " + ", ".join(k for k, _ in PATHS)
+                   + ", copy, connect_fresh, connect_warm, operator_batch, operator_row, seeds")
+    p.add_argument("--seeds-cap", type=int, default=2000,
+                   help="messages the seeds' loop runs on (default 2000)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a check, not a measurement: results go to results/smoke.json; the "
+                        "exit status says whether every path ran and loaded the right rows")
+    p.add_argument("--scale", action="store_true",
+                   help="also run the project path at --scale-sizes events (on --partitions) "
+                        "and at --scale-partitions partitions (on --events); long")
+    p.add_argument("--scale-only", action="store_true", help="--scale without the comparison")
+    p.add_argument("--scale-sizes", type=_int_list, default=[100_000, 1_000_000, 3_000_000],
+                   help="comma-separated event counts (default 100000,1000000,3000000)")
+    p.add_argument("--scale-partitions", type=_int_list, default=[1, 2, 3],
+                   help="comma-separated partition counts (default 1,2,3)")
+    args = p.parse_args(argv)
+    args.scale = args.scale or args.scale_only
+    return args
 
 
 def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
@@ -565,7 +674,7 @@ def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
     sample = produce_sample(clients, _pipeline((BASE_PIPELINE, body)), count=args.events,
                             poison=1, partitions=args.partitions, tag=tag)
     print(f"produced {sample['produced']:,} messages to {source} in "
-          f"{time.perf_counter() - t0:.1f}s; expect {sample['expect']}")
+          f"{time.perf_counter() - t0:.1f}s; expect {sample['expect']}", flush=True)
     consumer = clients.consumer(f"bench-{tag}-plan")
     try:
         marks = watermarks(consumer, source, partitions_of(consumer, source))
@@ -586,17 +695,77 @@ PATHS: list[tuple[str, Callable[[Bench, int], Measure]]] = [
 ]
 
 
-def measure_all(b: Bench) -> list[Measure]:
-    """Each path ``--repeat`` times, interleaved so drift hits every path alike."""
-    runs: dict[str, list[Measure]] = {}
+def _paths(b: Bench) -> list[tuple[str, Callable[[Bench, int], Measure]]]:
     paths = [(k, f) for k, f in PATHS if not (k == "parallel" and b.args.no_parallel)]
+    if b.args.peers:
+        import peers
+
+        paths += peers.PATHS
+    return [(k, f) for k, f in paths if b.args.only is None or k in b.args.only]
+
+
+def measure_all(b: Bench) -> tuple[list[Measure], list[str]]:
+    """Each path ``--repeat`` times, interleaved so drift hits every path alike. A path
+    that fails (or loads the wrong rows) is reported and the others go on."""
+    runs: dict[str, list[Measure]] = {}
+    failures: list[str] = []
     for rep in range(1, b.args.repeat + 1):
-        for key, fn in paths:
-            m = fn(b, rep)
+        for key, fn in _paths(b):
+            try:
+                m = fn(b, rep)
+            except Exception as exc:
+                failures.append(f"run {rep} {key}: {type(exc).__name__}: {exc}")
+                print(f"  run {rep} {key}: FAILED: {traceback.format_exc()}", flush=True)
+                continue
             runs.setdefault(key, []).append(m)
             print(f"  run {rep} {m.path}: {m.events:,} in {m.seconds:.2f}s = "
-                  f"{m.rate:,.0f}/s, peak RSS {m.peak_rss_mb:.0f} MB", flush=True)
-    return [median_of(v) for v in runs.values()]
+                  f"{m.rate:,.0f}/s, peak RSS {m.peak_rss_mb:.0f} MB, CPU {m.cpu_s:.1f}s",
+                  flush=True)
+    return [median_of(v) for v in runs.values()], failures
+
+
+def _drop_tables(dsn: str, prefix: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            " AND starts_with(tablename, %s)", (prefix,))]
+        for name in names:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+
+
+def scale_point(args: argparse.Namespace, clients: KafkaClients, admin_dsn: str, *,
+                events: int, partitions: int, parallel: bool,
+                sweep: str) -> list[dict[str, Any]]:
+    """The project path (and, if asked, the parallel one) on a fresh sample of ``events``
+    on ``partitions`` partitions: median of ``--repeat`` runs, each checked."""
+    point = argparse.Namespace(**{**vars(args), "events": events, "partitions": partitions})
+    tag = uuid.uuid4().hex[:8]
+    measures: dict[str, list[Measure]] = {}
+    with fresh_database(admin_dsn) as dsn, fresh_topics(clients, tag, partitions) as topics:
+        b = prepare(point, clients, dsn, tag, topics)
+        for rep in range(1, args.repeat + 1):
+            for key, fn in [("project", measure_project),
+                            *([("parallel", measure_parallel)] if parallel else [])]:
+                m = fn(b, rep)
+                _drop_tables(dsn, f"bench_{key}_")  # a 3M-row table per run adds up
+                measures.setdefault(key, []).append(m)
+                print(f"  scale {events:,} events / {partitions} partitions, run {rep} "
+                      f"{m.path}: {m.seconds:.2f}s = {m.rate:,.0f}/s, "
+                      f"{m.seconds / m.events * 1e5:.2f} s per 100k", flush=True)
+    return [{"sweep": sweep, "events": events, "partitions": partitions,
+             "measure": median_of(runs)} for runs in measures.values()]
+
+
+def run_scale(args: argparse.Namespace, clients: KafkaClients,
+              admin_dsn: str) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    for n in args.scale_sizes:
+        points += scale_point(args, clients, admin_dsn, events=n, partitions=args.partitions,
+                              parallel=False, sweep="events")
+    for parts in args.scale_partitions:
+        points += scale_point(args, clients, admin_dsn, events=args.events, partitions=parts,
+                              parallel=not args.no_parallel, sweep="partitions")
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,25 +773,47 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     env = stack.up(report=lambda line: print(line, flush=True))
+    os.environ.update(env)  # the children see the stack (Airflow's home, connections)
     clients = KafkaClients({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]})
+    admin_dsn = env["KAFKA_INGEST_PG_DSN"]
     tag = uuid.uuid4().hex[:8]
     load_before = [round(x, 2) for x in os.getloadavg()]  # other work on the box skews figures
     command = "python benchmarks/bench_ingest.py " + " ".join(sys.argv[1:] if argv is None
                                                               else argv)
-    with fresh_database(env["KAFKA_INGEST_PG_DSN"]) as dsn, \
-            fresh_topics(clients, tag, args.partitions) as topics:
-        b = prepare(args, clients, dsn, tag, topics)
-        results = measure_all(b)
-        info = {"command": command.strip(), "when": datetime.now(tz=UTC).isoformat(),
-                "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-                "machine": {**machine(), **server_versions(b)}, "produced": b.produced,
-                "expect": b.expect, "args": vars(args)}
+    started = time.monotonic()
+    results: list[Measure] = []
+    failures: list[str] = []
+    info: dict[str, Any] = {}
+    if not args.scale_only:
+        with fresh_database(admin_dsn) as dsn, \
+                fresh_topics(clients, tag, args.partitions) as topics:
+            b = prepare(args, clients, dsn, tag, topics)
+            if args.peers:
+                import peers
+
+                b.peers = peers.prepare(b)
+            results, failures = measure_all(b)
+            info = {"produced": b.produced, "expect": b.expect}
+    scale = run_scale(args, clients, admin_dsn) if args.scale else []
+    info = {"command": command.strip(), "when": datetime.now(tz=UTC).isoformat(),
+            "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+            "machine": {**machine(), **server_versions(admin_dsn)}, **info,
+            "args": vars(args), "wall_s": round(time.monotonic() - started, 1),
+            "failures": failures}
     baseline = next((m for m in results if m.path.startswith("B ")), None)
     print(f"\n{info['command']}\nmachine: {json.dumps(info['machine'])}\n"
           f"load average (1, 5, 15 min) before {load_before}, after {info['load_after']}\n")
-    print(table(results, baseline))
-    write_json(results, info)
-    print(f"\nwritten: {RESULTS}")
+    if results:
+        print(table(results, baseline))
+    if scale:
+        print("\n" + scale_table(scale))
+    out = RESULTS.with_name("smoke.json" if args.smoke else
+                            "scale.json" if args.scale_only else RESULTS.name)
+    write_json(out, results, info, scale)
+    print(f"\nwritten: {out} (wall {info['wall_s']:.0f}s)")
+    if failures:
+        print(f"\n{len(failures)} run(s) FAILED:\n" + "\n".join(failures), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -26,6 +26,7 @@ from kafka_ingest_hook import (
     fail_without_retry,
     form_params,
     postgres_database,
+    slice_task_args,
     table_updated_task,
 )
 
@@ -57,7 +58,8 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
                                      run_id=get_current_context()["run_id"], request=_request())
             return [r.to_dict() for r in ranges]
 
-        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
+        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
+              **slice_task_args(pipeline))
         def replay(offset_range: dict[str, Any]) -> dict[str, Any]:
             with fail_without_retry():
                 request = _request()

@@ -25,6 +25,7 @@ from kafka_ingest_hook import (
     fail_without_retry,
     form_params,
     postgres_database,
+    slice_task_args,
     table_updated_task,
 )
 
@@ -78,7 +79,8 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
                                   run_id=context["run_id"], request=_request(context))
             return [r.to_dict() for r in ranges]
 
-        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}")
+        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
+              **slice_task_args(pipeline))
         def ingest(offset_range: dict[str, Any]) -> dict[str, Any]:
             with fail_without_retry():
                 report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),

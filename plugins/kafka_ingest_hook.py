@@ -160,6 +160,14 @@ def dag_default_args(pipeline: Any) -> dict[str, Any]:
     }
 
 
+def slice_task_args(pipeline: Any) -> dict[str, Any]:
+    """Arguments of the mapped slice tasks (ingest, replay): the pipeline's Airflow pool
+    (``default_pool`` when it names none) and how many of one run's slices may run at once,
+    so a topic with many partitions does not open as many Postgres writers together."""
+    return {"pool": pipeline.pool or "default_pool",
+            "max_active_tis_per_dagrun": pipeline.max_parallel_partitions}
+
+
 def table_updated_task(pipeline: Any) -> Any:
     """A task that updates the target table's Airflow Asset, only when rows were inserted.
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (Java 17, Maven, PostgreSQL server, Chromium for the UI tests) when missing, then a virtualenv in
+# system packages (Java 17, Maven, PostgreSQL server, Chromium for the UI tests, Redis for the
+# Celery executor) when missing, then a virtualenv in
 # .venv with the pinned requirements and the project (editable). Fast when up to date.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # The UI tests drive Debian's Chromium with Playwright (no browser download).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# The Celery executor's broker in the local stack (stack up --executor celery).
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "bootstrap: missing ${need[*]}; install them (sudo apt-get install ${need[*]}) and rerun" >&2

@@ -10,6 +10,10 @@ eval "$(kafka-ingest stack env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== imports"; python scripts/check_imports.py
+# The benchmark harness on a tiny sample: every contender (Kafka Connect + Debezium, the
+# Airflow provider's operator, ...) starts, finishes and loads the right rows. Figures
+# come from `make bench`, never from tests.
+echo "== bench smoke"; python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
 echo "== pytest"
 set +e
 python -m pytest -q "$@"

@@ -26,7 +26,7 @@ from typing import Any
 
 from kafka_ingest.backfill import require_window, run_backfill
 from kafka_ingest.clients import KafkaClients
-from kafka_ingest.config import get_pipeline, load_pipelines
+from kafka_ingest.config import get_pipeline, load_pipelines, pool_import_document
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
 from kafka_ingest.errors import IngestError, SettingsError, TriggerParamsError
@@ -259,6 +259,11 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pools(args: argparse.Namespace) -> int:
+    """The Airflow pools the pipelines name, as ``airflow pools import <file>`` reads them."""
+    return _print_json(pool_import_document(load_pipelines()))
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     return _print_json(json_schema(args.event_type, args.version))
 
@@ -335,6 +340,10 @@ def _add_inspection_commands(sub: Any) -> None:
                               "(all by default) with their partitions and replication factor")
     p.add_argument("pipelines", nargs="*", metavar="PIPELINE")
     p.set_defaults(func=cmd_topics_create)
+
+    p = sub.add_parser("pools", help="print the Airflow pools the pipelines name (JSON for "
+                       "`airflow pools import`)")
+    p.set_defaults(func=cmd_pools)
 
     p = sub.add_parser("schema", help="print a contract's JSON Schema")
     p.add_argument("event_type")

@@ -5,14 +5,22 @@ Whatever the connection says, consumers run with ``enable.auto.commit=false``,
 commit behind our back and silently jump to the end on a retention gap), and the DLQ
 producer with ``acks=all`` and idempotence. Every other setting the user gives (TLS,
 SASL, time-outs, ...) reaches the client unchanged.
+
+Every wait on the cluster is bounded by a librdkafka time-out of the config: requests by
+``socket.timeout.ms`` (default here 10 s), a dead letter's delivery by
+``message.timeout.ms`` (alias ``delivery.timeout.ms``; default here 30 s), and a
+synchronous group commit by ``socket.timeout.ms`` too (see :meth:`_Consumer.commit`:
+librdkafka's own would wait forever for a coordinator that does not answer).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, OffsetOutOfRange
@@ -64,9 +72,102 @@ class _Refusals:
 
 
 class _Consumer(Consumer):
-    """A consumer that remembers whether the cluster refused it (see :func:`refusal`)."""
+    """A consumer that remembers whether the cluster refused it (see :func:`refusal`), and
+    whose synchronous commits are bounded in time (see :meth:`commit`)."""
 
     refusals: _Refusals
+    committer: GroupCommitter
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        """A synchronous commit of explicit offsets (``commit(offsets=[...],
+        asynchronous=False)``, the only commit kafka_ingest makes) waits at most
+        ``socket.timeout.ms`` (:class:`GroupCommitter`) and raises ``KafkaException`` like
+        librdkafka's when it fails or times out. Any other commit is librdkafka's."""
+        offsets = kwargs.get("offsets")
+        if (args or offsets is None or kwargs.get("asynchronous", True)
+                or kwargs.get("message") is not None):
+            return super().commit(*args, **kwargs)
+        return self.committer.commit(offsets)
+
+
+class _Producer(Producer):
+    """A producer that knows how long librdkafka may take to report each delivery
+    (``message.timeout.ms``), so waiting for the reports never gives up earlier."""
+
+    delivery_timeout_s: float
+
+
+class GroupCommitter:
+    """Commits offsets to one consumer group, waiting at most ``timeout_s``.
+
+    librdkafka's synchronous commit has no time-out: it waits for the group coordinator
+    forever, and a coordinator that is connected but silent (a black-holed connection, a
+    hung broker) never answers. Worse, the commit then stays pending in the consumer, and
+    ``close()`` waits for it forever too: the task would hang until its Airflow time-out.
+
+    So commits are made by a consumer of the committer's own (same config and group;
+    ours never join the group, they assign), in a thread the caller waits for at most
+    ``timeout_s``. A commit not answered by then raises ``_TIMED_OUT``; its consumer is
+    abandoned (a fresh one makes the next commit) and closes itself if the coordinator
+    ever answers; the reading consumer never has a commit pending, so its ``close()``
+    stays immediate. (The admin API's AlterConsumerGroupOffsets would be bounded, but
+    librdkafka 2.16 aborts the process when the coordinator dies under it.)
+    """
+
+    def __init__(self, config: dict[str, Any], timeout_s: float) -> None:
+        self._config = config
+        self.timeout_s = timeout_s
+        self._consumer: Consumer | None = None
+        self._lock = threading.Lock()
+
+    def commit(self, offsets: Sequence[TopicPartition]) -> Any:
+        with self._lock:
+            if self._consumer is None:
+                self._consumer = Consumer(self._config)
+            consumer = self._consumer
+            outcome: dict[str, Any] = {}
+            state = threading.Lock()
+            finished = threading.Event()
+
+            def work() -> None:
+                try:
+                    outcome["result"] = consumer.commit(offsets=list(offsets),
+                                                        asynchronous=False)
+                except BaseException as exc:  # handed to the caller
+                    outcome["error"] = exc
+                with state:
+                    finished.set()
+                    abandoned = outcome.get("abandoned", False)
+                if abandoned:  # the caller gave up long ago: nobody else will close it
+                    consumer.close()
+
+            threading.Thread(target=work, name="kafka-group-commit", daemon=True).start()
+            finished.wait(self.timeout_s)
+            with state:
+                if not finished.is_set():
+                    outcome["abandoned"] = True
+                    self._consumer = None
+            if outcome.get("abandoned"):
+                raise KafkaException(KafkaError(
+                    KafkaError._TIMED_OUT, f"the group coordinator did not answer the commit "
+                    f"within {self.timeout_s:g} s (socket.timeout.ms)"))
+            if "error" in outcome:
+                raise outcome["error"]
+            return outcome.get("result")
+
+    def close(self) -> None:
+        with self._lock:
+            consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+
+def _seconds(config: dict[str, Any], *keys: str, default_ms: int) -> float:
+    """The first of ``keys`` set in a librdkafka config (milliseconds), in seconds."""
+    for key in keys:
+        if config.get(key) is not None:
+            return float(config[key]) / 1000.0
+    return default_ms / 1000.0
 
 
 class KafkaClients:
@@ -76,6 +177,8 @@ class KafkaClients:
         if not config.get("bootstrap.servers"):
             raise ValueError("the Kafka config needs 'bootstrap.servers'")
         self.config = dict(config)
+        self._committers: dict[str, GroupCommitter] = {}
+        self._committers_lock = threading.Lock()
         overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
                       and config[k] != FORCED_CONSUMER[k]}
         if overridden:
@@ -93,12 +196,27 @@ class KafkaClients:
                 **FORCED_CONSUMER, "group.id": group_id, "error_cb": refusals}
         consumer = _Consumer(conf)
         consumer.refusals = refusals
+        consumer.committer = self._committer(group_id, conf)
         return consumer
+
+    def _committer(self, group_id: str, conf: dict[str, Any]) -> GroupCommitter:
+        """The group's committer (one per group and ``KafkaClients``)."""
+        with self._committers_lock:
+            committer = self._committers.get(group_id)
+            if committer is None:
+                plain = {k: v for k, v in conf.items() if k != "error_cb"}
+                committer = GroupCommitter(plain, _seconds(plain, "socket.timeout.ms",
+                                                           default_ms=60_000))
+                self._committers[group_id] = committer
+            return committer
 
     def producer(self) -> Producer:
         conf = {**PRODUCER_DEFAULTS, **{k: v for k, v in self.config.items()
                                         if k not in _CONSUMER_ONLY}, **FORCED_PRODUCER}
-        return Producer(conf)
+        producer = _Producer(conf)
+        producer.delivery_timeout_s = _seconds(conf, "delivery.timeout.ms", "message.timeout.ms",
+                                               default_ms=300_000)
+        return producer
 
     def admin(self) -> AdminClient:
         return AdminClient(self._common())
@@ -172,6 +290,7 @@ __all__ = [
     "FORCED_PRODUCER",
     "PRODUCER_DEFAULTS",
     "REFUSED_CODES",
+    "GroupCommitter",
     "KafkaClients",
     "map_kafka_error",
     "refusal",

@@ -217,8 +217,8 @@ class Pipeline(_Strict):
     #: takes one slot.
     pool_slots: Annotated[int, Field(ge=1, le=10_000)] | None = None
     #: Slices of one DAG run running at once (``max_active_tis_per_dagrun`` of the mapped
-    #: task): each is one Kafka consumer and one Postgres connection (two while a chunk
-    #: commits), so a 64-partition topic does not open 64 writers at once.
+    #: task): each holds a Kafka consumer and a Postgres connection for its whole length,
+    #: so a 64-partition topic does not open 64 writers at once.
     max_parallel_partitions: Annotated[int, Field(ge=1, le=1024)] = 8
     #: The monitor DAG's rules and notifiers for this pipeline.
     alerts: Alerts = Alerts()

@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 PREFIX = "kafka-ingest."
 DEFAULT_MAX_DLQ_BYTES = 900_000  # under the broker's default message.max.bytes (1 MiB)
+#: How long to wait for the delivery reports when the producer does not say its
+#: ``message.timeout.ms`` (producers from :class:`~kafka_ingest.clients.KafkaClients` do).
+DEFAULT_DELIVERY_WAIT_S = 30.0
+#: Beyond ``message.timeout.ms``: librdkafka reports a message that timed out on its next
+#: timeout scan (about a second), so the wait ends after every verdict is in.
+_DELIVERY_WAIT_MARGIN_S = 5.0
 DETAIL_MAX = 1000
 
 # Kafka Connect's DLQ header names (errors.deadletterqueue.context.headers.enable=true).
@@ -106,7 +112,7 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
 
 def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline: str,
                          style: DlqHeaderStyle, *, max_dlq_bytes: int = DEFAULT_MAX_DLQ_BYTES,
-                         timeout_s: float = 30.0) -> list[tuple[int, int] | None]:
+                         timeout_s: float | None = None) -> list[tuple[int, int] | None]:
     """Produce every dead letter and wait for each delivery report.
 
     Returns the (partition, offset) of each record in the DLQ topic. Raises
@@ -114,7 +120,16 @@ def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline:
     does not prove delivery. A retry re-produces the whole batch; the duplicates this makes
     in the DLQ are absorbed by the ``dead_letters`` table (keyed by source offset) and by
     the idempotent replay.
+
+    The wait for the reports (``timeout_s``) defaults to the producer's
+    ``message.timeout.ms`` plus a margin: librdkafka retries a delivery until then (a
+    leader election, a broker restarting) and then reports it failed, so a broker that
+    never answers fails the chunk after ``message.timeout.ms``, and a slow one is not
+    given up on before librdkafka does.
     """
+    if timeout_s is None:
+        timeout_s = (getattr(producer, "delivery_timeout_s", None)
+                     or DEFAULT_DELIVERY_WAIT_S) + _DELIVERY_WAIT_MARGIN_S
     if not letters:
         return []
     reports: dict[int, tuple[Any, Any]] = {}

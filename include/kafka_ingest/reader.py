@@ -208,6 +208,12 @@ def commit_offset(consumer: Any, topic: str, partition: int, next_offset: int,
 
     Postgres is the source of truth: a failed Kafka commit only makes lag tools lag; the
     next chunk's commit supersedes it. It is never a reason to re-ingest.
+
+    Each attempt waits at most the consumer's ``socket.timeout.ms`` (see
+    :meth:`kafka_ingest.clients._Consumer.commit`). An attempt the coordinator left
+    unanswered for that long is not repeated: a silent coordinator would cost every chunk
+    ``attempts`` times the time-out, and the next chunk (or the next live run, which
+    re-syncs the group) commits anyway.
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -215,11 +221,22 @@ def commit_offset(consumer: Any, topic: str, partition: int, next_offset: int,
                             asynchronous=False)
             return True
         except KafkaException as exc:
-            log.warning("Kafka commit of %s[%d]=%d failed (attempt %d/%d): %s",
-                        topic, partition, next_offset, attempt, attempts, exc)
+            silent = _not_answered(exc)
+            log.warning("Kafka commit of %s[%d]=%d failed (attempt %d/%d): %s%s",
+                        topic, partition, next_offset, attempt, attempts, exc,
+                        "; not retried: the coordinator did not answer" if silent else "")
+            if silent:
+                return False
             if attempt < attempts:
                 time.sleep(0.2 * attempt)
     return False
+
+
+def _not_answered(exc: KafkaException) -> bool:
+    """Whether the client gave up waiting (librdkafka's local time-out), as opposed to an
+    error the cluster answered with."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT
 
 
 def committed_offsets(consumer: Any, topic: str, partitions: list[int],

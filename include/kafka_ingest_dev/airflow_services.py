@@ -1,4 +1,5 @@
-"""Airflow for real in the local stack: api-server, scheduler, dag-processor and triggerer.
+"""Airflow for real in the local stack: api-server, scheduler, dag-processor and triggerer,
+with the LocalExecutor or the CeleryExecutor (Redis and N Celery workers).
 
 ``kafka-ingest stack up --airflow`` runs the four services Airflow 3 needs on loopback
 (port 18080 by default, ``KAFKA_INGEST_AIRFLOW_PORT``) against the stack's metadata
@@ -8,52 +9,149 @@ its execution API. Login: the simple auth manager's user ``admin`` with a random
 kept in ``<airflow home>/passwords.json`` (0600) and printed by ``kafka-ingest stack env``
 as ``AIRFLOW_API_PASSWORD``.
 
-Each service is a process group of its own (the LocalExecutor's workers are its children),
-stopped with SIGTERM, then SIGKILL, by ``stack down``.
+``--executor celery --workers N`` adds Debian's ``redis-server`` on 127.0.0.1 (port 16379,
+``KAFKA_INGEST_REDIS_PORT``; no persistence: a queue lost with Redis is re-sent by the
+scheduler) as the broker, the metadata database as Celery's result backend, and N
+``airflow celery worker`` processes named ``worker-<i>@<host>``. Each worker reports its
+own name as the task instances' ``hostname`` (``[core] hostname_callable`` is
+:func:`worker_hostname`; Celery's ``--celery-hostname`` alone does not reach Airflow), so
+the UI and the REST API say which worker ran which slice. The machine's task slots (two
+per core) are shared out among the workers. Logs go to the shared local log folder, which
+the api-server reads directly (one machine), so the workers serve none.
+
+The executor is kept while the services run (``up --airflow`` without ``--executor``
+keeps it); asking for another one, or another number of workers, stops every service and
+starts them anew. Each process is a process group of its own (the executors' task
+processes are its children), stopped with SIGTERM, then SIGKILL, by ``stack down``.
+
+When the pipelines file names Airflow pools (``pool``, ``pool_slots``), ``up --airflow``
+creates or resizes them with ``airflow pools import``, as a deployment would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kafka_ingest_dev.procs import CHILDREN, PartStatus, StackError, our_pid, tail, terminate
+from kafka_ingest_dev.procs import (
+    CHILDREN,
+    PartStatus,
+    StackError,
+    alive,
+    binary,
+    our_pid,
+    read_or_none,
+    require_free,
+    tail,
+    wait_gone,
+)
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+EXECUTORS = {"local": "LocalExecutor", "celery": "CeleryExecutor"}
+DEFAULT_WORKERS = 2
+REDIS_PORT = 16379
 USER = "admin"
+#: ``[core] hostname_callable`` of the stack's Celery workers.
+HOSTNAME_CALLABLE = "kafka_ingest_dev.airflow_services.worker_hostname"
+#: The worker's name, read by :func:`worker_hostname` in the worker's task processes.
+WORKER_NAME_ENV = "KAFKA_INGEST_WORKER_NAME"
 _START_TIMEOUT_S = 180.0
 _STOP_TIMEOUT_S = 30.0
+_POOLS_TIMEOUT_S = 120.0
 #: What the api-server's health endpoint reports for each service but itself.
 _HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor",
                 "triggerer": "triggerer"}
 
 
+def worker_hostname() -> str:
+    """The ``[core] hostname_callable`` of the stack's Celery workers: the worker's name
+    (``worker-<i>@<host>``, from ``KAFKA_INGEST_WORKER_NAME``), else the machine's FQDN.
+
+    Airflow records this as each task instance's ``hostname``; its default (the FQDN)
+    would give every worker on one machine the same one.
+    """
+    return os.environ.get(WORKER_NAME_ENV) or socket.getfqdn()
+
+
 def _slots() -> int:
-    """Task slots for the LocalExecutor: two per core (tasks mostly wait on Kafka and
-    Postgres), never fewer than two."""
+    """Task slots of the machine: two per core (tasks mostly wait on Kafka and Postgres),
+    never fewer than two."""
     return max(2, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
+class Executor:
+    """Which executor the services run with; ``workers`` counts Celery workers."""
+
+    name: str = "local"
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in EXECUTORS:
+            raise StackError(f"unknown executor {self.name!r}: one of {', '.join(EXECUTORS)}")
+        if self.celery and self.workers < 1:
+            raise StackError("the Celery executor needs at least one worker (--workers N)")
+
+    @property
+    def celery(self) -> bool:
+        return self.name == "celery"
+
+    @property
+    def concurrency(self) -> int:
+        """Task slots per Celery worker: the machine's slots shared out, at least one."""
+        return max(1, _slots() // self.workers) if self.celery else 0
+
+    @property
+    def parallelism(self) -> int:
+        return self.concurrency * self.workers if self.celery else _slots()
+
+    def describe(self) -> str:
+        if not self.celery:
+            return f"LocalExecutor, {self.parallelism} slots"
+        return (f"CeleryExecutor, {self.workers} worker(s) x {self.concurrency} slots, "
+                "Redis broker")
+
+    def worker_names(self) -> list[str]:
+        host = socket.gethostname()
+        return [f"worker-{i}@{host}" for i in range(1, self.workers + 1)]
+
+
+def _result_backend(sql_alchemy_conn: str) -> str:
+    """Celery's result backend in the metadata database: ``db+postgresql://...``."""
+    scheme, sep, rest = sql_alchemy_conn.partition("://")
+    if not sep:
+        raise StackError("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN is not a database URL")
+    return f"db+{scheme.split('+')[0]}://{rest}"
+
+
+@dataclass(frozen=True)
 class AirflowServices:
-    """Airflow's services of one stack: where they keep their state, which port they use."""
+    """Airflow's services of one stack: where they keep their state, which ports they use."""
 
     home: Path
     port: int
+    redis_port: int = REDIS_PORT
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def broker_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
 
     @property
     def run_dir(self) -> Path:
@@ -62,6 +160,19 @@ class AirflowServices:
     @property
     def passwords_file(self) -> Path:
         return self.home / "passwords.json"
+
+    @property
+    def executor_file(self) -> Path:
+        """The executor the running services were started with (and its settings)."""
+        return self.run_dir / "executor.json"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.home / "redis"
+
+    @property
+    def redis_conf(self) -> Path:
+        return self.redis_dir / "redis.conf"
 
     def pidfile(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -79,64 +190,231 @@ class AirflowServices:
         stored: dict[str, str] = json.loads(self.passwords_file.read_text())
         return stored[USER]
 
-    def settings(self) -> dict[str, str]:
+    def settings(self, executor: Executor | None = None, *,
+                 sql_alchemy_conn: str = "") -> dict[str, str]:
         """The Airflow settings every service (and a client of them) needs."""
+        executor = executor or Executor()
         return {
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": str(_slots()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
             # New DAG files are seen within seconds, not the default five minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            **self._executor_settings(executor, sql_alchemy_conn),
         }
 
+    def _executor_settings(self, executor: Executor, sql_alchemy_conn: str) -> dict[str, str]:
+        settings = {"AIRFLOW__CORE__EXECUTOR": EXECUTORS[executor.name],
+                    "AIRFLOW__CORE__PARALLELISM": str(executor.parallelism)}
+        if executor.celery:
+            settings.update({
+                "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+                "AIRFLOW__CELERY__RESULT_BACKEND": _result_backend(sql_alchemy_conn),
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(executor.concurrency),
+            })
+        return settings
+
     def client_env(self) -> dict[str, str]:
-        """What ``stack env`` adds while the services run."""
+        """What ``stack env`` adds while the services run: the REST API's address and login,
+        and the running executor's settings (so ``airflow celery ...`` works in the shell)."""
+        recorded = self._recorded()
         return {"AIRFLOW_API_URL": self.url, "AIRFLOW_API_USER": USER,
-                "AIRFLOW_API_PASSWORD": self.password()}
+                "AIRFLOW_API_PASSWORD": self.password(),
+                **(recorded[1] if recorded else {})}
+
+    # ----------------------------------------------------------------------- processes
+
+    def _recorded(self) -> tuple[Executor, dict[str, str]] | None:
+        raw = read_or_none(self.executor_file)
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return Executor(**data["executor"]), dict(data["settings"])
+        except (ValueError, KeyError, TypeError, StackError):
+            return None
+
+    def executor(self) -> Executor | None:
+        """The executor of the running services (any of them: a crashed api-server does not
+        make the workers someone else's), or None when none runs."""
+        if not any(self.pids().values()):
+            return None
+        recorded = self._recorded()
+        return recorded[0] if recorded else Executor()
+
+    def _worker_names(self) -> list[str]:
+        """Workers with a pid file: those started and not yet stopped."""
+        return sorted(p.stem for p in self.run_dir.glob("worker-*.pid"))
 
     def pids(self) -> dict[str, int | None]:
-        # The api-server retitles itself "airflow api_server -- host:... port:...".
-        return {name: our_pid(self.pidfile(name), f"airflow {name}",
+        # The api-server retitles itself "airflow api_server -- host:... port:..."; Celery
+        # retitles its worker "[celeryd: worker-1@host:MainProcess] ..."; Redis shows the
+        # config file its title template names.
+        pids = {name: our_pid(self.pidfile(name), f"airflow {name}",
                               f"airflow {name.replace('-', '_')}") for name in SERVICES}
+        if self.pidfile("redis").is_file():
+            pids["redis"] = our_pid(self.pidfile("redis"), str(self.redis_conf))
+        for name in self._worker_names():
+            pids[name] = our_pid(self.pidfile(name), f"{name}@", f"--celery-hostname {name}@")
+        return pids
 
     def running(self) -> bool:
         return self.pids()["api-server"] is not None
 
-    def start(self, env: Mapping[str, str], report: Callable[[str], None]) -> None:
+    def start(self, env: Mapping[str, str], report: Callable[[str], None], *,
+              executor: str | None = None, workers: int | None = None) -> None:
         """Start the services that are not running (with ``env`` plus :meth:`settings`),
-        then wait until the api-server says every one of them is healthy."""
+        then wait until the api-server says every one of them is healthy and every Celery
+        worker answers; then create the pools the pipelines name.
+
+        ``executor`` None keeps the running services' executor (else the LocalExecutor);
+        another executor or number of workers than the running one stops them all first.
+        """
+        wanted = self._wanted(executor, workers)
+        current = self.executor()
+        if current is not None and current != wanted:
+            report(f"airflow: running with {current.describe()}; restarting with "
+                   f"{wanted.describe()}")
+            for line in self.stop():
+                report(line)
         self.password()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logfile("x").parent.mkdir(parents=True, exist_ok=True)
-        full = {**env, **self.settings()}
+        executor_env = self._executor_settings(
+            wanted, env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))
+        self._record(wanted, executor_env)
+        full = {**env, **self.settings(wanted, sql_alchemy_conn=env.get(
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))}
         since = time.monotonic()
         started = []
+        if wanted.celery:
+            started += self._start_redis()
         for name, pid in self.pids().items():
-            if pid is None:
+            if name in SERVICES and pid is None:
                 started.append(name)
-                self._spawn(name, full)
-        self._await_healthy()
+                self._spawn(name, [name], full)
+        if wanted.celery:
+            started += self._start_workers(wanted, full)
+        self._await_healthy(wanted)
         took = time.monotonic() - since
         verb = f"started {', '.join(started)} in {took:.1f} s" if started else "already running"
-        report(f"airflow: {verb}; UI and REST API on {self.url} (LocalExecutor, {_slots()} "
-               f"slots); log in as {USER!r} with AIRFLOW_API_PASSWORD from "
-               "`kafka-ingest stack env`")
+        report(f"airflow: {verb}; UI and REST API on {self.url} ({wanted.describe()}); log "
+               f"in as {USER!r} with AIRFLOW_API_PASSWORD from `kafka-ingest stack env`")
+        pools = self.ensure_pools(full)
+        if pools:
+            report("airflow: pools " + ", ".join(f"{n} ({s} slots)" for n, s in pools.items()))
 
-    def _spawn(self, name: str, env: Mapping[str, str]) -> None:
-        args = [sys.executable, "-m", "airflow", name]
+    def _wanted(self, executor: str | None, workers: int | None) -> Executor:
+        current = self.executor()
+        name = executor or (current.name if current else "local")
+        if name != "celery":
+            if workers:
+                raise StackError("--workers needs --executor celery")
+            return Executor(name)
+        if workers:
+            return Executor("celery", workers)
+        return current if current is not None and current.celery else Executor(
+            "celery", DEFAULT_WORKERS)
+
+    def _record(self, executor: Executor, settings: dict[str, str]) -> None:
+        data = {"executor": asdict(executor), "settings": settings}
+        tmp = self.executor_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+        tmp.replace(self.executor_file)
+
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
+        command = [sys.executable, "-m", "airflow", *args]
         if name == "api-server":
-            args += ["--host", "127.0.0.1", "--port", str(self.port)]
+            command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self._popen(name, command, env)
+
+    def _popen(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
         with self.logfile(name).open("ab") as out:
-            child = subprocess.Popen(args, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+            child = subprocess.Popen(command, env=dict(env), stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         CHILDREN[child.pid] = child
         self.pidfile(name).write_text(f"{child.pid}\n")
+
+    # ----------------------------------------------------------------------- celery
+
+    def _redis_config(self) -> str:
+        """Loopback only, no persistence (a lost queue is re-sent by the scheduler)."""
+        return (
+            "# Written by kafka-ingest stack up on every start; edit airflow_services.py.\n"
+            "bind 127.0.0.1\n"
+            f"port {self.redis_port}\n"
+            f"dir {self.redis_dir}\n"
+            'save ""\n'
+            "appendonly no\n"
+            "protected-mode yes\n"
+            "daemonize no\n"
+            # The config file's path in the process title: what tells our Redis from another.
+            'proc-title-template "{title} {listen-addr} {config-file}"\n'
+        )
+
+    def _redis_answers(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.redis_port), 1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+        return False
+
+    def _start_redis(self) -> list[str]:
+        if self.pids().get("redis") is not None:
+            return []
+        server = binary("redis-server", "Redis (apt-get install redis-server)")
+        require_free(self.redis_port, "Redis (the Celery broker)", "KAFKA_INGEST_REDIS_PORT")
+        self.redis_dir.mkdir(parents=True, exist_ok=True)
+        self.redis_conf.write_text(self._redis_config())
+        self._popen("redis", [server, str(self.redis_conf)], os.environ)
+        deadline = time.monotonic() + 30
+        while not self._redis_answers():
+            pid = self.pids().get("redis")
+            if pid is None or time.monotonic() > deadline:
+                raise StackError(f"Redis did not start on 127.0.0.1:{self.redis_port}: "
+                                 f"{tail(self.logfile('redis'), 3)}")
+            time.sleep(0.1)
+        return ["redis"]
+
+    def _start_workers(self, executor: Executor, env: Mapping[str, str]) -> list[str]:
+        pids = self.pids()
+        started = []
+        for node in executor.worker_names():
+            name = node.split("@")[0]
+            if pids.get(name) is not None:
+                continue
+            worker_env = {**env, "AIRFLOW__CORE__HOSTNAME_CALLABLE": HOSTNAME_CALLABLE,
+                          WORKER_NAME_ENV: node}
+            self._spawn(name, ["celery", "worker", "--celery-hostname", node,
+                               "--concurrency", str(executor.concurrency),
+                               "--skip-serve-logs", "--without-mingle", "--without-gossip"],
+                        worker_env)
+            started.append(name)
+        return started
+
+    def ping_workers(self, names: list[str], timeout_s: float = 1.0) -> set[str]:
+        """The Celery workers (node names) that answer a ping through the broker."""
+        if not names or not self._redis_answers():
+            return set()
+        from celery import Celery
+
+        app = Celery(broker=self.broker_url)
+        try:
+            replies = app.control.ping(destination=names, timeout=timeout_s) or []
+        except Exception:  # the broker went away mid-ping: nobody answered
+            return set()
+        finally:
+            app.close()
+        return {node for reply in replies for node in reply}
+
+    # ----------------------------------------------------------------------- health
 
     def health(self) -> dict[str, Any] | None:
         """The api-server's health report, or None while it does not answer."""
@@ -154,30 +432,82 @@ class AirflowServices:
         return [name for name, key in _HEALTH_KEYS.items()
                 if (report.get(key) or {}).get("status") != "healthy"]
 
-    def _await_healthy(self) -> None:
+    def _spawned_alive(self, name: str) -> bool:
+        """Whether the process in ``name``'s pid file lives: a service just started may be
+        rewriting its title (setproctitle clears it first), so its marker cannot be asked
+        for here; seconds after we wrote the pid file it cannot be a reused pid either."""
+        try:
+            return alive(int(self.pidfile(name).read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            return False
+
+    def _await_healthy(self, executor: Executor) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
+        nodes = executor.worker_names()
         waiting = list(SERVICES)
         while time.monotonic() < deadline:
-            dead = [name for name, pid in self.pids().items() if pid is None]
+            dead = [name for name in self.pids() if not self._spawned_alive(name)]
             if dead:
                 raise StackError(f"airflow {dead[0]} exited while starting: "
                                  f"{tail(self.logfile(dead[0]), 3)}")
             waiting = self._unhealthy(self.health())
+            if not waiting:
+                silent = sorted(set(nodes) - self.ping_workers(nodes))
+                waiting = [node.split("@")[0] for node in silent]
             if not waiting:
                 return
             time.sleep(0.5)
         raise StackError(f"airflow {', '.join(waiting)} not healthy within "
                          f"{_START_TIMEOUT_S:.0f} s; see {self.logfile(waiting[0])}")
 
+    # ----------------------------------------------------------------------- pools
+
+    def ensure_pools(self, env: Mapping[str, str]) -> dict[str, int]:
+        """Create or resize the Airflow pools the pipelines file (``KAFKA_INGEST_PIPELINES``
+        in ``env``, else the shipped one) names, with ``airflow pools import``."""
+        from kafka_ingest.config import airflow_pools, load_pipelines, pool_import_document
+
+        try:
+            pipelines = load_pipelines(env.get("KAFKA_INGEST_PIPELINES") or None)
+        except ValueError as exc:
+            raise StackError(f"cannot create the pipelines' pools: {exc}") from None
+        pools = airflow_pools(pipelines)
+        if not pools:
+            return {}
+        path = self.run_dir / "pools.json"
+        path.write_text(json.dumps(pool_import_document(pipelines), indent=2))
+        done = subprocess.run([sys.executable, "-m", "airflow", "pools", "import", str(path)],
+                              env=dict(env), capture_output=True, text=True,
+                              timeout=_POOLS_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            detail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+            raise StackError(f"airflow pools import failed: {detail[0]}")
+        return pools
+
+    # ----------------------------------------------------------------------- stop, status
+
     def stop(self) -> list[str]:
+        """SIGTERM every service's process group at once (workers finish or give back their
+        tasks), SIGKILL what is left after the time-out; Redis last."""
+        pids = self.pids()
         lines = []
-        for name, pid in self.pids().items():
-            if pid is None:
-                self.pidfile(name).unlink(missing_ok=True)
-                continue
-            terminate(pid, _STOP_TIMEOUT_S, group=True)
+        for wave in ([n for n in pids if n != "redis"], ["redis"]):
+            live = {name: pid for name in wave if (pid := pids.get(name)) is not None}
+            for pid in live.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_TIMEOUT_S
+            for name, pid in live.items():
+                if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    if not wait_gone(pid, 10):
+                        raise StackError(f"process {pid} ({name}) survived SIGKILL; "
+                                         "stop it by hand")
+                lines.append(f"airflow {name}: stopped (pid {pid})")
+        for name in pids:
             self.pidfile(name).unlink(missing_ok=True)
-            lines.append(f"airflow {name}: stopped (pid {pid})")
+        self.executor_file.unlink(missing_ok=True)
         return lines or ["airflow services: not running"]
 
     def status(self) -> list[PartStatus]:
@@ -185,6 +515,18 @@ class AirflowServices:
         if not any(pids.values()):
             return []
         unhealthy = self._unhealthy(self.health())
-        return [PartStatus(name, self.url if name == "api-server" else "-",
-                           pid is not None and name not in unhealthy, pid)
-                for name, pid in pids.items()]
+        host = socket.gethostname()
+        workers = [f"{n}@{host}" for n in pids if n.startswith("worker-")]
+        answering = self.ping_workers(workers)
+        parts = []
+        for name, pid in pids.items():
+            if name == "redis":
+                address, up = f"127.0.0.1:{self.redis_port}", self._redis_answers()
+            elif name.startswith("worker-"):
+                address, up = f"{name}@{host}", f"{name}@{host}" in answering
+            else:
+                address = self.url if name == "api-server" else "-"
+                up = name not in unhealthy
+            parts.append(PartStatus(name, address, pid is not None and up, pid))
+        return parts
+

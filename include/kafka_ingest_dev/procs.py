@@ -63,7 +63,8 @@ def our_pid(pidfile: Path, *markers: str) -> int | None:
 
     A marker (a path only our process has on its command line; any of several, for a
     process that retitles itself) guards against a pid reused by an unrelated process
-    after a reboot or crash.
+    after a reboot or crash. An empty command line says nothing: setproctitle clears it
+    for an instant while it retitles the process.
     """
     try:
         pid = int(pidfile.read_text().split()[0])
@@ -72,7 +73,9 @@ def our_pid(pidfile: Path, *markers: str) -> int | None:
     if not alive(pid):
         return None
     command = cmdline(pid)
-    return pid if command is None or any(m in command for m in markers) else None
+    if command is None or not command.strip():  # no /proc, or being retitled right now
+        return pid
+    return pid if any(m in command for m in markers) else None
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:

@@ -16,6 +16,21 @@ database rather than fakes:
 - **Airflow**: no daemon; ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate``
   against the ``airflow`` database, re-run only when the installed Airflow version changes.
 
+Two options change the shape of the stack, and stick to its state directory:
+
+- ``up --brokers 3``: three KRaft nodes (each broker and controller, a 3-voter static
+  quorum) on their own ports and log dirs, internal topics with three replicas, two in
+  sync; :func:`stop_broker`, :func:`kill_broker` and :func:`start_broker` take one node
+  down and up again. Only on a state directory whose Kafka has no data yet (a quorum is
+  fixed when it is formatted); the tests run it as a stack of its own.
+- ``up --faults``: Toxiproxy (:mod:`kafka_ingest_dev.faults`, API on ``127.0.0.1:18474``)
+  with one proxy in front of each Kafka node and one in front of Postgres. Each broker gets
+  an extra ``FAULTS`` listener advertised as its proxy's address, so a client that
+  bootstraps through the proxy stays on it; the plain listeners stay as they are.
+  ``stack env --faults`` points clients through the proxies (Airflow's own metadata
+  database stays direct: the orchestrator that retries must survive the data path's
+  faults) and adds ``TOXIPROXY_URL``.
+
 Everything lives in the state directory (data survives ``down``/``up``); ``down`` stops
 only the processes whose pid files this module wrote. Trade-off: the processes are not
 supervised, so a crashed broker stays down until the next ``up`` (which is idempotent and
@@ -36,6 +51,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,8 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka_ingest_dev import faults as fault_proxy
 from kafka_ingest_dev import tls
-from kafka_ingest_dev.airflow_services import AirflowServices
+from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
 from kafka_ingest_dev.procs import (
     CHILDREN,
     PartStatus,
@@ -60,20 +77,26 @@ from kafka_ingest_dev.procs import (
     require_free,
     tail,
     terminate,
+    wait_gone,
 )
 
 __all__ = [
     "KAFKA_VERSION",
     "PartStatus",
     "StackError",
+    "broker_pid",
     "down",
     "env",
+    "kill_broker",
     "main",
     "restart_kafka",
     "restart_postgres",
+    "start_broker",
     "state_dir",
     "status",
     "stop_airflow",
+    "stop_broker",
+    "toxiproxy",
     "up",
 ]
 
@@ -101,6 +124,40 @@ Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)
+class KafkaNode:
+    """One KRaft node of the local cluster: broker and controller in one JVM."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    #: The broker's ``FAULTS`` listener (behind Toxiproxy) and the proxy's own port.
+    faults_port: int
+    proxy_port: int
+    home: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / "kafka.pid"
+
+    @property
+    def props(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "broker.log"
+
+    @property
+    def proxy_name(self) -> str:
+        """Its proxy in Toxiproxy: ``kafka``, then ``kafka-2``, ``kafka-3``."""
+        return "kafka" if self.node_id == 1 else f"kafka-{self.node_id}"
+
+
+@dataclass(frozen=True)
 class Settings:
     """Where the stack lives and which loopback ports it uses (env-overridable)."""
 
@@ -113,6 +170,13 @@ class Settings:
     airflow_port: int
     pg_port: int
     pg_home: Path
+    #: ``--faults``: Toxiproxy's API, and per Kafka node (node 1's; node n adds 100 * (n-1)
+    #: unless ``..._PORT_<n>`` says otherwise) the proxy clients use and the broker's
+    #: listener behind it; Postgres' proxy.
+    toxiproxy_port: int = fault_proxy.DEFAULT_API_PORT
+    kafka_proxy_port: int = 19095
+    kafka_faults_port: int = 19096
+    pg_proxy_port: int = 15433
 
     @property
     def bootstrap(self) -> str:
@@ -169,8 +233,63 @@ class Settings:
         return self.secure_marker.is_file()
 
     @property
+    def faults_marker(self) -> Path:
+        """Present once ``up --faults`` ran: Toxiproxy runs with the stack from then on."""
+        return self.state / "faults"
+
+    @property
+    def faults(self) -> bool:
+        return self.faults_marker.is_file()
+
+    @property
+    def toxiproxy(self) -> fault_proxy.Server:
+        return fault_proxy.Server(self.toxiproxy_port, self.state / "toxiproxy")
+
+    @property
+    def brokers_file(self) -> Path:
+        """The number of Kafka nodes, written by ``up --brokers N`` (absent: one)."""
+        return self.state / "kafka-brokers"
+
+    @property
+    def brokers(self) -> int:
+        text = (read_or_none(self.brokers_file) or "").strip()
+        return int(text) if text.isdigit() else 1
+
+    def node(self, node_id: int) -> KafkaNode:
+        """Kafka node ``node_id`` (1-based): node 1 is the single broker's ports and
+        directory; node n its own, ``KAFKA_INGEST_KAFKA_PORT_<n>`` (and ``_CONTROLLER_``,
+        ``_KAFKA_PROXY_``, ``_KAFKA_FAULTS_``) or node 1's plus 100 * (n - 1)."""
+        if node_id == 1:
+            return KafkaNode(1, self.kafka_port, self.controller_port, self.kafka_faults_port,
+                             self.kafka_proxy_port, self.kafka_dir)
+        step = 100 * (node_id - 1)
+        return KafkaNode(
+            node_id,
+            _port(f"KAFKA_INGEST_KAFKA_PORT_{node_id}", self.kafka_port + step),
+            _port(f"KAFKA_INGEST_CONTROLLER_PORT_{node_id}", self.controller_port + step),
+            _port(f"KAFKA_INGEST_KAFKA_FAULTS_PORT_{node_id}", self.kafka_faults_port + step),
+            _port(f"KAFKA_INGEST_KAFKA_PROXY_PORT_{node_id}", self.kafka_proxy_port + step),
+            self.state / f"kafka-{node_id}",
+        )
+
+    @property
+    def nodes(self) -> list[KafkaNode]:
+        return [self.node(n) for n in range(1, self.brokers + 1)]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's plaintext address (one node: :attr:`bootstrap`)."""
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Every node's address through its Toxiproxy proxy (``--faults``)."""
+        return ",".join(f"127.0.0.1:{n.proxy_port}" for n in self.nodes)
+
+    @property
     def airflow(self) -> AirflowServices:
-        return AirflowServices(self.airflow_home, self.airflow_port)
+        return AirflowServices(self.airflow_home, self.airflow_port,
+                               _port("KAFKA_INGEST_REDIS_PORT", REDIS_PORT))
 
 
 # --------------------------------------------------------------------------- settings
@@ -237,6 +356,10 @@ def settings() -> Settings:
         airflow_port=_port("KAFKA_INGEST_AIRFLOW_PORT", 18080),
         pg_port=_port("KAFKA_INGEST_PG_PORT", 15432),
         pg_home=_pg_home(state),
+        toxiproxy_port=_port("KAFKA_INGEST_TOXIPROXY_PORT", fault_proxy.DEFAULT_API_PORT),
+        kafka_proxy_port=_port("KAFKA_INGEST_KAFKA_PROXY_PORT", 19095),
+        kafka_faults_port=_port("KAFKA_INGEST_KAFKA_FAULTS_PORT", 19096),
+        pg_proxy_port=_port("KAFKA_INGEST_PG_PROXY_PORT", 15433),
     )
 
 
@@ -309,32 +432,56 @@ def _install_kafka_tools(s: Settings, java: str, libs: Path) -> None:
             path.chmod(0o755)
 
 
-def _kafka_properties(s: Settings) -> str:
-    """A single KRaft node; one replica of everything because there is one broker."""
+def _kafka_properties(s: Settings, node: KafkaNode | None = None) -> str:
+    """One KRaft node, broker and controller. A single node keeps one replica of
+    everything; with ``--brokers 3`` the three nodes form a static 3-voter quorum and the
+    internal topics get three replicas, two in sync (the pipelines' topics get theirs
+    from the pipelines file: ``replication_factor``, ``topic_config``)."""
+    node = node or s.node(1)
+    nodes = s.nodes
+    replicas, min_isr = str(min(len(nodes), 3)), str(min(len(nodes), 2))
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{s.controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},"
-        f"CONTROLLER://127.0.0.1:{s.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{s.bootstrap}",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": ",".join(
+            f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes),
+        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},"
+        f"CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{node.bootstrap}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "log.dirs": str(s.kafka_dir / "data"),
+        "log.dirs": str(node.home / "data"),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": "0",
     }
+    if len(nodes) > 1:
+        props["default.replication.factor"] = replicas
     if s.secure:
         props.update(_secure_listener(s))
+    if s.faults:
+        props.update(_faults_listener(props, node))
     header = "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
     return header + "".join(f"{key}={value}\n" for key, value in props.items())
+
+
+def _faults_listener(props: dict[str, str], node: KafkaNode) -> dict[str, str]:
+    """A plaintext ``FAULTS`` listener beside the others, advertised as the node's
+    Toxiproxy proxy: a client that bootstraps through the proxy is sent to the proxy for
+    every later connection too, so every byte it exchanges can be delayed or cut."""
+    return {
+        "listeners": f"{props['listeners']},FAULTS://127.0.0.1:{node.faults_port}",
+        "advertised.listeners":
+            f"{props['advertised.listeners']},FAULTS://127.0.0.1:{node.proxy_port}",
+        "listener.security.protocol.map":
+            f"{props['listener.security.protocol.map']},FAULTS:PLAINTEXT",
+    }
 
 
 def _secure_listener(s: Settings) -> dict[str, str]:
@@ -379,15 +526,30 @@ def _java_cmd(java: str, libs: Path, main_class: str, *args: str) -> list[str]:
     return [java, "-cp", f"{libs}/*", main_class, *args]
 
 
-def _format_kafka_storage(s: Settings, java: str, libs: Path) -> None:
+def _cluster_id(s: Settings) -> str:
+    """One id for every node of the cluster, made when the first node is formatted (a
+    stack formatted before the id was kept has it in node 1's meta.properties)."""
+    path = s.state / "kafka-cluster-id"
+    stored = (read_or_none(path) or "").strip()
+    if stored:
+        return stored
+    meta = read_or_none(s.kafka_dir / "data" / "meta.properties") or ""
+    found = [line.split("=", 1)[1].strip() for line in meta.splitlines()
+             if line.startswith("cluster.id=")]
+    cluster_id = found[0] if found else (
+        base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode())
+    path.write_text(f"{cluster_id}\n")
+    return cluster_id
+
+
+def _format_kafka_storage(s: Settings, java: str, libs: Path, node: KafkaNode) -> None:
     """Format the log dir on first start only: formatting again would lose the data."""
-    if (s.kafka_dir / "data" / "meta.properties").is_file():
+    if (node.home / "data" / "meta.properties").is_file():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     # `--cluster-id=<id>`, not `-t <id>`: a random id may start with "-".
     cmd = _java_cmd(
-        java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-        "-c", str(s.kafka_props),
+        java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id(s)}",
+        "-c", str(node.props),
     )  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -395,53 +557,66 @@ def _format_kafka_storage(s: Settings, java: str, libs: Path) -> None:
         raise StackError(f"formatting Kafka storage failed: {detail[-300:]}")
 
 
-def _kafka_pid(s: Settings) -> int | None:
-    return our_pid(s.kafka_pidfile, str(s.kafka_props))
+def _node_name(s: Settings, node: KafkaNode) -> str:
+    return "kafka" if s.brokers == 1 else f"kafka-{node.node_id}"
 
 
-def _kafka_preflight(s: Settings) -> str:
+def _kafka_pid(s: Settings, node: KafkaNode | None = None) -> int | None:
+    node = node or s.node(1)
+    return our_pid(node.pidfile, str(node.props))
+
+
+def _kafka_preflight(s: Settings, nodes: list[KafkaNode] | None = None) -> str:
     """Fail in a second, before any slow step, on what the user must fix; return java."""
     java = binary("java", "a Java 17+ runtime (apt-get install openjdk-17-jre-headless)")
     if not (s.cache / ".complete").is_file():
         binary("mvn", "Maven (apt-get install maven)")
-    require_free(s.kafka_port, "Kafka", "KAFKA_INGEST_KAFKA_PORT")
-    require_free(s.controller_port, "the Kafka controller", "KAFKA_INGEST_CONTROLLER_PORT")
+    for node in nodes if nodes is not None else s.nodes:
+        suffix = "" if node.node_id == 1 else f"_{node.node_id}"
+        require_free(node.port, f"Kafka node {node.node_id}", f"KAFKA_INGEST_KAFKA_PORT{suffix}")
+        require_free(node.controller_port, f"the controller of Kafka node {node.node_id}",
+                     f"KAFKA_INGEST_CONTROLLER_PORT{suffix}")
+        if s.faults:
+            require_free(node.faults_port, f"the FAULTS listener of Kafka node {node.node_id}",
+                         f"KAFKA_INGEST_KAFKA_FAULTS_PORT{suffix}")
     if s.secure:
         require_free(s.secure_port, "Kafka's SASL_SSL listener", "KAFKA_INGEST_KAFKA_SECURE_PORT")
     return java
 
 
-def _launch_kafka(s: Settings, java: str) -> int:
-    """Fetch the jars if needed, format on first start, spawn the broker; do not wait."""
+def _launch_kafka(s: Settings, java: str, node: KafkaNode | None = None) -> int:
+    """Fetch the jars if needed, format on first start, spawn the node; do not wait."""
+    node = node or s.node(1)
     libs = _fetch_kafka_jars(s)
-    s.kafka_dir.mkdir(parents=True, exist_ok=True)
-    s.kafka_props.write_text(_kafka_properties(s))
-    _format_kafka_storage(s, java, libs)
+    node.home.mkdir(parents=True, exist_ok=True)
+    node.props.write_text(_kafka_properties(s, node))
+    _format_kafka_storage(s, java, libs, node)
     jvm = [
         "-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={_BROKER_DIR / 'log4j2.yaml'}",
     ]  # fmt: skip
-    cmd = [java, *jvm, "-cp", f"{libs}/*", "kafka.Kafka", str(s.kafka_props)]
-    with (s.kafka_dir / "broker.log").open("ab") as out:
+    cmd = [java, *jvm, "-cp", f"{libs}/*", "kafka.Kafka", str(node.props)]
+    with node.log.open("ab") as out:
         child = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=s.kafka_dir, start_new_session=True,
+            cwd=node.home, start_new_session=True,
         )  # fmt: skip
     CHILDREN[child.pid] = child
-    s.kafka_pidfile.write_text(f"{child.pid}\n")
+    node.pidfile.write_text(f"{child.pid}\n")
     return child.pid
 
 
-def _kafka_answers(s: Settings, timeout_s: float) -> bool:
-    """Health: the broker answers a metadata request (AdminClient.list_topics)."""
-    if not accepts(s.kafka_port):
+def _kafka_answers(s: Settings, timeout_s: float, node: KafkaNode | None = None) -> bool:
+    """Health: the node answers a metadata request (AdminClient.list_topics)."""
+    node = node or s.node(1)
+    if not accepts(node.port):
         return False
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     # librdkafka logs through ours, not to stderr, while the broker is still booting.
-    config: dict[str, Any] = {"bootstrap.servers": s.bootstrap, "logger": log}
+    config: dict[str, Any] = {"bootstrap.servers": node.bootstrap, "logger": log}
     admin = AdminClient(config)
     try:
         admin.list_topics(timeout=timeout_s)
@@ -450,38 +625,112 @@ def _kafka_answers(s: Settings, timeout_s: float) -> bool:
     return True
 
 
-def _await_kafka(s: Settings, pid: int) -> None:
-    """Poll until the broker answers; fail fast (with its log) if the JVM exits."""
+def _await_kafka(s: Settings, pid: int, node: KafkaNode | None = None) -> None:
+    """Poll until the node answers; fail fast (with its log) if the JVM exits."""
+    node = node or s.node(1)
     deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if not alive(pid):
-            s.kafka_pidfile.unlink(missing_ok=True)
-            log_tail = tail(s.kafka_dir / "broker.log")
-            raise StackError(f"the Kafka broker exited while starting: {log_tail}")
-        if _kafka_answers(s, timeout_s=2.0):
+            node.pidfile.unlink(missing_ok=True)
+            raise StackError(f"the Kafka broker exited while starting: {tail(node.log)}")
+        if _kafka_answers(s, timeout_s=2.0, node=node):
             return
         time.sleep(_POLL_S)
     raise StackError(
-        f"Kafka did not answer on {s.bootstrap} within {_KAFKA_START_TIMEOUT_S:.0f} s; "
-        f"see {s.kafka_dir / 'broker.log'}"
+        f"Kafka did not answer on {node.bootstrap} within {_KAFKA_START_TIMEOUT_S:.0f} s; "
+        f"see {node.log}"
     )
 
 
-def _stop_kafka(s: Settings) -> str:
-    pid = _kafka_pid(s)
+def _await_brokers(s: Settings, expected: int) -> None:
+    """Poll until the cluster's metadata lists ``expected`` live brokers."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    config: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": log}
+    admin = AdminClient(config)
+    deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
+    seen = 0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KafkaException):
+            seen = len(admin.list_topics(timeout=2.0).brokers)
+            if seen >= expected:
+                return
+        time.sleep(_POLL_S)
+    raise StackError(f"the Kafka cluster lists {seen} of {expected} brokers after "
+                     f"{_KAFKA_START_TIMEOUT_S:.0f} s; see the nodes' broker.log")
+
+
+def _stop_node(s: Settings, node: KafkaNode) -> str:
+    pid = _kafka_pid(s, node)
     if pid is None:
-        s.kafka_pidfile.unlink(missing_ok=True)
-        return "kafka: not running"
+        node.pidfile.unlink(missing_ok=True)
+        return f"{_node_name(s, node)}: not running"
     terminate(pid, _KAFKA_STOP_TIMEOUT_S)
-    s.kafka_pidfile.unlink(missing_ok=True)
-    return f"kafka: stopped (pid {pid})"
+    node.pidfile.unlink(missing_ok=True)
+    return f"{_node_name(s, node)}: stopped (pid {pid})"
 
 
-def _kafka_status(s: Settings) -> PartStatus:
-    pid = _kafka_pid(s)
-    healthy = pid is not None and _kafka_answers(s, timeout_s=3.0)
+def _stop_kafka(s: Settings) -> str:
+    """Stop every node at once (one by one, the last ones would wait for a quorum)."""
+    nodes = s.nodes
+    if len(nodes) == 1:
+        return _stop_node(s, nodes[0])
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        return "\n".join(pool.map(lambda n: _stop_node(s, n), nodes))
+
+
+def _kafka_status(s: Settings) -> list[PartStatus]:
+    parts = []
+    for node in s.nodes:
+        pid = _kafka_pid(s, node)
+        healthy = pid is not None and _kafka_answers(s, timeout_s=3.0, node=node)
+        detail = "" if healthy or pid is None else "process alive, not answering"
+        parts.append(PartStatus(_node_name(s, node), node.bootstrap, healthy, pid, detail))
+    return parts
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _toxiproxy_proxies(s: Settings) -> list[dict[str, Any]]:
+    """One proxy per Kafka node (to its FAULTS listener) and one in front of Postgres."""
+    proxies = [{"name": n.proxy_name, "listen": f"127.0.0.1:{n.proxy_port}",
+                "upstream": f"127.0.0.1:{n.faults_port}", "enabled": True} for n in s.nodes]
+    proxies.append({"name": "postgres", "listen": f"127.0.0.1:{s.pg_proxy_port}",
+                    "upstream": f"127.0.0.1:{s.pg_port}", "enabled": True})
+    return proxies
+
+
+def _ensure_toxiproxy(s: Settings) -> str:
+    """Toxiproxy running (built first if missing) with the stack's proxies."""
+    since = time.monotonic()
+    server = s.toxiproxy
+    client = fault_proxy.Toxiproxy(server.url)
+    if server.pid() is None:
+        for proxy in _toxiproxy_proxies(s):
+            port = int(proxy["listen"].rsplit(":", 1)[1])
+            require_free(port, f"Toxiproxy's {proxy['name']} proxy",
+                         "KAFKA_INGEST_KAFKA_PROXY_PORT" if proxy["name"].startswith("kafka")
+                         else "KAFKA_INGEST_PG_PROXY_PORT")
+    pid, started = fault_proxy.start_server(server)
+    client.populate(_toxiproxy_proxies(s))
+    names = ", ".join(f"{p['name']} {p['listen']} -> {p['upstream']}"
+                      for p in _toxiproxy_proxies(s))
+    return (_started("toxiproxy", f"{server.url} ({names})", pid, started, since))
+
+
+def toxiproxy() -> fault_proxy.Toxiproxy:
+    """A client of this stack's Toxiproxy (``up --faults``)."""
+    return fault_proxy.Toxiproxy(settings().toxiproxy.url)
+
+
+def _toxiproxy_status(s: Settings) -> PartStatus:
+    server = s.toxiproxy
+    pid = server.pid()
+    healthy = pid is not None and server.answers()
     detail = "" if healthy or pid is None else "process alive, not answering"
-    return PartStatus("kafka", s.bootstrap, healthy, pid, detail)
+    return PartStatus("toxiproxy", server.url.removeprefix("http://"), healthy, pid, detail)
 
 
 # --------------------------------------------------------------------------- postgres
@@ -814,10 +1063,13 @@ def _airflow_status(s: Settings) -> PartStatus:
 # --------------------------------------------------------------------------- public API
 
 
-def _kafka_client_config(s: Settings, *, secure: bool) -> dict[str, Any]:
-    """The librdkafka settings a client of this stack needs."""
+def _kafka_client_config(s: Settings, *, secure: bool, faults: bool = False) -> dict[str, Any]:
+    """The librdkafka settings a client of this stack needs (``faults``: through the
+    proxies; every node's address, so a cluster is reached with any node down)."""
+    if faults:
+        return {"bootstrap.servers": s.proxied_bootstrap, "socket.timeout.ms": 10000}
     if not secure:
-        return {"bootstrap.servers": s.bootstrap, "socket.timeout.ms": 10000}
+        return {"bootstrap.servers": s.bootstrap_servers, "socket.timeout.ms": 10000}
     files = tls.TlsFiles(s.tls_dir)
     creds = tls.credentials(files)
     return {
@@ -831,10 +1083,12 @@ def _kafka_client_config(s: Settings, *, secure: bool) -> dict[str, Any]:
     }
 
 
-def _pg_params(s: Settings, *, secure: bool, owner: bool = False) -> dict[str, Any]:
+def _pg_params(s: Settings, *, secure: bool, owner: bool = False,
+               faults: bool = False) -> dict[str, Any]:
     """libpq parameters: the owner role in plain text, or (secure) TLS verified against the
-    stack's CA, as the runtime role unless ``owner``."""
-    params: dict[str, Any] = {"host": "127.0.0.1", "port": s.pg_port, "dbname": PG_DATABASE,
+    stack's CA, as the runtime role unless ``owner``; ``faults``: through the proxy."""
+    port = s.pg_proxy_port if faults else s.pg_port
+    params: dict[str, Any] = {"host": "127.0.0.1", "port": port, "dbname": PG_DATABASE,
                               "user": PG_ROLE, "password": PG_PASSWORD}
     if secure:
         files = tls.TlsFiles(s.tls_dir)
@@ -852,19 +1106,27 @@ def _with_tools(s: Settings) -> str:
     return os.pathsep.join(first + rest)
 
 
-def env(*, secure: bool = False) -> dict[str, str]:
+def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
     """The environment that points clients, tests and Airflow at the local stack; with
     ``secure``, at its SASL_SSL listener and at Postgres over verified TLS as the runtime
-    role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations)."""
+    role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations); with
+    ``faults``, at Kafka and Postgres through Toxiproxy, plus ``TOXIPROXY_URL`` (Airflow's
+    metadata database stays direct)."""
     from psycopg.conninfo import make_conninfo
 
     s = settings()
     if secure and not s.secure:
         raise StackError("the stack is not secure: run `kafka-ingest stack up --secure` first")
+    if faults and not s.faults:
+        raise StackError("the stack has no fault proxies: run `kafka-ingest stack up --faults` "
+                         "first")
+    if faults and secure:
+        raise StackError("the fault proxies front the plaintext listeners: --faults and "
+                         "--secure do not go together")
     airflow_secrets = _airflow_secrets(s)
     project = s.repo or Path.cwd()
-    kafka = _kafka_client_config(s, secure=secure)
-    pg = _pg_params(s, secure=secure)
+    kafka = _kafka_client_config(s, secure=secure, faults=faults)
+    pg = _pg_params(s, secure=secure, faults=faults)
     tls_extra = {k: pg[k] for k in ("sslmode", "sslrootcert") if k in pg}
     pg_conn = {"conn_type": "postgres", "host": pg["host"], "port": pg["port"],
                "login": pg["user"], "password": pg["password"], "schema": pg["dbname"],
@@ -878,7 +1140,8 @@ def env(*, secure: bool = False) -> dict[str, str]:
         "KAFKA_BOOTSTRAP_SERVERS": kafka["bootstrap.servers"],
         "KAFKA_INGEST_KAFKA_CONFIG": json.dumps(kafka),
         "KAFKA_INGEST_PG_DSN": make_conninfo(**pg),
-        "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(s, secure=secure, owner=True)),
+        "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(s, secure=secure, owner=True,
+                                                                faults=faults)),
         "PGHOST": pg["host"],
         "PGPORT": str(pg["port"]),
         "PGUSER": pg["user"],
@@ -897,6 +1160,7 @@ def env(*, secure: bool = False) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
             {"conn_type": "kafka", "extra": {**kafka, "group.id": KAFKA_GROUP_ID}}),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(pg_conn),
+        **({"TOXIPROXY_URL": s.toxiproxy.url} if faults else {}),
         **(s.airflow.client_env() if s.airflow.running() else {}),
     }
 
@@ -907,27 +1171,61 @@ def _started(name: str, address: str, pid: int, started: bool, since: float) -> 
     return f"{name}: started on {address} (pid {pid}) in {time.monotonic() - since:.1f} s"
 
 
-def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[tuple[int, bool]]:
-    """(pid, started) of the broker, launching it in ``pool`` when it is not running.
+Launched = list[tuple[KafkaNode, int, bool]]
+
+
+def _begin_kafka(s: Settings, pool: ThreadPoolExecutor) -> Future[Launched]:
+    """(node, pid, started) of each Kafka node, launching in ``pool`` those not running.
 
     The first start downloads the jars: that runs beside Postgres and Airflow. The
-    preflight (java, mvn, ports) stays in the caller so its errors come at once.
+    preflight (java, mvn, ports) stays in the caller so its errors come at once. A node
+    whose configuration changed (``--secure``, ``--faults``) makes every node restart.
     """
-    running = _kafka_pid(s)
-    if running is not None and read_or_none(s.kafka_props) != _kafka_properties(s):
-        log.info("kafka: its configuration changed (e.g. --secure); restarting it")
+    nodes = s.nodes
+    running = {n.node_id: _kafka_pid(s, n) for n in nodes}
+    if any(pid is not None and read_or_none(n.props) != _kafka_properties(s, n)
+           for n, pid in zip(nodes, running.values(), strict=True)):
+        log.info("kafka: its configuration changed (e.g. --secure, --faults); restarting it")
         _stop_kafka(s)
-        running = None
-    if running is None:
-        java = _kafka_preflight(s)
-        return pool.submit(lambda: (_launch_kafka(s, java), True))
-    done: Future[tuple[int, bool]] = Future()
-    done.set_result((running, False))
+        running = dict.fromkeys(running)
+    missing = [n for n in nodes if running[n.node_id] is None]
+    java = _kafka_preflight(s, missing) if missing else ""
+
+    def launch() -> Launched:
+        started = {n.node_id: _launch_kafka(s, java, n) for n in missing}
+        return [(n, started.get(n.node_id) or running[n.node_id] or 0, n.node_id in started)
+                for n in nodes]
+
+    if missing:
+        return pool.submit(launch)
+    done: Future[Launched] = Future()
+    done.set_result(launch())
     return done
 
 
+def _set_brokers(s: Settings, brokers: int) -> None:
+    """Record the cluster's size; a formatted cluster cannot change it (its quorum was
+    written into the nodes' storage when they were formatted)."""
+    if not 1 <= brokers <= 9:
+        raise StackError(f"--brokers {brokers}: choose 1 to 9 Kafka nodes")
+    if brokers == s.brokers:
+        return
+    if brokers > 1 and s.secure:
+        raise StackError("--brokers with --secure is not supported: the SASL_SSL listener is "
+                         "node 1's; use another KAFKA_INGEST_STATE_DIR for the cluster")
+    formatted = [n for n in s.nodes if (n.home / "data" / "meta.properties").is_file()]
+    if formatted:
+        raise StackError(
+            f"this state dir holds a {s.brokers}-node Kafka cluster ({formatted[0].home}); "
+            f"a {brokers}-node one needs its own: set KAFKA_INGEST_STATE_DIR to a fresh "
+            "directory (and free ports), or remove the kafka* directories of this one")
+    s.brokers_file.write_text(f"{brokers}\n")
+
+
 def up(*, report: Report | None = None, secure: bool = False, airflow: bool = False,
-       airflow_env: dict[str, str] | None = None) -> dict[str, str]:
+       airflow_env: dict[str, str] | None = None, executor: str | None = None,
+       workers: int | None = None,
+       faults: bool = False, brokers: int | None = None) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
@@ -939,9 +1237,16 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
     TLS to Postgres, with a CA, a server certificate and SCRAM users made in the state
     directory; a running broker is restarted to take the listener.
 
+    ``faults`` (sticky too) adds Toxiproxy in front of each Kafka node and of Postgres,
+    and a listener behind it to each broker (restarted to take it); the returned
+    environment then points through the proxies. ``brokers`` (sticky: the size of the
+    cluster in this state dir, 1 unless said) runs that many KRaft nodes.
+
     ``airflow`` also starts Airflow's api-server, scheduler, dag-processor and triggerer
     (:mod:`kafka_ingest_dev.airflow_services`), with this process's environment, the
-    stack's, and ``airflow_env`` (e.g. another pipelines file or connection) on top.
+    stack's, and ``airflow_env`` (e.g. another pipelines file or connection) on top;
+    ``executor`` ``"local"`` or ``"celery"`` (with ``workers`` Celery workers and Redis),
+    None keeping the running one. Another executor than the running one restarts them.
     """
     emit = report or log.info
     s = settings()
@@ -951,6 +1256,10 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             s.secure_marker.write_text("SASL_SSL listener and Postgres TLS on\n")
         elif s.secure:
             tls.ensure(s.tls_dir)
+        if brokers is not None:
+            _set_brokers(s, brokers)
+        if faults and not s.faults:
+            s.faults_marker.write_text("Toxiproxy in front of Kafka and Postgres\n")
         kafka_since = time.monotonic()
         launch = _begin_kafka(s, pool)
         pg_since = time.monotonic()
@@ -958,17 +1267,23 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
         _bootstrap_postgres(s)
         emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, pg_since))
         emit(_ensure_airflow_db(s))
-        kafka_pid, kafka_started = launch.result()
-        _await_kafka(s, kafka_pid)
-        emit(_started("kafka", s.bootstrap, kafka_pid, kafka_started, kafka_since))
+        for node, kafka_pid, kafka_started in launch.result():
+            _await_kafka(s, kafka_pid, node)
+            emit(_started(_node_name(s, node), node.bootstrap, kafka_pid, kafka_started,
+                          kafka_since))
+        if s.brokers > 1:
+            _await_brokers(s, s.brokers)
+        if s.faults:
+            emit(_ensure_toxiproxy(s))
         _install_kafka_tools(s, binary("java", "a Java 17+ runtime"), _fetch_kafka_jars(s))
         if s.secure:
             _create_scram_user(s)
             emit(f"secure: Kafka SASL_SSL (SCRAM-SHA-512) on {s.secure_bootstrap}, Postgres "
                  f"TLS for {PG_APP_ROLE}; `kafka-ingest stack env --secure` points at them")
         if airflow:
-            s.airflow.start({**os.environ, **env(), **(airflow_env or {})}, emit)
-    return env(secure=s.secure and secure)
+            s.airflow.start({**os.environ, **env(), **(airflow_env or {})}, emit,
+                            executor=executor, workers=workers)
+    return env(secure=s.secure and secure, faults=faults)
 
 
 def down(*, report: Report | None = None) -> None:
@@ -978,6 +1293,8 @@ def down(*, report: Report | None = None) -> None:
     with _locked(s):
         for line in s.airflow.stop():
             emit(line)
+        if s.faults or s.toxiproxy.pid() is not None:
+            emit(fault_proxy.stop_server(s.toxiproxy))
         emit(_stop_kafka(s))
         emit(_stop_postgres(s))
 
@@ -992,11 +1309,65 @@ def stop_airflow(*, report: Report | None = None) -> None:
 
 
 def restart_kafka() -> None:
-    """Stop the broker cleanly and start it again on the same data (durability tests)."""
+    """Stop the broker(s) cleanly and start them again on the same data (durability tests)."""
     s = settings()
     with _locked(s):
         _stop_kafka(s)
-        _await_kafka(s, _launch_kafka(s, _kafka_preflight(s)))
+        java = _kafka_preflight(s)
+        for node, pid in [(n, _launch_kafka(s, java, n)) for n in s.nodes]:
+            _await_kafka(s, pid, node)
+
+
+def _cluster_node(s: Settings, node_id: int) -> KafkaNode:
+    if not 1 <= node_id <= s.brokers:
+        raise StackError(f"no Kafka node {node_id}: this stack has {s.brokers}")
+    return s.node(node_id)
+
+
+def broker_pid(node_id: int) -> int | None:
+    """The pid of Kafka node ``node_id`` (its ``node.id``), if it runs."""
+    s = settings()
+    return _kafka_pid(s, _cluster_node(s, node_id))
+
+
+def stop_broker(node_id: int) -> None:
+    """Stop Kafka node ``node_id`` cleanly (SIGTERM: a controlled shutdown that hands its
+    partitions' leadership over first); the other nodes keep running."""
+    s = settings()
+    with _locked(s):
+        _stop_node(s, _cluster_node(s, node_id))
+
+
+def kill_broker(node_id: int) -> int | None:
+    """SIGKILL Kafka node ``node_id``, like a machine lost: no controlled shutdown, the
+    controller notices when its heartbeats stop. Returns the pid killed (None: not
+    running). Not under the stack's lock, so it lands exactly when called."""
+    s = settings()
+    node = _cluster_node(s, node_id)
+    pid = _kafka_pid(s, node)
+    if pid is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if not wait_gone(pid, _KAFKA_STOP_TIMEOUT_S):
+        raise StackError(f"Kafka node {node_id} (pid {pid}) survived SIGKILL")
+    node.pidfile.unlink(missing_ok=True)
+    return pid
+
+
+def start_broker(node_id: int) -> int:
+    """Start Kafka node ``node_id`` again on its data (a no-op if it runs) and wait until
+    it answers and the cluster lists every node; return its pid."""
+    s = settings()
+    with _locked(s):
+        node = _cluster_node(s, node_id)
+        pid = _kafka_pid(s, node)
+        if pid is None:
+            pid = _launch_kafka(s, _kafka_preflight(s, [node]), node)
+        _await_kafka(s, pid, node)
+        if s.brokers > 1:
+            _await_brokers(s, s.brokers)
+        return pid
 
 
 def restart_postgres() -> None:
@@ -1011,11 +1382,12 @@ def restart_postgres() -> None:
 def status() -> list[PartStatus]:
     """Each part with its address and whether it answers right now."""
     s = settings()
-    return [_kafka_status(s), _postgres_status(s), _airflow_status(s), *s.airflow.status()]
+    return [*_kafka_status(s), _postgres_status(s), _airflow_status(s), *s.airflow.status(),
+            *([_toxiproxy_status(s)] if s.faults else [])]
 
 
-def _print_env(*, secure: bool = False) -> None:
-    for name, value in env(secure=secure).items():
+def _print_env(*, secure: bool = False, faults: bool = False) -> None:
+    for name, value in env(secure=secure, faults=faults).items():
         print(f"export {name}={shlex.quote(value)}")
 
 
@@ -1031,6 +1403,18 @@ def _parser() -> argparse.ArgumentParser:
     up_cmd.add_argument("--airflow", action="store_true",
                         help="also Airflow's api-server (UI, REST API), scheduler, dag-processor "
                              "and triggerer on 127.0.0.1:18080")
+    up_cmd.add_argument("--executor", choices=("local", "celery"),
+                        help="Airflow's executor (implies --airflow): local (the default), or "
+                             "celery with Redis on 127.0.0.1:16379 and --workers workers; "
+                             "kept while the services run, another one restarts them")
+    up_cmd.add_argument("--workers", type=int, metavar="N",
+                        help="Celery workers (default 2), named worker-<i>@<host>")
+    up_cmd.add_argument("--faults", action="store_true",
+                        help="also Toxiproxy (API 127.0.0.1:18474) in front of Kafka and "
+                             "Postgres, for fault tests (kept from then on)")
+    up_cmd.add_argument("--brokers", type=int, metavar="N",
+                        help="Kafka nodes (KRaft broker+controller each; 3: a 3-voter quorum); "
+                             "only on a state dir whose Kafka holds no data yet")
     down_cmd = commands.add_parser("down", help="stop what `up` started; data is kept")
     down_cmd.add_argument("--airflow", action="store_true",
                           help="stop only Airflow's services")
@@ -1039,6 +1423,9 @@ def _parser() -> argparse.ArgumentParser:
                                   help='print `export` lines: eval "$(kafka-ingest stack env)"')
     env_cmd.add_argument("--secure", action="store_true",
                          help="point at the SASL_SSL listener and TLS Postgres (runtime role)")
+    env_cmd.add_argument("--faults", action="store_true",
+                         help="point Kafka and Postgres clients through Toxiproxy's proxies "
+                              "and print TOXIPROXY_URL")
     return parser
 
 
@@ -1047,7 +1434,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
-            up(report=print, secure=args.secure, airflow=args.airflow)
+            up(report=print, secure=args.secure,
+               airflow=args.airflow or args.executor is not None or args.workers is not None,
+               executor=args.executor, workers=args.workers,
+               faults=args.faults, brokers=args.brokers)
         elif args.command == "down":
             (stop_airflow if args.airflow else down)(report=print)
         elif args.command == "status":
@@ -1056,7 +1446,7 @@ def main(argv: list[str]) -> int:
                 print(part.line())
             return 0 if all(part.up for part in parts) else 1
         else:
-            _print_env(secure=args.secure)
+            _print_env(secure=args.secure, faults=args.faults)
     except StackError as exc:
         print(f"kafka-ingest stack {args.command}: {exc}", file=sys.stderr)
         return 2

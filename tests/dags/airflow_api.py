@@ -1,14 +1,17 @@
 """Airflow's services of the local stack (``stack up --airflow``) for a test, and a client of
 its REST API, used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
 
-:func:`running_airflow` starts the api-server, scheduler, dag-processor and triggerer with
-a test's pipelines file and database (on top of the stack's environment), waits until the
-test's DAGs are parsed, and on exit stops the services and deletes the test's DAGs from
-the shared metadata database, so no other test sees them or depends on them.
+:func:`running_airflow` starts the api-server, scheduler, dag-processor and triggerer (with
+the LocalExecutor, or the CeleryExecutor with Redis and N workers) with a test's pipelines
+file and database (on top of the stack's environment), waits until the test's DAGs are
+parsed, and on exit stops the services and deletes the test's DAGs and the pools its
+pipelines named from the shared metadata database, so no other test sees them or depends
+on them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -69,35 +72,67 @@ class AirflowApi:
         tis = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         return {f"{t['task_id']}[{t['map_index']}]": t["state"] for t in tis}
 
+    def task_instances(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """The run's instances of ``task_id`` (every map index): state, hostname, pid,
+        start and end dates, try number, ``rendered_map_index``."""
+        tis = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances"
+                       f"?task_id={task_id}")["task_instances"]
+        return [t for t in tis if t["task_id"] == task_id]
 
-def poll(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
+    def tries(self, dag_id: str, run_id: str, task_id: str, map_index: int
+              ) -> list[dict[str, Any]]:
+        """Every try of one task instance, the current one included, oldest first."""
+        tries = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                         f"/{map_index}/tries")["task_instances"]
+        return sorted(tries, key=lambda t: t["try_number"])
+
+
+def poll(what: str, check: Callable[[], Any], timeout_s: float, *,
+         interval_s: float = 1.0) -> Any:
     """Wait for ``check()`` to return something truthy, by polling with a deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(1.0)
+        time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @contextmanager
 def running_airflow(env: dict[str, str], dag_ids: list[str],
-                    *, extra: dict[str, str] | None = None) -> Iterator[AirflowApi]:
+                    *, extra: dict[str, str] | None = None, executor: str = "local",
+                    workers: int | None = None) -> Iterator[AirflowApi]:
     """The stack's Airflow services with ``env`` (pipelines file, connections) on top; the
-    DAGs ``dag_ids`` parsed and visible through the REST API."""
+    DAGs ``dag_ids`` parsed and visible through the REST API. ``executor`` ``"celery"``
+    runs ``workers`` Celery workers and Redis (``stack up --executor celery``)."""
     stack.stop_airflow()  # whatever ran before, with another environment
-    up = stack.up(airflow=True, airflow_env={**env, **(extra or {})})
+    up = stack.up(airflow=True, airflow_env={**env, **(extra or {})}, executor=executor,
+                  workers=workers)
     api = AirflowApi(up["AIRFLOW_API_URL"], up["AIRFLOW_API_USER"], up["AIRFLOW_API_PASSWORD"])
     try:
         for dag_id in dag_ids:
             poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d), 120)
         yield api
     finally:
+        _delete_pools(api, env)
         stack.stop_airflow()
         for dag_id in dag_ids:
             subprocess.run([_airflow_bin(), "dags", "delete", dag_id, "--yes"],
                            env={**os.environ, **env}, capture_output=True, check=False)
+
+
+def _delete_pools(api: AirflowApi, env: dict[str, str]) -> None:
+    """The pools the test's pipelines named (the stack created them); best effort."""
+    from kafka_ingest.config import airflow_pools, load_pipelines
+
+    path = env.get("KAFKA_INGEST_PIPELINES")
+    if not path:
+        return
+    with contextlib.suppress(ValueError, httpx.HTTPError):
+        for name in airflow_pools(load_pipelines(path)):
+            if name != "default_pool":
+                api.client.delete(f"/pools/{name}")
 
 
 def _dag_known(api: AirflowApi, dag_id: str) -> bool:

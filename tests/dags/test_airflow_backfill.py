@@ -53,7 +53,21 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
 
 
 @pytest.fixture
-def airflow_api(airflow_env: dict[str, Any]) -> Iterator[AirflowApi]:
+def produced(airflow_env: dict[str, Any], clients: Any) -> dict[str, Any]:
+    """The messages, produced before Airflow starts: the scheduler makes its scheduled run
+    as soon as it sees the (unpaused) DAG, and that run must find them all."""
+    h3 = datetime.now(tz=UTC).replace(minute=0, second=0, microsecond=0) - HOUR
+    h1 = h3 - 2 * HOUR
+    # 30 messages before the window, 40 in each of its two hours, 30 after it.
+    stamps = ([h1 - timedelta(minutes=30 - i) for i in range(30)]
+              + [h1 + timedelta(minutes=i * 1.5) for i in range(40)]
+              + [h1 + HOUR + timedelta(minutes=i * 1.5) for i in range(40)]
+              + [h3 + timedelta(seconds=i) for i in range(30)])
+    return {"h1": h1, "ids": _produce_at(clients, airflow_env["pipeline"], stamps)}
+
+
+@pytest.fixture
+def airflow_api(airflow_env: dict[str, Any], produced: dict[str, Any]) -> Iterator[AirflowApi]:
     """The stack's own Airflow services (``stack up --airflow``) on this test's pipeline."""
     name = airflow_env["pipeline"].name
     # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.
@@ -95,18 +109,11 @@ def _runs(stack_env: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
 
 
 def test_airflow_backfill_maps_each_data_interval_to_offsets(
-        stack_env: dict[str, str], clients: Any, pg_dsn: str, airflow_env: dict[str, Any],
-        airflow_api: AirflowApi) -> None:
+        stack_env: dict[str, str], pg_dsn: str, airflow_env: dict[str, Any],
+        produced: dict[str, Any], airflow_api: AirflowApi) -> None:
     pipeline = airflow_env["pipeline"]
     dag_id = f"{pipeline.name}_ingest"
-    h3 = datetime.now(tz=UTC).replace(minute=0, second=0, microsecond=0) - HOUR
-    h1 = h3 - 2 * HOUR
-    # 30 messages before the window, 40 in each of its two hours, 30 after it.
-    stamps = ([h1 - timedelta(minutes=30 - i) for i in range(30)]
-              + [h1 + timedelta(minutes=i * 1.5) for i in range(40)]
-              + [h1 + HOUR + timedelta(minutes=i * 1.5) for i in range(40)]
-              + [h3 + timedelta(seconds=i) for i in range(30)])
-    ids = _produce_at(clients, pipeline, stamps)
+    h1, ids = produced["h1"], produced["ids"]
     inside = set(ids[30:110])
 
     def scheduled_run_done() -> bool:

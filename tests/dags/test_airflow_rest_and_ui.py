@@ -130,6 +130,7 @@ def test_ui_trigger_form_runs_a_backfill_by_offsets(
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{api.url}/", wait_until="networkidle")
+            page.get_by_role("button", name="Sign in").wait_for()  # rendered, not blank
             page.screenshot(path=str(shots / "1-login.png"))
             page.fill("input[name=username]", api.user)
             page.fill("input[name=password]", api.password)

@@ -88,3 +88,18 @@ def test_trigger_forms_mark_nothing_required(bag: Any) -> None:
             assert isinstance(types, list) and "null" in types, (dag_id, name, types)
             assert param.resolve(None) is None, (dag_id, name)  # a cleared field is valid
             assert param.schema.get("title") and param.description, (dag_id, name)
+
+
+def test_slices_take_the_pipelines_pool_and_parallelism(bag: Any) -> None:
+    """The mapped slices (ingest, replay) run in the pipeline's pool, at most
+    ``max_parallel_partitions`` of one run at once; nothing else is bounded by them."""
+    from kafka_ingest.config import load_pipelines
+
+    for name, pipeline in load_pipelines().items():
+        for dag_id, task_id in ((f"{name}_ingest", "ingest"), (f"{name}_dlq_replay", "replay")):
+            dag = bag.dags[dag_id]
+            slices = dag.get_task(task_id)
+            assert slices.pool == (pipeline.pool or "default_pool"), dag_id
+            assert slices.max_active_tis_per_dagrun == pipeline.max_parallel_partitions, dag_id
+            others = [t for t in dag.tasks if t.task_id != task_id]
+            assert all(t.max_active_tis_per_dagrun is None for t in others), dag_id

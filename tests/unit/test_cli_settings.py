@@ -3,7 +3,11 @@ error naming the variable, never a fallback to a local address or credential."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import yaml
 
 from kafka_ingest.cli import main
 
@@ -57,3 +61,17 @@ def test_the_dev_commands_come_from_the_entry_point(capsys: pytest.CaptureFixtur
         main(["--help"])
     out = capsys.readouterr().out
     assert "stack" in out and "demo" in out and "produce-sample" in out
+
+
+def test_pools_needs_no_setting_and_prints_what_airflow_pools_import_reads(
+        no_settings: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    body = {"contract": {"event_type": "metric_event", "version": 2}, "table": "t_rows",
+            "pool": "pg_writers"}
+    doc = {"pipelines": {"a": {**body, "topic": "a", "dlq_topic": "a-dlq", "pool_slots": 3},
+                         "b": {**body, "topic": "b", "dlq_topic": "b-dlq"}}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KAFKA_INGEST_PIPELINES", str(tmp_path / "p.yaml"))
+    assert main(["pools"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"pg_writers": {
+        "slots": 3, "include_deferred": False, "description": "kafka-ingest: slices of a, b"}}

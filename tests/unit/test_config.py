@@ -10,15 +10,18 @@ import yaml
 
 from kafka_ingest.config import (
     DEFAULT_PIPELINES_FILE,
+    DEFAULT_POOL_SLOTS,
     OnOffsetGap,
     OnTombstone,
     Pipeline,
     StartPolicy,
     UpsertMode,
+    airflow_pools,
     get_pipeline,
     load_pipelines,
     parse_pipelines,
     pipelines_file,
+    pool_import_document,
 )
 from kafka_ingest.contracts import MetricEventV2, OrderCreatedV1
 
@@ -108,6 +111,14 @@ BAD_ENTRIES = [
     ({"upsert": {"key": "device_id"}}, r"pipelines\.p1\.upsert: .*only used with upsert\.mode"),
     # the DLQ must not be the source topic (the pipeline would read its own dead letters)
     ({"dlq_topic": "t-in"}, r"pipelines\.p1.*dlq_topic must differ from topic"),
+    # a pool's size without a pool sizes nothing
+    ({"pool_slots": 4}, r"pipelines\.p1.*pool_slots is the size of the pipeline's pool"),
+    # a pool name Airflow's CLI and URLs could not carry
+    ({"pool": "pg writers"}, r"pipelines\.p1\.pool: String should match pattern"),
+    # no slice could ever run
+    ({"max_parallel_partitions": 0},
+     r"pipelines\.p1\.max_parallel_partitions: .*greater than or equal to 1"),
+    ({"pool": "w", "pool_slots": 0}, r"pipelines\.p1\.pool_slots: .*greater than or equal to 1"),
 ]
 
 
@@ -179,3 +190,45 @@ def test_get_pipeline_unknown_name_lists_the_defined_ones(tmp_path: Path) -> Non
 def test_pipelines_are_frozen(shipped: dict[str, Pipeline]) -> None:
     with pytest.raises(ValueError, match="frozen"):
         shipped["orders_created"].chunk_size = 1  # type: ignore[misc]
+
+
+def test_slices_share_default_pool_eight_at_a_time_unless_told(
+        shipped: dict[str, Pipeline]) -> None:
+    for p in shipped.values():
+        assert (p.pool, p.pool_slots, p.max_parallel_partitions) == (None, None, 8)
+    assert airflow_pools(shipped) == {}  # Airflow's default_pool is left alone
+
+
+def _pools_doc(**bodies: dict[str, Any]) -> dict[str, Any]:
+    return {"pipelines": {name: {**GOOD, "topic": f"t-{name}", "dlq_topic": f"d-{name}",
+                                 **body} for name, body in bodies.items()}}
+
+
+def test_pools_named_by_pipelines_and_their_sizes() -> None:
+    pipelines = parse_pipelines(_pools_doc(
+        a={"pool": "pg_writers", "pool_slots": 4},
+        b={"pool": "pg_writers"},  # shares a's pool, and its size
+        c={"pool": "solo"},  # sized by nobody: the documented default
+        d={},  # default_pool
+        e={"pool": "default_pool"},  # Airflow's own, sized by nobody: left alone
+    ))
+    assert airflow_pools(pipelines) == {"pg_writers": 4, "solo": DEFAULT_POOL_SLOTS}
+    assert DEFAULT_POOL_SLOTS == 8
+    assert pool_import_document(pipelines) == {
+        "pg_writers": {"slots": 4, "include_deferred": False,
+                       "description": "kafka-ingest: slices of a, b"},
+        "solo": {"slots": 8, "include_deferred": False,
+                 "description": "kafka-ingest: slices of c"},
+    }
+
+
+def test_default_pool_is_sized_only_when_a_pipeline_says_so() -> None:
+    pipelines = parse_pipelines(_pools_doc(a={"pool": "default_pool", "pool_slots": 16}))
+    assert airflow_pools(pipelines) == {"default_pool": 16}
+
+
+def test_two_sizes_for_one_pool_is_an_error_naming_both_pipelines() -> None:
+    with pytest.raises(ValueError, match=r"pipes\.yaml: pipelines a, b give the pool 'pg' "
+                                         r"different sizes \(2, 3\)"):
+        parse_pipelines(_pools_doc(a={"pool": "pg", "pool_slots": 2},
+                                   b={"pool": "pg", "pool_slots": 3}), source="pipes.yaml")

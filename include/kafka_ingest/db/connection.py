@@ -3,19 +3,28 @@
 Every libpq setting a connection gives reaches psycopg (TLS included). Unless the DSN says
 otherwise, connections use TCP keepalives and ``tcp_user_timeout``, so a half-open
 connection (a server or network gone without a FIN) fails within about a minute instead
-of hanging a task on a COPY or a COMMIT. A login Postgres refuses (password, certificate,
-TLS required) is permanent; a server that does not answer is transient.
+of hanging a task on a COPY or a COMMIT. Those cannot see a peer that is there and
+silent: a server that hangs, or a proxy, load balancer or NAT that keeps the connection
+and drops its data (its kernel acknowledges every byte, so TCP never gives up). For that,
+every request (a statement, a block of COPY, COMMIT, ROLLBACK) waits at most the *reply
+time-out* (:data:`DEFAULT_REPLY_TIMEOUT_S`, ``KAFKA_INGEST_PG_REPLY_TIMEOUT_S``) for the
+server's answer; then the connection is closed and the request fails as
+:class:`NoReply` (transient; a COMMIT's outcome is then unknown, see
+:class:`~kafka_ingest.errors.CommitOutcomeUnknown`). A login Postgres refuses (password,
+certificate, TLS required) is permanent; a server that does not answer is transient.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.db.session import SliceSession
@@ -86,13 +95,73 @@ CONNECTION_DEFAULTS: dict[str, Any] = {
 }
 
 
-class Database:
-    """Opens psycopg 3 connections to the pipelines' database; errors become transient."""
+#: Seconds a connection waits for the server's reply to one request before it closes the
+#: connection and fails the request (:class:`NoReply`); ``KAFKA_INGEST_PG_REPLY_TIMEOUT_S``
+#: overrides it (0: wait forever). Longer than a lock wait (``lock_timeout_s``, 30 s).
+DEFAULT_REPLY_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_ENV = "KAFKA_INGEST_PG_REPLY_TIMEOUT_S"
 
-    def __init__(self, dsn: str, *, connect_timeout: int = 10, lock_timeout_s: float = 30.0):
+RV = TypeVar("RV")
+
+
+class NoReply(psycopg.OperationalError):
+    """The server did not answer a request within the reply time-out; the connection was
+    closed (its protocol state is unknown), so it is never used again."""
+
+
+class _Connection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server is bounded.
+
+    psycopg runs each request (execute, COPY, COMMIT, ROLLBACK) through :meth:`wait`; a
+    wait longer than ``reply_timeout_s`` closes the connection and raises
+    :class:`NoReply`. Connecting is bounded by libpq's ``connect_timeout`` instead.
+    """
+
+    reply_timeout_s: float | None = None
+
+    def wait(self, gen: PQGen[RV], interval: float = 0.1,
+             timeout: float | None = None) -> RV:
+        if timeout is not None or not self.reply_timeout_s:  # psycopg's own bounded waits
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, self.reply_timeout_s)
+        except psycopg.errors._WaitTimeout as exc:
+            self.close()
+            raise NoReply(f"no reply from the server within {self.reply_timeout_s:g} s "
+                          f"({REPLY_TIMEOUT_ENV}); the connection was closed") from exc
+
+
+def reply_timeout_from_env() -> float | None:
+    """``KAFKA_INGEST_PG_REPLY_TIMEOUT_S`` (seconds; 0: none), else the default."""
+    raw = (os.environ.get(REPLY_TIMEOUT_ENV) or "").strip()
+    if not raw:
+        return DEFAULT_REPLY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{REPLY_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise SettingsError(f"{REPLY_TIMEOUT_ENV}={raw!r} is negative (0 turns it off)")
+    return value or None
+
+
+class Database:
+    """Opens psycopg 3 connections to the pipelines' database; errors become transient.
+
+    ``reply_timeout_s``: how long each request waits for the server's reply (None: from
+    ``KAFKA_INGEST_PG_REPLY_TIMEOUT_S``, else :data:`DEFAULT_REPLY_TIMEOUT_S`; 0: no
+    limit). Keep it above ``lock_timeout_s`` and above the longest statement a chunk runs:
+    a lock wait or a statement it cuts short fails as :class:`NoReply` (transient, like
+    the lock time-out) instead of being answered.
+    """
+
+    def __init__(self, dsn: str, *, connect_timeout: int = 10, lock_timeout_s: float = 30.0,
+                 reply_timeout_s: float | None = None):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.lock_timeout_s = lock_timeout_s
+        self.reply_timeout_s = (reply_timeout_from_env() if reply_timeout_s is None
+                                else reply_timeout_s or None)
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         # Defaults for what the DSN leaves unset; whatever the DSN says wins.
@@ -101,9 +170,11 @@ class Database:
                                       "connect_timeout": self.connect_timeout}.items()
                     if k not in given}
         try:
-            return psycopg.connect(self.dsn, autocommit=autocommit, **defaults)
+            conn = _Connection.connect(self.dsn, autocommit=autocommit, **defaults)
         except psycopg.OperationalError as exc:
             raise (_refused(exc) or DatabaseUnavailable("connect", str(exc).strip())) from exc
+        conn.reply_timeout_s = self.reply_timeout_s
+        return conn
 
     def open_slice(self) -> SliceSession:
         """A connection for one slice, closed by the caller (:meth:`SliceSession.close`)."""

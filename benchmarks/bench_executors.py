@@ -1,0 +1,173 @@
+"""One ingest DAG run on each of Airflow's executors in the local stack: the LocalExecutor,
+then the CeleryExecutor with 1 and with 2 workers (``kafka-ingest stack up --airflow
+--executor celery --workers N``), on the same events.
+
+    . .venv/bin/activate
+    python benchmarks/bench_executors.py --events 300000 --partitions 3
+
+The events are produced once (no poison) to a fresh topic; each configuration ingests all
+of them into a fresh database, triggered through the REST API. Throughput is events read
+divided by the time from the first slice's start to the last slice's end, as Airflow
+records them on the task instances (so the scheduler's and the executor's own latency
+between slices counts, the run's plan and report tasks do not). Printed, and written to
+``benchmarks/results/executors.json``. Leaves Airflow's services stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from kafka_ingest.clients import KafkaClients
+from kafka_ingest.config import parse_pipelines
+from kafka_ingest.db import migrate
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.samples import produce_sample
+
+RESULTS = Path(__file__).resolve().parent / "results" / "executors.json"
+CONFIGS = (("local", None), ("celery", 1), ("celery", 2))
+
+
+def _database(admin_dsn: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = make_conninfo(admin_dsn, dbname=name)
+    with psycopg.connect(dsn) as conn:
+        migrate(conn)
+    return dsn
+
+
+def _conn(dsn: str) -> str:
+    d = conninfo_to_dict(dsn)
+    return json.dumps({"conn_type": "postgres", "host": d["host"], "port": int(d["port"]),
+                       "login": d["user"], "password": d["password"], "schema": d["dbname"]})
+
+
+def _api(up: dict[str, str]) -> httpx.Client:
+    token = httpx.post(f"{up['AIRFLOW_API_URL']}/auth/token", timeout=30, json={
+        "username": up["AIRFLOW_API_USER"], "password": up["AIRFLOW_API_PASSWORD"]})
+    token.raise_for_status()
+    return httpx.Client(base_url=f"{up['AIRFLOW_API_URL']}/api/v2", timeout=30, headers={
+        "Authorization": f"Bearer {token.json()['access_token']}"})
+
+
+def _wait(what: str, check: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def _one_run(api: httpx.Client, dag_id: str) -> dict[str, Any]:
+    _wait(f"{dag_id} to be parsed", lambda: api.get(f"/dags/{dag_id}").status_code == 200, 180)
+    api.patch(f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+    started = api.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
+    started.raise_for_status()
+    run_id = started.json()["dag_run_id"]
+
+    def finished() -> str | None:
+        state = api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+        return state if state in ("success", "failed") else None
+
+    state = _wait(f"run {run_id}", finished, 900)
+    tis = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    slices = [t for t in tis if t["task_id"] == "ingest"]
+    if state != "success" or any(t["state"] != "success" for t in slices):
+        raise SystemExit(f"run {run_id} {state}: {[(t['task_id'], t['state']) for t in tis]}")
+    report = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/report/xcomEntries/"
+                     "return_value").json()["value"]
+    first = min(datetime.fromisoformat(t["start_date"]) for t in slices)
+    last = max(datetime.fromisoformat(t["end_date"]) for t in slices)
+    seconds = (last - first).total_seconds()
+    return {"read": report["read"], "inserted": report["inserted"], "seconds": seconds,
+            "events_per_s": round(report["read"] / seconds),
+            "slices": sorted((t["rendered_map_index"], t["hostname"],
+                              round(t["duration"] or 0, 2)) for t in slices)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=20_000)
+    args = parser.parse_args()
+
+    env = stack.up()
+    os.environ.update(env)
+    clients = KafkaClients({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]})
+    name = f"bench_exec_{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipelines({"pipelines": {name: {
+        "topic": f"bench-{name}", "dlq_topic": f"bench-{name}-dlq", "table": "telemetry_metrics",
+        "contract": {"event_type": "metric_event", "version": 2}, "schedule": None,
+        "chunk_size": args.chunk_size, "max_records_per_partition": args.events,
+        "partitions": args.partitions, "retries": 0,
+    }}})[name]
+    since = time.monotonic()
+    sample = produce_sample(clients, pipeline, count=args.events, poison=0,
+                            partitions=args.partitions)
+    print(f"produced {sample['produced']} messages over {args.partitions} partitions in "
+          f"{time.monotonic() - since:.1f} s", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-executors-"))
+    pipelines_file = workdir / "pipelines.yaml"
+    body = pipeline.model_dump(mode="json", exclude={"name"})
+    pipelines_file.write_text(yaml.safe_dump({"pipelines": {name: body}}))
+    dag_id = f"{name}_ingest"
+    results, dsns = [], []
+    try:
+        for executor, workers in CONFIGS:
+            dsn = _database(env["KAFKA_INGEST_PG_DSN"])
+            dsns.append(dsn)
+            airflow_env = {"KAFKA_INGEST_PIPELINES": str(pipelines_file),
+                           "AIRFLOW_CONN_POSTGRES_DEFAULT": _conn(dsn)}
+            stack.stop_airflow()
+            up = stack.up(airflow=True, airflow_env=airflow_env, executor=executor,
+                          workers=workers)
+            with _api(up) as api:
+                result = {"executor": executor, "workers": workers, **_one_run(api, dag_id)}
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        stack.stop_airflow()
+        subprocess.run([sys.executable, "-m", "airflow", "dags", "delete", dag_id, "--yes"],
+                       env={**os.environ, "KAFKA_INGEST_PIPELINES": str(pipelines_file)},
+                       capture_output=True, check=False)
+        with psycopg.connect(env["KAFKA_INGEST_PG_DSN"], autocommit=True) as conn:
+            for dsn in dsns:
+                conn.execute(f'DROP DATABASE IF EXISTS "{conninfo_to_dict(dsn)["dbname"]}"'
+                             " WITH (FORCE)")
+        with contextlib.suppress(Exception):
+            admin = clients.admin()
+            for future in admin.delete_topics([pipeline.topic, pipeline.dlq_topic]).values():
+                future.result(30)
+    print(f"\n{'executor':<24} {'read':>8} {'seconds':>8} {'events/s':>9}")
+    for r in results:
+        label = r["executor"] + (f", {r['workers']} worker(s)" if r["workers"] else "")
+        print(f"{label:<24} {r['read']:>8} {r['seconds']:>8.2f} {r['events_per_s']:>9}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"events": args.events, "partitions": args.partitions,
+                                   "chunk_size": args.chunk_size, "cpus": os.cpu_count(),
+                                   "load_after": os.getloadavg(), "runs": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
