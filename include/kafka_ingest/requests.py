@@ -181,7 +181,9 @@ def _offsets(value: Any) -> dict[int, tuple[int, int]] | None:
     out: dict[int, tuple[int, int]] = {}
     for p, bounds in value.items():
         part = _whole_number(p)
-        if part is None or part < 0 or not _offset_pair(bounds):
+        if part is not None and part < 0:
+            raise ValueError(f"partition {part} does not exist: partitions are numbered from 0")
+        if part is None or not _offset_pair(bounds):
             raise ValueError(f'partitions[{p!r}] must be [start, end] offsets (whole numbers), '
                              f'e.g. {{"0": [0, 100]}}; got {bounds!r}')
         lo, hi = bounds

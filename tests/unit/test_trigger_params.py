@@ -83,7 +83,8 @@ def test_good_forms(params: dict[str, Any], expected: RangeRequest) -> None:
     # three numbers are not a range
     ({"partitions": {"0": [0, 1, 2]}}, "must be [start, end] offsets"),
     # a negative partition does not exist
-    ({"partitions": {"-1": [0, 1]}}, "must be [start, end] offsets"),
+    ({"partitions": {"-1": [0, 1]}}, "partition -1 does not exist: partitions are numbered "
+                                      "from 0"),
     # a digit to str.isdigit() that int() refuses
     ({"partitions": {"\u00b2": [0, 1]}}, "must be [start, end] offsets"),
 ])
@@ -186,6 +187,9 @@ def test_filters_from_params() -> None:
     (["replay-dlq", "telemetry_metrics", "--error-class", "nope"], "unknown error class"),
     # an unknown pipeline
     (["replay-dlq", "no_such_pipeline"], "unknown pipeline 'no_such_pipeline'"),
+    # a negative partition is named as such, not blamed on the offsets
+    (["backfill", "telemetry_metrics", "--partition", "-1", "--from-offset", "0",
+      "--to-offset", "5"], "partition -1 does not exist: partitions are numbered from 0"),
 ])
 def test_cli_rejects_bad_arguments_with_exit_2(argv: list[str], message: str,
                                                capsys: pytest.CaptureFixture[str],
