@@ -15,6 +15,7 @@ librdkafka's own would wait forever for a coordinator that does not answer).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -98,35 +99,49 @@ class _Producer(Producer):
 
 
 class GroupCommitter:
-    """Commits offsets to one consumer group, waiting at most ``timeout_s``.
+    """Commits offsets to one consumer group, one commit at a time, waiting at most
+    ``timeout_s`` for each.
 
     librdkafka's synchronous commit has no time-out: it waits for the group coordinator
     forever, and a coordinator that is connected but silent (a black-holed connection, a
-    hung broker) never answers. Worse, the commit then stays pending in the consumer, and
-    ``close()`` waits for it forever too: the task would hang until its Airflow time-out.
+    hung broker) never answers. Worse, a commit left pending in a consumer makes its
+    ``close()`` wait forever too (librdkafka issue #3740): the task would hang until its
+    Airflow time-out.
 
-    So commits are made by a consumer of the committer's own (same config and group;
-    ours never join the group, they assign), in a thread the caller waits for at most
-    ``timeout_s``. A commit not answered by then raises ``_TIMED_OUT``; its consumer is
-    abandoned (a fresh one makes the next commit) and closes itself if the coordinator
-    ever answers; the reading consumer never has a commit pending, so its ``close()``
-    stays immediate. (The admin API's AlterConsumerGroupOffsets would be bounded, but
-    librdkafka 2.16 aborts the process when the coordinator dies under it.)
+    So commits are made by a consumer of the committer's own (same config and group; ours
+    never join the group, they assign), in a thread the caller waits for at most
+    ``timeout_s``: the reading consumer never has a commit pending, and its ``close()``
+    stays immediate. A commit not answered in time raises ``_TIMED_OUT`` and stays in
+    flight; the next commit first waits (as long again) for it to end, then goes through
+    the same consumer, so commits reach the coordinator in the order they were made and
+    an old offset can never land after a newer one. There is one committer per group and
+    config in a process (:func:`group_committer`), shared by every ``KafkaClients``.
+    (The admin API's AlterConsumerGroupOffsets would be bounded, but librdkafka 2.16
+    aborts the process when the coordinator dies under it.)
     """
 
     def __init__(self, config: dict[str, Any], timeout_s: float) -> None:
         self._config = config
         self.timeout_s = timeout_s
         self._consumer: Consumer | None = None
+        self._in_flight: threading.Event | None = None
         self._lock = threading.Lock()
+
+    def _timed_out(self, what: str) -> KafkaException:
+        return KafkaException(KafkaError(
+            KafkaError._TIMED_OUT, f"{what} within {self.timeout_s:g} s (socket.timeout.ms)"))
 
     def commit(self, offsets: Sequence[TopicPartition]) -> Any:
         with self._lock:
+            if self._in_flight is not None:
+                if not self._in_flight.wait(self.timeout_s):
+                    raise self._timed_out("an earlier commit to the group is still not "
+                                          "answered")
+                self._in_flight = None
             if self._consumer is None:
                 self._consumer = Consumer(self._config)
             consumer = self._consumer
             outcome: dict[str, Any] = {}
-            state = threading.Lock()
             finished = threading.Event()
 
             def work() -> None:
@@ -135,31 +150,34 @@ class GroupCommitter:
                                                         asynchronous=False)
                 except BaseException as exc:  # handed to the caller
                     outcome["error"] = exc
-                with state:
+                finally:
                     finished.set()
-                    abandoned = outcome.get("abandoned", False)
-                if abandoned:  # the caller gave up long ago: nobody else will close it
-                    consumer.close()
 
             threading.Thread(target=work, name="kafka-group-commit", daemon=True).start()
-            finished.wait(self.timeout_s)
-            with state:
-                if not finished.is_set():
-                    outcome["abandoned"] = True
-                    self._consumer = None
-            if outcome.get("abandoned"):
-                raise KafkaException(KafkaError(
-                    KafkaError._TIMED_OUT, f"the group coordinator did not answer the commit "
-                    f"within {self.timeout_s:g} s (socket.timeout.ms)"))
+            if not finished.wait(self.timeout_s):
+                self._in_flight = finished
+                raise self._timed_out("the group coordinator did not answer the commit")
             if "error" in outcome:
                 raise outcome["error"]
             return outcome.get("result")
 
-    def close(self) -> None:
-        with self._lock:
-            consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
+
+_COMMITTERS: dict[tuple[str, str], GroupCommitter] = {}
+_COMMITTERS_LOCK = threading.Lock()
+
+
+def group_committer(group_id: str, conf: dict[str, Any]) -> GroupCommitter:
+    """The process's committer for ``group_id`` on the cluster and credentials ``conf``
+    names (created on first use; see :class:`GroupCommitter`)."""
+    plain = {k: v for k, v in conf.items() if not callable(v)}
+    key = (group_id, json.dumps(plain, sort_keys=True, default=repr))
+    with _COMMITTERS_LOCK:
+        committer = _COMMITTERS.get(key)
+        if committer is None:
+            committer = GroupCommitter(plain, _seconds(plain, "socket.timeout.ms",
+                                                       default_ms=60_000))
+            _COMMITTERS[key] = committer
+        return committer
 
 
 def _seconds(config: dict[str, Any], *keys: str, default_ms: int) -> float:
@@ -177,8 +195,6 @@ class KafkaClients:
         if not config.get("bootstrap.servers"):
             raise ValueError("the Kafka config needs 'bootstrap.servers'")
         self.config = dict(config)
-        self._committers: dict[str, GroupCommitter] = {}
-        self._committers_lock = threading.Lock()
         overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
                       and config[k] != FORCED_CONSUMER[k]}
         if overridden:
@@ -196,19 +212,8 @@ class KafkaClients:
                 **FORCED_CONSUMER, "group.id": group_id, "error_cb": refusals}
         consumer = _Consumer(conf)
         consumer.refusals = refusals
-        consumer.committer = self._committer(group_id, conf)
+        consumer.committer = group_committer(group_id, conf)
         return consumer
-
-    def _committer(self, group_id: str, conf: dict[str, Any]) -> GroupCommitter:
-        """The group's committer (one per group and ``KafkaClients``)."""
-        with self._committers_lock:
-            committer = self._committers.get(group_id)
-            if committer is None:
-                plain = {k: v for k, v in conf.items() if k != "error_cb"}
-                committer = GroupCommitter(plain, _seconds(plain, "socket.timeout.ms",
-                                                           default_ms=60_000))
-                self._committers[group_id] = committer
-            return committer
 
     def producer(self) -> Producer:
         conf = {**PRODUCER_DEFAULTS, **{k: v for k, v in self.config.items()
@@ -292,6 +297,7 @@ __all__ = [
     "REFUSED_CODES",
     "GroupCommitter",
     "KafkaClients",
+    "group_committer",
     "map_kafka_error",
     "refusal",
 ]

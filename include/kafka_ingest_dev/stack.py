@@ -642,23 +642,24 @@ def _await_kafka(s: Settings, pid: int, node: KafkaNode | None = None) -> None:
     )
 
 
-def _await_brokers(s: Settings, expected: int) -> None:
-    """Poll until the cluster's metadata lists ``expected`` live brokers."""
+def _await_brokers(s: Settings, node_ids: list[int]) -> None:
+    """Poll until the cluster's metadata lists every one of ``node_ids`` as a live broker."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     config: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": log}
     admin = AdminClient(config)
     deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
-    seen = 0
+    seen: set[int] = set()
     while time.monotonic() < deadline:
         with contextlib.suppress(KafkaException):
-            seen = len(admin.list_topics(timeout=2.0).brokers)
-            if seen >= expected:
+            seen = set(admin.list_topics(timeout=2.0).brokers)
+            if seen >= set(node_ids):
                 return
         time.sleep(_POLL_S)
-    raise StackError(f"the Kafka cluster lists {seen} of {expected} brokers after "
-                     f"{_KAFKA_START_TIMEOUT_S:.0f} s; see the nodes' broker.log")
+    raise StackError(f"the Kafka cluster lists brokers {sorted(seen)}, not yet "
+                     f"{sorted(set(node_ids) - seen)}, after {_KAFKA_START_TIMEOUT_S:.0f} s; "
+                     "see the nodes' broker.log")
 
 
 def _stop_node(s: Settings, node: KafkaNode) -> str:
@@ -1055,6 +1056,8 @@ def _airflow_status(s: Settings) -> PartStatus:
     address = f"127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
     if version is None:
         return PartStatus("airflow-db", address, False, detail="apache-airflow not installed")
+    if not _pg_answers(s):  # no database to ask: down, not "not migrated"
+        return PartStatus("airflow-db", address, False, detail="Postgres is down")
     current = _airflow_db_current(s, version)
     detail = f"airflow {version}" if current else "not migrated (run stack up)"
     return PartStatus("airflow-db", address, current, detail=detail)
@@ -1272,7 +1275,7 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             emit(_started(_node_name(s, node), node.bootstrap, kafka_pid, kafka_started,
                           kafka_since))
         if s.brokers > 1:
-            _await_brokers(s, s.brokers)
+            _await_brokers(s, [n.node_id for n in s.nodes])
         if s.faults:
             emit(_ensure_toxiproxy(s))
         _install_kafka_tools(s, binary("java", "a Java 17+ runtime"), _fetch_kafka_jars(s))
@@ -1357,7 +1360,7 @@ def kill_broker(node_id: int) -> int | None:
 
 def start_broker(node_id: int) -> int:
     """Start Kafka node ``node_id`` again on its data (a no-op if it runs) and wait until
-    it answers and the cluster lists every node; return its pid."""
+    it answers and the cluster lists it as a live broker; return its pid."""
     s = settings()
     with _locked(s):
         node = _cluster_node(s, node_id)
@@ -1366,7 +1369,7 @@ def start_broker(node_id: int) -> int:
             pid = _launch_kafka(s, _kafka_preflight(s, [node]), node)
         _await_kafka(s, pid, node)
         if s.brokers > 1:
-            _await_brokers(s, s.brokers)
+            _await_brokers(s, [node_id])
         return pid
 
 

@@ -131,6 +131,23 @@ def test_a_group_commit_nobody_answers_gives_up_after_socket_timeout() -> None:
     assert time.monotonic() - started < 2.0
 
 
+def test_a_commit_waits_for_an_unanswered_one_so_no_older_offset_lands_after_a_newer() -> None:
+    # One commit in flight per group: the next one waits for it (as long again) instead of
+    # racing it from another connection, where an old offset could land last.
+    config = {**NOWHERE, "socket.timeout.ms": 300}
+    consumer = KafkaClients(config).consumer("kafka-ingest.order")
+    with pytest.raises(KafkaException, match="did not answer the commit"):
+        consumer.commit(offsets=[TopicPartition("t", 0, 5)], asynchronous=False)
+    started = time.monotonic()
+    with pytest.raises(KafkaException, match="earlier commit to the group is still not "
+                                             "answered"):
+        consumer.commit(offsets=[TopicPartition("t", 0, 6)], asynchronous=False)
+    assert 0.25 < time.monotonic() - started < 2.0
+    # Every KafkaClients of the process with that config shares the group's committer.
+    assert KafkaClients(config).consumer("kafka-ingest.order").committer is consumer.committer
+    consumer.close()
+
+
 class _TimingOutConsumer:
     """A consumer whose every commit ends in librdkafka's local time-out."""
 
@@ -150,3 +167,15 @@ def test_a_commit_the_coordinator_left_unanswered_is_not_retried(
     consumer = _TimingOutConsumer()
     assert commit_offset(consumer, "t", 0, 42) is False
     assert consumer.commits == 1
+
+
+def test_clients_cross_to_another_process_without_their_committers() -> None:
+    # Partitions may be ingested in worker processes: the clients are pickled there, and a
+    # committer (a consumer, a lock) must not go with them.
+    import pickle
+
+    clients = KafkaClients(dict(NOWHERE))
+    clients.consumer("kafka-ingest.test").close()
+    copy = pickle.loads(pickle.dumps(clients))  # noqa: S301 - our own bytes
+    assert copy.config == clients.config
+    assert copy.consumer("kafka-ingest.test") is not None
