@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -90,6 +91,13 @@ class _Consumer(Consumer):
             return super().commit(*args, **kwargs)
         return self.committer.commit(offsets)
 
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        """Close, and let go of the group's committer (closed with its last user, unless a
+        commit of it is still in flight: then when that one ends)."""
+        committer, self.committer = self.committer, _RELEASED
+        committer.release()
+        super().close(*args, **kwargs)
+
 
 class _Producer(Producer):
     """A producer that knows how long librdkafka may take to report each delivery
@@ -115,17 +123,21 @@ class GroupCommitter:
     flight; the next commit first waits (as long again) for it to end, then goes through
     the same consumer, so commits reach the coordinator in the order they were made and
     an old offset can never land after a newer one. There is one committer per group and
-    config in a process (:func:`group_committer`), shared by every ``KafkaClients``.
+    config in a process (:func:`group_committer`), shared by every consumer of every
+    ``KafkaClients`` and closed with the last of them (or, if a commit of it is still in
+    flight then, when that commit ends).
     (The admin API's AlterConsumerGroupOffsets would be bounded, but librdkafka 2.16
     aborts the process when the coordinator dies under it.)
     """
 
-    def __init__(self, config: dict[str, Any], timeout_s: float) -> None:
+    def __init__(self, config: dict[str, Any], timeout_s: float, key: Any = None) -> None:
         self._config = config
         self.timeout_s = timeout_s
+        self._key = key
         self._consumer: Consumer | None = None
         self._in_flight: threading.Event | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one commit at a time
+        self.users = 0  # consumers using it; guarded by _COMMITTERS_LOCK
 
     def _timed_out(self, what: str) -> KafkaException:
         return KafkaException(KafkaError(
@@ -152,6 +164,7 @@ class GroupCommitter:
                     outcome["error"] = exc
                 finally:
                     finished.set()
+                    self._retire_if_unused()
 
             threading.Thread(target=work, name="kafka-group-commit", daemon=True).start()
             if not finished.wait(self.timeout_s):
@@ -161,22 +174,67 @@ class GroupCommitter:
                 raise outcome["error"]
             return outcome.get("result")
 
+    def _busy(self) -> bool:
+        return self._in_flight is not None and not self._in_flight.is_set()
+
+    def release(self) -> None:
+        """One user less; the last one closes it, unless a commit is still in flight."""
+        with _COMMITTERS_LOCK:
+            self.users -= 1
+        self._retire_if_unused()
+
+    def _retire_if_unused(self) -> None:
+        with _COMMITTERS_LOCK:
+            if self.users > 0 or self._busy() or _COMMITTERS.get(self._key) is not self:
+                return
+            del _COMMITTERS[self._key]
+            consumer, self._consumer = self._consumer, None
+        if consumer is not None:  # nothing pending in it: closing is immediate
+            consumer.close()
+
+
+class _Released(GroupCommitter):
+    """What a closed consumer holds instead of its committer."""
+
+    def __init__(self) -> None:
+        super().__init__({}, 0.0)
+
+    def commit(self, offsets: Sequence[TopicPartition]) -> Any:
+        raise RuntimeError("the consumer is closed")
+
+    def release(self) -> None:
+        pass
+
 
 _COMMITTERS: dict[tuple[str, str], GroupCommitter] = {}
 _COMMITTERS_LOCK = threading.Lock()
+_RELEASED = _Released()
+
+
+def _forget_committers_in_child() -> None:
+    """A forked worker (``kafka-ingest run --workers``) has none of its parent's librdkafka
+    threads: it makes committers of its own."""
+    global _COMMITTERS_LOCK
+    _COMMITTERS.clear()
+    _COMMITTERS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_committers_in_child)
 
 
 def group_committer(group_id: str, conf: dict[str, Any]) -> GroupCommitter:
     """The process's committer for ``group_id`` on the cluster and credentials ``conf``
-    names (created on first use; see :class:`GroupCommitter`)."""
+    names, one more user of it (created on first use, closed with its last user; see
+    :class:`GroupCommitter`)."""
     plain = {k: v for k, v in conf.items() if not callable(v)}
     key = (group_id, json.dumps(plain, sort_keys=True, default=repr))
     with _COMMITTERS_LOCK:
         committer = _COMMITTERS.get(key)
         if committer is None:
             committer = GroupCommitter(plain, _seconds(plain, "socket.timeout.ms",
-                                                       default_ms=60_000))
+                                                       default_ms=60_000), key)
             _COMMITTERS[key] = committer
+        committer.users += 1
         return committer
 
 

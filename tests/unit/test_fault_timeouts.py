@@ -179,3 +179,22 @@ def test_clients_cross_to_another_process_without_their_committers() -> None:
     copy = pickle.loads(pickle.dumps(clients))  # noqa: S301 - our own bytes
     assert copy.config == clients.config
     assert copy.consumer("kafka-ingest.test") is not None
+
+
+def test_a_forked_worker_starts_without_its_parents_committers() -> None:
+    # `kafka-ingest run --workers N` forks: a committer (a consumer whose librdkafka
+    # threads stay in the parent) must not be inherited.
+    import os
+
+    from kafka_ingest import clients as clients_module
+
+    consumer = KafkaClients({**NOWHERE, "socket.timeout.ms": 200}).consumer("kafka-ingest.fork")
+    with pytest.raises(KafkaException):  # leaves a commit in flight: the committer stays
+        consumer.commit(offsets=[TopicPartition("t", 0, 1)], asynchronous=False)
+    assert clients_module._COMMITTERS
+    pid = os.fork()
+    if pid == 0:  # the child: exit at once, 0 if it starts with no committer
+        os._exit(1 if clients_module._COMMITTERS else 0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    consumer.close()
