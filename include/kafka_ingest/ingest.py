@@ -26,7 +26,7 @@ from typing import Any
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database, UnitOfWork, UpsertResult
+from kafka_ingest.db import CopyEncoder, Database, UnitOfWork, UpsertResult
 from kafka_ingest.dlq import DeadLetter, produce_dead_letters
 from kafka_ingest.errors import ReconciliationError
 from kafka_ingest.planning import PlanTarget, plan
@@ -72,13 +72,16 @@ class IngestWriter:
     backfill: bool = False
     needs_producer: bool = True
 
-    def prepare(self, chunk: Chunk) -> ValidationResult:
-        return validate_chunk(chunk.messages, self.pipeline)
+    def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> ValidationResult:
+        result = validate_chunk(chunk.messages, self.pipeline)
+        if result.rows:
+            result.encoded = encoder.encode(result.rows)
+        return result
 
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: ValidationResult,
               producer: Any) -> ChunkResult:
         pipeline = self.pipeline
-        up = uow.rows.upsert(prepared.rows)
+        up = uow.rows.upsert(prepared.rows, encoded=prepared.encoded)
         at("upserted")
         dead = prepared.dead + _rejected_letters(pipeline, chunk, up)
         dead, known = _known_letters(uow, pipeline, dead) if self.backfill else (dead, 0)

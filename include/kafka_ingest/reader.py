@@ -12,6 +12,8 @@ import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_not, methodcaller
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -128,6 +130,9 @@ class _PartitionReader:
 
     def _split(self, messages: list[Any], chunk_end: int) -> list[Any]:
         """Keep the messages before ``chunk_end``; the rest wait for the next chunk."""
+        if not messages or messages[-1].offset() < chunk_end:
+            self.carry = []  # the usual case (offsets rise): no message to look at
+            return messages
         inside = [m for m in messages if m.offset() < chunk_end]
         self.carry = [m for m in messages if m.offset() >= chunk_end]
         return inside
@@ -137,6 +142,9 @@ class _PartitionReader:
 
         Returns (kept, their bytes, whether the budget cut them short).
         """
+        total = _size(messages)  # summed in C; the walk below only when over budget
+        if total < budget:
+            return messages, total, False
         total = 0
         for i, m in enumerate(messages):
             total += len(m.value() or b"") + len(m.key() or b"")
@@ -159,8 +167,9 @@ class _PartitionReader:
             got = self.consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 10_000)),
                                         timeout=self.poll_timeout_s)
             # Error events raise; an end-of-partition event is neither data nor an error.
-            got = [m for m in got
-                   if not _raise_on_error(self.consumer, m, self.topic, self.partition, last + 1)]
+            if any(map(is_not, map(_error, got), repeat(None))):  # an error or EOF event
+                got = [m for m in got if not _raise_on_error(
+                    self.consumer, m, self.topic, self.partition, last + 1)]
             inside, added, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
             batch.extend(inside)
             if cut:
@@ -180,6 +189,17 @@ class _PartitionReader:
                     f"within {self.idle_timeout_s}s",
                 )
         return batch, chunk_end
+
+
+_value = methodcaller("value")
+_key = methodcaller("key")
+_error = methodcaller("error")
+
+
+def _size(messages: list[Any]) -> int:
+    """Bytes of the messages' values and keys (a null one counts 0)."""
+    return (sum(map(len, filter(None, map(_value, messages))))
+            + sum(map(len, filter(None, map(_key, messages)))))
 
 
 def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, position: int) -> bool:

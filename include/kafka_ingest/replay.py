@@ -36,7 +36,7 @@ from typing import Any
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
-from kafka_ingest.db import Database, UnitOfWork
+from kafka_ingest.db import CopyEncoder, Database, UnitOfWork
 from kafka_ingest.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
 from kafka_ingest.errors import ReconciliationError
 from kafka_ingest.planning import PlanTarget, plan
@@ -117,7 +117,9 @@ class ReplayWriter:
     #: chunks see nothing of each other's writes) counts exactly what the real run would.
     seen: set[Position] = field(default_factory=set)
 
-    def prepare(self, chunk: Chunk) -> _Triaged:
+    def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> _Triaged:
+        # Which rows load is known only inside the transaction (each letter's status):
+        # they are encoded there, not here.
         outcomes: Counter[tuple[str, str]] = Counter()
         letters: dict[Position, DeadLetter] = {}
         for msg in chunk.messages:

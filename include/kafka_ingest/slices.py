@@ -9,14 +9,15 @@ every kind of slice shares, in this order (DESIGN §3):
 2. **resume**: a cursor-moving slice starts where its stored cursor is now, so a retry or
    a cleared task finishes exactly its pinned slice; a cursor behind the slice is fenced;
 3. **read** chunk by chunk (bounded by offsets and bytes) and **prepare** each chunk
-   (decode and validate: CPU only) while the writer thread runs the previous chunk's
-   transaction; one writer, one transaction at a time, in order, so at most two chunks
-   are in memory;
+   (decode, validate, encode the rows for ``COPY``: CPU only) while the writer thread
+   runs the previous chunk's transaction; one writer, one transaction at a time, in
+   order, so at most two chunks are in memory;
 4. **one transaction per chunk**: what the :class:`ChunkWriter` writes, the cursor moved
    by compare-and-set (exactly one row, or roll back: the fence against a zombie run),
    the audit row, COMMIT (a dry run rolls back instead);
 5. only after the database commit, the same offset is **committed to Kafka** for the
-   consumer group, so lag tools see it (logged and retried, never a reason to re-read).
+   consumer group, so lag tools see it (logged and retried, never a reason to re-read);
+   done once the writer has the next chunk, so it never waits for the group commit.
 
 What differs between ingest and replay is passed in: a :class:`SliceSpec` (names, the
 group, whether it commits) and a :class:`ChunkWriter` (what a chunk's transaction writes).
@@ -37,7 +38,14 @@ from typing import Any, Protocol, TypeVar
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database, RunRecord, SliceSession, UnitOfWork, translate_errors
+from kafka_ingest.db import (
+    CopyEncoder,
+    Database,
+    RunRecord,
+    SliceSession,
+    UnitOfWork,
+    translate_errors,
+)
 from kafka_ingest.errors import OffsetOutOfRange
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.reader import Chunk, commit_offset, read_range, watermarks
@@ -77,8 +85,9 @@ class ChunkWriter(Protocol[P]):
         """Whether :meth:`write` needs a producer (the DLQ)."""
         ...
 
-    def prepare(self, chunk: Chunk) -> P:
-        """Decode and validate (CPU only, no database): runs beside the writer thread."""
+    def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> P:
+        """Decode, validate and encode for ``COPY`` (CPU only, no I/O): runs beside the
+        writer thread."""
         ...
 
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: P,
@@ -168,6 +177,7 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
             cleanup.callback(producer.flush, 5)
         session = db.open_slice()
         cleanup.callback(session.close)
+        encoder = session.copy_encoder(pipeline)
         # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
         # psycopg error. Leaving the executor waits for the chunk in flight.
         with translate_errors(str(rng.mode)), ThreadPoolExecutor(
@@ -188,24 +198,32 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
             for chunk in chunks:
                 t0 = time.monotonic()
-                prepared = writer.prepare(chunk)
+                prepared = writer.prepare(chunk, encoder)
                 at("validated")
-                if in_flight is not None:
-                    _finish(in_flight, consumer, moves, report)
+                done = in_flight
+                if done is not None:
+                    _wait(done, report)
                 job = _Transaction(spec, writer, rng, session, producer, moves=moves)
                 in_flight = _InFlight(pool.submit(job, chunk, prepared,
                                                   time.monotonic() - t0), chunk)
+                if done is not None:  # the writer has the next chunk: now tell Kafka
+                    _commit_to_kafka(done, consumer, moves)
             if in_flight is not None:
-                _finish(in_flight, consumer, moves, report)
+                _wait(in_flight, report)
+                _commit_to_kafka(in_flight, consumer, moves)
             report.lag_after = _lag_after(consumer, rng)
     log.info(report.log_line())
     return report
 
 
-def _finish(job: _InFlight, consumer: Any, moves: bool, report: SliceReport) -> None:
-    """Wait for a chunk's transaction, count it, then commit its offset to Kafka."""
+def _wait(job: _InFlight, report: SliceReport) -> None:
+    """Wait for a chunk's transaction (its database commit) and count it."""
     result, seconds = job.future.result()
     report.add_chunk(result, seconds)
+
+
+def _commit_to_kafka(job: _InFlight, consumer: Any, moves: bool) -> None:
+    """After the chunk's database commit, its offset to the consumer group."""
     if moves:
         commit_offset(consumer, job.chunk.topic, job.chunk.partition, job.chunk.end)
         at("kafka_committed")

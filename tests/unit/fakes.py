@@ -502,6 +502,10 @@ class FakeSession:
         self.db.events.append(("cursor", value))
         return value
 
+    def copy_encoder(self, pipeline: Pipeline) -> FakeEncoder:
+        self._check_open()
+        return FakeEncoder()
+
     def unit_of_work(self, pipeline: Pipeline) -> FakeUnitOfWork:
         self._check_open()
         if self.current is not None:
@@ -603,13 +607,23 @@ class FakeUnitOfWork:
         return self.db.offsets.get(key)
 
 
+class FakeEncoder:
+    """:class:`kafka_ingest.db.CopyEncoder`: "encodes" rows as their source offsets, so
+    the fake table can check that what was encoded is what it is given."""
+
+    def encode(self, rows: Sequence[Row]) -> bytes:
+        return repr([r.source.offset for r in rows]).encode()
+
+
 class _Rows:
     """The target table (append pipelines: ``ON CONFLICT (event_id) DO NOTHING``)."""
 
     def __init__(self, uow: FakeUnitOfWork) -> None:
         self.uow = uow
 
-    def upsert(self, rows: Sequence[Row]) -> UpsertResult:
+    def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
+        if encoded is not None and encoded != FakeEncoder().encode(rows):
+            raise AssertionError("the encoded payload is not these rows")
         uow = self.uow
         if uow.pipeline.upsert.mode is not UpsertMode.APPEND:
             raise NotImplementedError("the fake table knows append pipelines only")

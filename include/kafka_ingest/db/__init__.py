@@ -23,9 +23,10 @@ from kafka_ingest.db.repositories import (
 from kafka_ingest.db.schema import grant_runtime, migrate
 from kafka_ingest.db.session import SliceSession
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import RowsRepository, UpsertResult
+from kafka_ingest.db.upsert import CopyEncoder, RowsRepository, UpsertResult
 
 __all__ = [
+    "CopyEncoder",
     "Database",
     "DeadLettersRepository",
     "GapsRepository",

@@ -15,6 +15,7 @@ from kafka_ingest.config import Pipeline
 from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import OffsetsRepository
 from kafka_ingest.db.uow import UnitOfWork
+from kafka_ingest.db.upsert import CopyEncoder
 
 
 class SliceSession:
@@ -38,6 +39,11 @@ class SliceSession:
         stored = OffsetsRepository(self.conn).get(pipeline, topic, partition)
         self.conn.commit()
         return stored
+
+    def copy_encoder(self, pipeline: Pipeline) -> CopyEncoder:
+        """What encodes a chunk's rows for ``COPY`` outside its transaction (made before
+        the slice's first transaction; see :class:`~kafka_ingest.db.upsert.CopyEncoder`)."""
+        return CopyEncoder(self.conn, pipeline)
 
     def unit_of_work(self, pipeline: Pipeline) -> UnitOfWork:
         return UnitOfWork(self.conn, pipeline)

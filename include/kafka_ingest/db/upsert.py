@@ -9,12 +9,15 @@ rejects is isolated by bisecting the chunk (in savepoints) and returned for the 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.copy import FileWriter
 
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.errors import RejectedByDatabase
@@ -34,6 +37,42 @@ class UpsertResult:
     missing: int = 0
 
 
+def _copied_types(pipeline: Pipeline) -> list[str]:
+    """The types of the staging columns a row fills, in row order: a column Postgres
+    converts (``STAGED``) travels as its raw type."""
+    staged = {**pipeline.model.STAGED, **PROVENANCE_STAGED}
+    return [staged[name][0] if name in staged else t
+            for name, t in (*pipeline.model.SINK_COLUMNS, *PROVENANCE_COLUMNS)]
+
+
+class CopyEncoder:
+    """Rows -> the binary ``COPY`` payload of a pipeline's staging table, without I/O.
+
+    The slice engine encodes chunk k+1 in its reading thread while the writer thread runs
+    chunk k's transaction, so the writer only sends bytes. The encoder adapts values with
+    its connection's adapters (a cursor of its own, never executed) and makes its dumpers
+    when created, before any transaction of the slice uses the connection.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
+        self.types = _copied_types(pipeline)
+        self._cursor = conn.cursor()
+        self._copy(io.BytesIO())  # the dumpers, made now
+
+    def _copy(self, buffer: io.BytesIO) -> psycopg.Copy:
+        copy = psycopg.Copy(self._cursor, binary=True, writer=FileWriter(buffer))
+        copy.set_types(self.types)
+        return copy
+
+    def encode(self, rows: Sequence[Row]) -> bytes:
+        buffer = io.BytesIO()
+        with self._copy(buffer) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(row)
+        return buffer.getvalue()
+
+
 class RowsRepository:
     """The pipeline's target table, written through a temporary staging table."""
 
@@ -48,7 +87,8 @@ class RowsRepository:
         self.columns = [name for name, _ in cols]
         staged = {**pipeline.model.STAGED, **PROVENANCE_STAGED}
         self.copied = [f"raw_{name}" if name in staged else name for name, _ in cols]
-        self.types = [staged[name][0] if name in staged else t for name, t in cols]
+        self.types = _copied_types(pipeline)
+        self._event_id = itemgetter(self.columns.index("event_id"))
         self._stage_columns = [
             sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(t)) if raw == name else
             sql.SQL("{raw} {t}, {name} {final} GENERATED ALWAYS AS ({expr}) STORED").format(
@@ -59,17 +99,20 @@ class RowsRepository:
         self.stage = sql.Identifier(f"stage_{pipeline.table}")
         self._stage_ready = False
 
-    def upsert(self, rows: Sequence[Row]) -> UpsertResult:
-        """Upsert ``rows``; rows Postgres rejects are isolated by bisection, not fatal."""
-        self._ensure_stage()
-        return self._upsert_isolating(list(rows))
+    def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
+        """Upsert ``rows``; rows Postgres rejects are isolated by bisection, not fatal.
 
-    def _upsert_isolating(self, rows: list[Row]) -> UpsertResult:
+        ``encoded``: the rows already encoded by a :class:`CopyEncoder` (sent as they are;
+        the bisection, if any, encodes its halves again)."""
+        self._ensure_stage()
+        return self._upsert_isolating(list(rows), encoded)
+
+    def _upsert_isolating(self, rows: list[Row], encoded: bytes | None = None) -> UpsertResult:
         if not rows:
             return UpsertResult(0, 0, 0, [])
         try:
             with self.conn.transaction():  # a savepoint inside the chunk's transaction
-                return self._upsert_once(rows)
+                return self._upsert_once(rows, encoded)
         except self._BISECTABLE as exc:
             if len(rows) == 1:
                 reason = RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
@@ -95,24 +138,31 @@ class RowsRepository:
         )
         self._stage_ready = True
 
-    def _copy(self, rows: list[Row]) -> None:
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
+    def _copy(self, rows: list[Row], encoded: bytes | None) -> None:
+        # No JIT for this transaction's statements: compiling them (tens to hundreds of ms
+        # once a chunk's estimated cost passes jit_above_cost) costs more than running
+        # them. SET LOCAL: the server's setting is untouched outside the chunk.
+        self.conn.execute(sql.SQL("SET LOCAL jit = off; TRUNCATE {}").format(self.stage))
         stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
             self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied))
         )
         with self.conn.cursor().copy(stmt) as copy:
+            if encoded is not None:
+                copy.write(encoded)
+                return
             copy.set_types(self.types)
             write = copy.write_row
             for row in rows:
                 write(row)
 
-    def _upsert_once(self, rows: list[Row]) -> UpsertResult:
-        self._copy(rows)
+    def _upsert_once(self, rows: list[Row], encoded: bytes | None = None) -> UpsertResult:
+        self._copy(rows, encoded)
         if self.pipeline.upsert.mode is UpsertMode.LATEST:
             return self._upsert_latest(len(rows))
-        return self._upsert_append(len(rows))
+        return self._upsert_append(rows)
 
-    def _upsert_append(self, n: int) -> UpsertResult:
+    def _upsert_append(self, rows: list[Row]) -> UpsertResult:
+        n = len(rows)
         cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         cur = self.conn.execute(
             sql.SQL(
@@ -126,10 +176,18 @@ class RowsRepository:
         # Counting "already stored" with a SELECT before the INSERT misses rows a concurrent
         # transaction (another partition's task) inserts meanwhile: ON CONFLICT skips them,
         # so the chunk failed reconciliation. What is checked instead is the outcome: every
-        # staged event_id is in the table now.
+        # staged event_id is in the table now. When the INSERT wrote one row per distinct
+        # staged event_id, it wrote each of them: nothing to look up. Otherwise the ones it
+        # skipped are looked up, one primary-key probe per staged row (a scalar subquery is
+        # never turned into a join, so the cost stays per chunk whatever the table's size;
+        # as an anti-join the planner, knowing nothing of the fresh staging rows, hashed a
+        # scan of the whole table for every chunk).
+        if inserted == len(set(map(self._event_id, rows))):
+            return UpsertResult(inserted, n - inserted, 0, [])
         return UpsertResult(inserted, n - inserted, 0, [], self._missing(
-            "SELECT count(*) FROM (SELECT DISTINCT event_id FROM {s}) s"
-            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = s.event_id)", {}))
+            "SELECT count(DISTINCT s.event_id) FROM {s} s"
+            " WHERE (SELECT true FROM {t} x WHERE x.event_id = s.event_id LIMIT 1) IS NULL",
+            {}))
 
     def _missing(self, query: str, extra: dict[str, sql.Composable]) -> int:
         row = self.conn.execute(
