@@ -66,11 +66,17 @@ class Injector:
         setattr_(slices, "CHUNK_HOOK", hook)
 
     def _at_copy(self, setattr_: Patch) -> None:
-        real_copy = RowsRepository._copy
+        real_send = RowsRepository._send
 
-        def copy(repo: RowsRepository, rows: list[Any]) -> None:
-            real_copy(repo, _HalfWay(rows, self._tick))
-        setattr_(RowsRepository, "_copy", copy)
+        def send(repo: RowsRepository, copy: Any, rows: list[Any], encoded: bytes | None) -> None:
+            if encoded is None:
+                real_send(repo, copy, _HalfWay(rows, self._tick), None)
+                return
+            half = len(encoded) // 2  # the payload encoded ahead: its first half, then
+            copy.write(encoded[:half])
+            self._tick()
+            copy.write(encoded[half:])
+        setattr_(RowsRepository, "_send", send)
 
     def _at_commit(self, setattr_: Patch) -> None:
         real_commit = UnitOfWork.commit

@@ -24,8 +24,6 @@ import signal
 import sys
 from typing import Any
 
-from psycopg import sql
-
 from kafka_ingest import ingest, slices
 from kafka_ingest.cli import database, kafka_clients
 from kafka_ingest.config import get_pipeline
@@ -59,29 +57,27 @@ def _counting_produce(producer: Any, letters: Any, *args: Any, **kwargs: Any) ->
     return _real_produce(producer, letters, *args, **kwargs)
 
 
-def _copy_then_die(self: RowsRepository, rows: list[Any]) -> None:
-    """``RowsRepository._copy``, killed half way through the nth COPY."""
+def _send_then_die(self: RowsRepository, copy: Any, rows: list[Any],
+                   encoded: bytes | None) -> None:
+    """``RowsRepository._send``, killed half way through the nth COPY's data."""
     _state["seen"] += 1
     if _state["seen"] != NTH:
-        _real_copy(self, rows)
+        _real_send(self, copy, rows, encoded)
         return
-    self.conn.execute(sql.SQL("TRUNCATE {}").format(self.stage))
-    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied)))
-    with self.conn.cursor().copy(stmt) as copy:
-        copy.set_types(self.types)
-        for row in rows[: len(rows) // 2]:
-            copy.write_row(row)
-        _die()
+    if encoded is not None:  # the payload encoded ahead of the transaction
+        copy.write(encoded[: len(encoded) // 2])
+    else:
+        _real_send(self, copy, rows[: len(rows) // 2], None)
+    _die()
 
 
 _real_produce = ingest.produce_dead_letters
-_real_copy = RowsRepository._copy
+_real_send = RowsRepository._send
 
 
 def main(pipeline_name: str, run_id: str) -> int:
     if STAGE == "copy":
-        RowsRepository._copy = _copy_then_die  # type: ignore[method-assign]
+        RowsRepository._send = _send_then_die  # type: ignore[method-assign]
     else:
         ingest.produce_dead_letters = _counting_produce  # type: ignore[assignment]
         slices.CHUNK_HOOK = _hook

@@ -147,13 +147,17 @@ class RowsRepository:
             self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied))
         )
         with self.conn.cursor().copy(stmt) as copy:
-            if encoded is not None:
-                copy.write(encoded)
-                return
-            copy.set_types(self.types)
-            write = copy.write_row
-            for row in rows:
-                write(row)
+            self._send(copy, rows, encoded)
+
+    def _send(self, copy: psycopg.Copy, rows: list[Row], encoded: bytes | None) -> None:
+        """The COPY's data: the payload encoded ahead, or the rows encoded now."""
+        if encoded is not None:
+            copy.write(encoded)
+            return
+        copy.set_types(self.types)
+        write = copy.write_row
+        for row in rows:
+            write(row)
 
     def _upsert_once(self, rows: list[Row], encoded: bytes | None = None) -> UpsertResult:
         self._copy(rows, encoded)
