@@ -107,6 +107,10 @@ class Measure:
     detail: dict[str, Any] = field(default_factory=dict)
     #: CPU seconds (user + sys, every thread) the measured process spent in the timed part.
     cpu_s: float = 0.0
+    #: CPU seconds of the local stack's servers ("postgres": the server and its backends;
+    #: "kafka": the broker) over the whole child run (untimed setup included; Connect: the
+    #: timed part); empty when they cannot be read (a stack this project did not start).
+    server_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -327,13 +331,55 @@ def collect(proc: Any, queue: Any, *, timeout_s: float = 1800) -> dict[str, Any]
     return payload
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 onwards)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _proc_cpu_s(pid: int | None, *, children: bool) -> float | None:
+    """utime + stime of ``pid``, and with ``children`` of every child of it, running or
+    ended (a server's backends), in seconds."""
+    fields = _stat(pid) if pid is not None else None
+    if fields is None:
+        return None
+    ticks = sum(int(f) for f in fields[11:15 if children else 13])
+    if children:
+        for entry in Path("/proc").iterdir():
+            child = _stat(int(entry.name)) if entry.name.isdigit() else None
+            if child is not None and child[1] == str(pid):
+                ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu() -> dict[str, float]:
+    """CPU seconds so far of the local stack's Postgres (the server and all its backends,
+    running or ended) and Kafka broker; what cannot be read is left out."""
+    from kafka_ingest_dev import stack
+
+    found = {"postgres": _proc_cpu_s(stack.postmaster_pid(), children=True),
+             "kafka": _proc_cpu_s(stack.broker_pid(1), children=False)}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def cpu_spent(before: dict[str, float]) -> dict[str, float]:
+    """What the servers spent since ``before`` (a :func:`server_cpu` reading)."""
+    after = server_cpu()
+    return {k: round(after[k] - before[k], 2) for k in before if k in after}
+
+
 def run_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    return collect(*start_child(fn, *args))
+    before = server_cpu()
+    raw = collect(*start_child(fn, *args))
+    return {**raw, "server_cpu_s": cpu_spent(before)}
 
 
 def as_measure(path: str, raw: dict[str, Any]) -> Measure:
     return Measure(path, raw["events"], raw["seconds"], raw["peak_rss_mb"],
-                   raw["start_rss_mb"], raw.get("detail", {}), raw.get("cpu_s", 0.0))
+                   raw["start_rss_mb"], raw.get("detail", {}), raw.get("cpu_s", 0.0),
+                   raw.get("server_cpu_s", {}))
 
 
 @contextmanager
@@ -474,9 +520,11 @@ def measure_parallel(b: Bench, rep: int) -> Measure:
     ranges = plan_run(_pipeline(doc), b.clients, Database(b.dsn), run_id=run_id)
     plan_s = time.perf_counter() - t0
     barrier = _CTX.Barrier(len(ranges))
+    before = server_cpu()
     procs = [start_child(child_project_range, b.target, doc, run_id, r.to_dict(), barrier)
              for r in ranges]
     raws = [collect(p, q) for p, q in procs]
+    servers = cpu_spent(before)
     began = min(r["detail"]["began"] for r in raws)
     ended = max(r["detail"]["ended"] for r in raws)
     summary = summarize([r["detail"] for r in raws])
@@ -484,7 +532,7 @@ def measure_parallel(b: Bench, rep: int) -> Measure:
     return Measure("project, parallel (one process per range)", summary["read"],
                    plan_s + ended - began, max(r["peak_rss_mb"] for r in raws),
                    max(r["start_rss_mb"] for r in raws), summary,
-                   sum(r["cpu_s"] for r in raws))
+                   sum(r["cpu_s"] for r in raws), servers)
 
 
 def measure_naive(b: Bench, rep: int) -> Measure:
@@ -535,7 +583,7 @@ def median_of(runs: list[Measure]) -> Measure:
     return Measure(mid.path, mid.events, mid.seconds, max(m.peak_rss_mb for m in runs),
                    mid.start_rss_mb, {**mid.detail, "all_seconds": [round(m.seconds, 3)
                                                                     for m in runs]},
-                   mid.cpu_s)
+                   mid.cpu_s, mid.server_cpu_s)
 
 
 # --------------------------------------------------------------------------- reporting
@@ -579,24 +627,30 @@ def table(results: list[Measure], baseline: Measure | None) -> str:
     project = next((m for m in results if m.path == PROJECT_PATH), None)
     parallel = next((m for m in results if m.path == PARALLEL_PATH), None)
     head = ("| path | events | seconds | events/s | vs B | project ÷ this | parallel ÷ this "
-            "| peak RSS MB | CPU s |")
-    rows = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s |")
+    rows = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for m in results:
         ratio = f"{m.rate / baseline.rate:.2f}x" if baseline and baseline.rate else "-"
         rows.append(f"| {m.path} | {m.events:,} | {m.seconds:.2f} | {m.rate:,.0f} | {ratio} "
                     f"| {_times(project, m)} | {_times(parallel, m)} "
-                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} |")
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} |")
     return "\n".join(rows)
+
+
+def _servers(m: Measure) -> str:
+    return " | ".join(f"{m.server_cpu_s[k]:.1f}" if k in m.server_cpu_s else "-"
+                      for k in ("postgres", "kafka"))
 
 
 def scale_table(points: list[dict[str, Any]]) -> str:
     rows = ["| events | partitions | path | seconds | events/s | s per 100k events "
-            "| peak RSS MB | CPU s |", "|--:|--:|---|--:|--:|--:|--:|--:|"]
+            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s |",
+            "|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
     for p in points:
         m = p["measure"]
         rows.append(f"| {p['events']:,} | {p['partitions']} | {m.path} | {m.seconds:.2f} "
                     f"| {m.rate:,.0f} | {m.seconds / m.events * 100_000:.2f} "
-                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} |")
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} |")
     sizes = [p["measure"] for p in points if p.get("sweep") == "events"]
     if len(sizes) > 1:  # linear means the same seconds per 100k at every size
         per = [m.seconds / m.events * 1e5 for m in sizes]

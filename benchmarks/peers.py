@@ -686,15 +686,17 @@ def measure_connect_fresh(b: bi.Bench, rep: int) -> bi.Measure:
     dlq = f"bench-{b.tag}-connect-dlq-fresh{rep}"
     make_connect_table(b.dsn, table)
     config = sink_config(b, name, p.connect_topic, table, dlq)
+    servers = bi.server_cpu()
     with connect_worker(p.cache, b.clients.config["bootstrap.servers"], "connect-fresh",
                         config) as w:
         done = await_sink(b, w, name, p.connect_topic, table, b.expect.get("row", 0),
                           _sink_timeout(b))
         secs, cpu, peak = done - w.started, w.cpu_s(), w.rss_mb()
+        spent = bi.cpu_spent(servers)
         detail = {"jvm_rest_ready_s": round(w.ready_s or 0.0, 2)}
     detail.update(_check_connect(b, table, dlq))
     return bi.Measure("Kafka Connect + Debezium JDBC sink, fresh JVM", p.connect_produced,
-                      secs, peak, 0.0, detail, cpu)
+                      secs, peak, 0.0, detail, cpu, spent)
 
 
 def measure_connect_warm(b: bi.Bench, rep: int) -> bi.Measure:
@@ -717,17 +719,18 @@ def measure_connect_warm(b: bi.Bench, rep: int) -> bi.Measure:
         while warm_name in w.rest("GET", "/connectors") and time.monotonic() < deadline:
             time.sleep(0.05)  # until the worker has stopped its task: a poll interval
         start_rss = w.rss_mb("VmRSS")
-        c0, t0 = w.cpu_s(), time.perf_counter()
+        c0, t0, servers = w.cpu_s(), time.perf_counter(), bi.server_cpu()
         w.rest("PUT", f"/connectors/{name}/config",
                 sink_config(b, name, p.connect_topic, table, dlq))
         done = await_sink(b, w, name, p.connect_topic, table, b.expect.get("row", 0),
                           _sink_timeout(b))
         secs, cpu, peak = done - t0, w.cpu_s() - c0, w.rss_mb()
+        spent = bi.cpu_spent(servers)
     with psycopg.connect(b.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(warm_table)))
     detail = {"warmup_rows": p.warm_rows, **_check_connect(b, table, dlq)}
     return bi.Measure("Kafka Connect + Debezium JDBC sink, warm worker", p.connect_produced,
-                      secs, peak, start_rss, detail, cpu)
+                      secs, peak, start_rss, detail, cpu, spent)
 
 
 # --------------------------------------------------------------------------- Python peers

@@ -1333,6 +1333,11 @@ def broker_pid(node_id: int) -> int | None:
     return _kafka_pid(s, _cluster_node(s, node_id))
 
 
+def postmaster_pid() -> int | None:
+    """The pid of this stack's Postgres server, if it runs."""
+    return _postmaster_pid(settings())
+
+
 def stop_broker(node_id: int) -> None:
     """Stop Kafka node ``node_id`` cleanly (SIGTERM: a controlled shutdown that hands its
     partitions' leadership over first); the other nodes keep running."""
