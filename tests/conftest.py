@@ -7,10 +7,13 @@ against the real Kafka broker and Postgres started by ``kafka_ingest_dev.stack``
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +156,32 @@ def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str
         ).fetchone()
     assert row is not None, f"no {dag_id}.{task_id} task instance"
     return str(row[0])
+
+
+class _Hook(BaseHTTPRequestHandler):
+    """Records each POST; answers 500 on ``/broken``, else 204."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.received.append((self.path, self.headers["Content-Type"],  # type: ignore[attr-defined]
+                                     json.loads(body)))
+        self.send_response(500 if self.path == "/broken" else 204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:  # keep the test output quiet
+        pass
+
+
+@pytest.fixture
+def webhook() -> Iterator[Any]:
+    """An HTTP server on 127.0.0.1 in a thread (no service needed); ``.received`` lists
+    (path, content type, JSON body) of each POST."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    server.received = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

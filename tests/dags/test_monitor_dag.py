@@ -13,9 +13,6 @@ import json
 import logging
 import os
 import socket
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +31,6 @@ from tests.integration.helpers_ingest import run
 DAG_ID = "kafka_ingest_monitor"
 HERE = Path(__file__).resolve().parent
 NOTIFIER_CLASS = "notifier_for_tests.FileNotifier"
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append((self.path, json.loads(body)))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:  # keep the test output quiet
-        pass
-
-
-@pytest.fixture
-def webhook() -> Iterator[Any]:
-    """An HTTP server on 127.0.0.1 in a thread; ``.received`` lists (path, JSON body)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _checks(dsn: str, pipeline: str) -> list[tuple[int, list[str]]]:
@@ -94,7 +66,7 @@ def test_lag_above_max_notifies_and_fails_then_a_caught_up_pipeline_passes(
     assert proc.returncode != 0, output[-3000:]
     assert f"{message} (figures: {json.dumps(figures)})" in output, output[-3000:]
     assert last_task_state(stack_env, DAG_ID, task_id) == "failed"
-    assert webhook.received == [("/hooks/monitor-test", {
+    assert webhook.received == [("/hooks/monitor-test", "application/json", {
         "pipeline": pipeline.name, "rule": "max_lag", "message": message, "figures": figures})]
     assert notes.read_text(encoding="utf-8") == f"[{DAG_ID}] {message}\n"
     assert _checks(pg_dsn, pipeline.name) == [(produced, ["max_lag"])]
@@ -165,7 +137,7 @@ def test_a_failing_notifier_is_logged_and_never_hides_the_breach(
     # and once with every breach (the notifier class)
     assert notes.read_text(encoding="utf-8") == (f"[p1] {BREACHES[0].message}\n"
                                                  f"{BREACHES[1].message}\n")
-    assert [(path, body["rule"]) for path, body in webhook.received] == [
+    assert [(path, body["rule"]) for path, _, body in webhook.received] == [
         ("/ok", "max_lag"), ("/ok", "max_parked")]
     # the failures are in the log, without the webhook's secret path
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

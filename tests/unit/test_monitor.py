@@ -4,12 +4,8 @@ POST against an HTTP server on loopback."""
 
 from __future__ import annotations
 
-import json
-import threading
 import urllib.error
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -254,31 +250,6 @@ def test_figures_as_json() -> None:
 
 
 # --------------------------------------------------------------------------- webhooks
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append((self.path, self.headers["Content-Type"],  # type: ignore[attr-defined]
-                                     json.loads(body)))
-        self.send_response(500 if self.path == "/broken" else 204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:  # keep the test output quiet
-        pass
-
-
-@pytest.fixture
-def webhook() -> Iterator[Any]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 BREACH = Breach("p1", "max_lag", {"total_lag": 50, "partitions": 3, "max_lag": 5},
