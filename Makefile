@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test bootstrap lint stack-up stack-down bench bench-smoke lock
+.PHONY: demo test bootstrap lint stack-up stack-down bench bench-scale bench-smoke faults-full lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -21,6 +21,12 @@ stack-down:
 
 bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, median of 3); benchmarks/results/latest.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --partitions 1 --repeat 3 --peers
+
+bench-scale: bootstrap  ## the scaling rows: 0.1M, 1M, 3M events on 1 partition, then 1M on 1, 2, 3 partitions (median of 3); results/scale.json
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --scale-only --partitions 1 --events 1000000 --repeat 3
+
+faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`), on stacks of their own
+	.venv/bin/kafka-ingest stack up && KAFKA_INGEST_FAULTS_FULL=1 .venv/bin/pytest -m "faults or faults_full" tests/chaos
 
 bench-smoke: bootstrap  ## every benchmark path and peer on 3,000 events: each must start, finish and load the right rows
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
