@@ -24,7 +24,7 @@ from kafka_ingest.errors import (
     Undecodable,
     UnknownVersion,
 )
-from kafka_ingest.records import MAX_TIMESTAMP_MS, MessageLike, Row, kafka_timestamp_ms
+from kafka_ingest.records import MessageLike, Row, kafka_timestamp_ms
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
@@ -74,11 +74,9 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
         except ValidationError as exc:
             result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
             continue
-        # One flat tuple per message, the Kafka timestamp as it came (kafka_timestamp_ms,
-        # inlined): Postgres converts it.
-        kind, ms = msg.timestamp()
+        # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
         rows_append(Row((*columns(event), msg.topic(), msg.partition(), msg.offset(),
-                         msg.key(), ms if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None)))
+                         msg.key(), kafka_timestamp_ms(msg))))
     result.read, result.bytes = read, size
     return result
 
