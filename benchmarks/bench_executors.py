@@ -29,34 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import parse_pipelines
-from kafka_ingest.db import migrate
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
 RESULTS = Path(__file__).resolve().parent / "results" / "executors.json"
 CONFIGS = (("local", None), ("celery", 1), ("celery", 2))
-
-
-def _database(admin_dsn: str) -> str:
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(admin_dsn, dbname=name)
-    with psycopg.connect(dsn) as conn:
-        migrate(conn)
-    return dsn
-
-
-def _conn(dsn: str) -> str:
-    d = conninfo_to_dict(dsn)
-    return json.dumps({"conn_type": "postgres", "host": d["host"], "port": int(d["port"]),
-                       "login": d["user"], "password": d["password"], "schema": d["dbname"]})
 
 
 def _api(up: dict[str, str]) -> httpx.Client:
@@ -134,10 +116,10 @@ def main() -> int:
     results, dsns = [], []
     try:
         for executor, workers in CONFIGS:
-            dsn = _database(env["KAFKA_INGEST_PG_DSN"])
+            dsn = create_database(env["KAFKA_INGEST_PG_DSN"], prefix="bench")
             dsns.append(dsn)
             airflow_env = {"KAFKA_INGEST_PIPELINES": str(pipelines_file),
-                           "AIRFLOW_CONN_POSTGRES_DEFAULT": _conn(dsn)}
+                           "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(dsn)}
             stack.stop_airflow()
             up = stack.up(airflow=True, airflow_env=airflow_env, executor=executor,
                           workers=workers)
@@ -150,10 +132,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "airflow", "dags", "delete", dag_id, "--yes"],
                        env={**os.environ, "KAFKA_INGEST_PIPELINES": str(pipelines_file)},
                        capture_output=True, check=False)
-        with psycopg.connect(env["KAFKA_INGEST_PG_DSN"], autocommit=True) as conn:
-            for dsn in dsns:
-                conn.execute(f'DROP DATABASE IF EXISTS "{conninfo_to_dict(dsn)["dbname"]}"'
-                             " WITH (FORCE)")
+        for dsn in dsns:
+            drop_database(env["KAFKA_INGEST_PG_DSN"], dsn)
         with contextlib.suppress(Exception):
             admin = clients.admin()
             for future in admin.delete_topics([pipeline.topic, pipeline.dlq_topic]).values():

@@ -52,7 +52,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,14 +60,14 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
-from kafka_ingest.db import Database, RowsRepository, migrate
+from kafka_ingest.db import Database, RowsRepository
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.reader import read_range
 from kafka_ingest.validate import validate_chunk
+from kafka_ingest_dev import databases
 
 # peers.py imports this module by name; run as a script (or as a spawned child's
 # __mp_main__), this module is that name, not a second copy.
@@ -382,35 +382,9 @@ def as_measure(path: str, raw: dict[str, Any]) -> Measure:
                    raw.get("server_cpu_s", {}))
 
 
-@contextmanager
-def fresh_database(admin_dsn: str) -> Iterator[str]:
-    """A new database migrated like tests/conftest.py's ``pg_dsn``; dropped on exit."""
-    name = f"bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = make_conninfo(admin_dsn, dbname=name)
-    try:
-        with psycopg.connect(dsn) as conn:
-            migrate(conn)
-        yield dsn
-    finally:
-        _drop_database(admin_dsn, name)
-
-
-def _drop_database(admin_dsn: str, name: str, *, timeout_s: float = 120.0) -> None:
-    """Drop ``name``, waiting for Postgres if it is restarting (the chaos tests restart it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                             .format(sql.Identifier(name)))
-            return
-        except psycopg.OperationalError as exc:
-            if time.monotonic() > deadline:
-                print(f"warning: database {name} was not dropped: {exc}", file=sys.stderr)
-                return
-            time.sleep(1.0)  # a retry interval while Postgres restarts, not a wait for a result
+def fresh_database(admin_dsn: str) -> AbstractContextManager[str]:
+    """A new migrated database, dropped on exit (waiting out a Postgres restart)."""
+    return databases.fresh_database(admin_dsn, prefix="bench", wait_s=120.0)
 
 
 @contextmanager

@@ -20,7 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
+
+from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
@@ -48,27 +50,11 @@ def clients(kafka_config: dict[str, Any]) -> Any:
     return KafkaClients(kafka_config)
 
 
-def _dsn_for(dsn: str, dbname: str) -> str:
-    return make_conninfo(dsn, dbname=dbname)
-
-
 @pytest.fixture
 def pg_dsn(stack_env: dict[str, str]) -> Iterator[str]:
     """A fresh, migrated database for one test, dropped afterwards."""
-    from kafka_ingest.db import migrate
-
-    admin_dsn = stack_env["KAFKA_INGEST_PG_DSN"]
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = _dsn_for(admin_dsn, name)
-    with psycopg.connect(dsn) as conn:
-        migrate(conn)
-    try:
+    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"]) as dsn:
         yield dsn
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -131,17 +117,6 @@ def dag_env(tmp_path: Path, pg_dsn: str, *pipelines: Any) -> dict[str, str]:
         "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", *pipelines)),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
     }
-
-
-def airflow_postgres_conn(dsn: str) -> str:
-    """``AIRFLOW_CONN_POSTGRES_DEFAULT`` (JSON form) pointing at ``dsn``."""
-    import json
-
-    d = conninfo_to_dict(dsn)
-    return json.dumps({
-        "conn_type": "postgres", "host": d.get("host"), "port": int(d.get("port", 5432)),
-        "login": d.get("user"), "password": d.get("password"), "schema": d.get("dbname"),
-    })
 
 
 def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:

@@ -65,6 +65,7 @@ from typing import Any
 from kafka_ingest_dev import faults as fault_proxy
 from kafka_ingest_dev import tls
 from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
+from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.procs import (
     CHILDREN,
     PartStatus,
@@ -1130,10 +1131,6 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
     project = s.repo or Path.cwd()
     kafka = _kafka_client_config(s, secure=secure, faults=faults)
     pg = _pg_params(s, secure=secure, faults=faults)
-    tls_extra = {k: pg[k] for k in ("sslmode", "sslrootcert") if k in pg}
-    pg_conn = {"conn_type": "postgres", "host": pg["host"], "port": pg["port"],
-               "login": pg["user"], "password": pg["password"], "schema": pg["dbname"],
-               **({"extra": tls_extra} if tls_extra else {})}
     airflow_db = (
         f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
     )
@@ -1162,7 +1159,7 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_db,
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
             {"conn_type": "kafka", "extra": {**kafka, "group.id": KAFKA_GROUP_ID}}),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(pg_conn),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(make_conninfo(**pg)),
         **({"TOXIPROXY_URL": s.toxiproxy.url} if faults else {}),
         **(s.airflow.client_env() if s.airflow.running() else {}),
     }

@@ -19,14 +19,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import yaml
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
@@ -35,10 +34,11 @@ from helpers_ingest import Expected, expected_from_sample, run
 
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
-from kafka_ingest.db import Database, migrate
+from kafka_ingest.db import Database
 from kafka_ingest.slices import SliceReport
 from kafka_ingest.topics import create_pipeline_topics
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import create_database, drop_database
 from kafka_ingest_dev.faults import Toxiproxy
 from kafka_ingest_dev.samples import produce_sample
 
@@ -77,7 +77,6 @@ class FaultStack:
     state: Path
     env: dict[str, str]
     faults: bool
-    databases: list[str] = field(default_factory=list)
 
     @property
     def direct_env(self) -> dict[str, str]:
@@ -107,21 +106,14 @@ class FaultStack:
 
     def new_database(self) -> tuple[str, str]:
         """A fresh migrated database: (direct DSN, DSN through the Postgres proxy)."""
-        name = f"f_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        self.databases.append(name)
-        direct = make_conninfo(self.admin_dsn, dbname=name)
-        with psycopg.connect(direct) as conn:
-            migrate(conn)
+        direct = create_database(self.admin_dsn, prefix="f")
+        name = conninfo_to_dict(direct)["dbname"]
         proxied = (make_conninfo(self.proxied_env["KAFKA_INGEST_PG_DSN"], dbname=name)
                    if self.faults else direct)
         return direct, proxied
 
     def drop_database(self, dsn: str) -> None:
-        name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(self.admin_dsn, dsn)
 
     def pipeline(self, base: str = "telemetry_metrics", *, partitions: int = 3,
                  **overrides: Any) -> Pipeline:

@@ -59,9 +59,9 @@ from kafka_ingest.errors import (
     TransientError,
 )
 from kafka_ingest.reader import commit_offset
+from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.faults import BOTH, DOWNSTREAM
-from tests.conftest import airflow_postgres_conn
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.faults]
 

@@ -31,14 +31,13 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
-from kafka_ingest.db import migrate
 from kafka_ingest.topics import ensure_topics
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import airflow_postgres_conn, write_pipelines_file
+from tests.conftest import write_pipelines_file
 from tests.dags.airflow_api import AirflowApi, poll, running_airflow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
@@ -70,16 +69,6 @@ CASES = {
 }
 
 
-def _database(admin_dsn: str) -> str:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(admin_dsn, dbname=name)
-    with psycopg.connect(dsn) as conn:
-        migrate(conn)
-    return dsn
-
-
 @pytest.fixture(scope="module")
 def celery(stack_env: dict[str, str], clients: Any, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[dict[str, Any]]:
@@ -90,7 +79,7 @@ def celery(stack_env: dict[str, str], clients: Any, tmp_path_factory: pytest.Tem
     bodies, dsns, env = {}, {}, {}
     for key, (_, _, overrides) in CASES.items():
         name = f"cel_{tag}_{key}"
-        dsns[name] = _database(admin_dsn)
+        dsns[name] = create_database(admin_dsn)
         conn_id = f"pg_{name}"
         env[f"AIRFLOW_CONN_{conn_id.upper()}"] = airflow_postgres_conn(dsns[name])
         bodies[name] = {
@@ -116,10 +105,8 @@ def celery(stack_env: dict[str, str], clients: Any, tmp_path_factory: pytest.Tem
         with contextlib.suppress(Exception):  # cleanup is best effort
             for future in clients.admin().delete_topics(topics, operation_timeout=30).values():
                 future.result(30)
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            for dsn in dsns.values():
-                dbname = conninfo_to_dict(dsn)["dbname"]
-                conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        for dsn in dsns.values():
+            drop_database(admin_dsn, dsn)
 
 
 def _case(celery: dict[str, Any], key: str) -> tuple[Pipeline, str, str]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
+from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 
@@ -99,11 +99,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(cli_env: dict[str, Any], args: l
 def test_a_database_without_the_schema_says_to_migrate(cli_env: dict[str, Any],
                                                        stack_env: dict[str, str]) -> None:
     admin = stack_env["KAFKA_INGEST_PG_DSN"]
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        empty = make_conninfo(admin, dbname=name)
+    with fresh_database(admin, migrated=False) as empty:
         env = {**cli_env["env"], "KAFKA_INGEST_PG_DSN": empty}
         result = cli(env, "run", cli_env["pipeline"].name)
         assert result.returncode == 2
@@ -113,9 +109,6 @@ def test_a_database_without_the_schema_says_to_migrate(cli_env: dict[str, Any],
         migrated = cli(env, "migrate")
         assert migrated.returncode == 0 and "0001_core" in migrated.stdout
         assert "up to date" in cli(env, "migrate").stdout
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_stack_env_readies_a_shell(stack_env: dict[str, str]) -> None:
