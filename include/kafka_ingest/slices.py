@@ -16,8 +16,7 @@ every kind of slice shares, in this order (DESIGN §3):
    by compare-and-set (exactly one row, or roll back: the fence against a zombie run),
    the audit row, COMMIT (a dry run rolls back instead);
 5. only after the database commit, the same offset is **committed to Kafka** for the
-   consumer group, so lag tools see it (logged and retried, never a reason to re-read);
-   done once the writer has the next chunk, so it never waits for the group commit.
+   consumer group, so lag tools see it (logged and retried, never a reason to re-read).
 
 What differs between ingest and replay is passed in: a :class:`SliceSpec` (names, the
 group, whether it commits) and a :class:`ChunkWriter` (what a chunk's transaction writes).
@@ -200,30 +199,25 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 t0 = time.monotonic()
                 prepared = writer.prepare(chunk, encoder)
                 at("validated")
-                done = in_flight
-                if done is not None:
-                    _wait(done, report)
+                if in_flight is not None:
+                    _finish(in_flight, consumer, moves, report)
                 job = _Transaction(spec, writer, rng, session, producer, moves=moves)
                 in_flight = _InFlight(pool.submit(job, chunk, prepared,
                                                   time.monotonic() - t0), chunk)
-                if done is not None:  # the writer has the next chunk: now tell Kafka
-                    _commit_to_kafka(done, consumer, moves)
             if in_flight is not None:
-                _wait(in_flight, report)
-                _commit_to_kafka(in_flight, consumer, moves)
+                _finish(in_flight, consumer, moves, report)
             report.lag_after = _lag_after(consumer, rng)
     log.info(report.log_line())
     return report
 
 
-def _wait(job: _InFlight, report: SliceReport) -> None:
-    """Wait for a chunk's transaction (its database commit) and count it."""
+def _finish(job: _InFlight, consumer: Any, moves: bool, report: SliceReport) -> None:
+    """Wait for a chunk's transaction, count it, then commit its offset to Kafka.
+
+    The next chunk's transaction starts only after that: a process killed once the group
+    has chunk k has no later transaction half done (nor its dead letters produced)."""
     result, seconds = job.future.result()
     report.add_chunk(result, seconds)
-
-
-def _commit_to_kafka(job: _InFlight, consumer: Any, moves: bool) -> None:
-    """After the chunk's database commit, its offset to the consumer group."""
     if moves:
         commit_offset(consumer, job.chunk.topic, job.chunk.partition, job.chunk.end)
         at("kafka_committed")
