@@ -127,11 +127,11 @@ def produce_dead_letters(producer: Any, letters: Sequence[DeadLetter], pipeline:
     never answers fails the chunk after ``message.timeout.ms``, and a slow one is not
     given up on before librdkafka does.
     """
+    if not letters:
+        return []
     if timeout_s is None:
         timeout_s = (getattr(producer, "delivery_timeout_s", None)
                      or DEFAULT_DELIVERY_WAIT_S) + _DELIVERY_WAIT_MARGIN_S
-    if not letters:
-        return []
     reports: dict[int, tuple[Any, Any]] = {}
     topic = letters[0].dlq_topic
     failures: list[str] = []

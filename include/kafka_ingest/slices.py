@@ -16,7 +16,9 @@ every kind of slice shares, in this order (DESIGN §3):
    by compare-and-set (exactly one row, or roll back: the fence against a zombie run),
    the audit row, COMMIT (a dry run rolls back instead);
 5. only after the database commit, the same offset is **committed to Kafka** for the
-   consumer group, so lag tools see it (logged and retried, never a reason to re-read).
+   consumer group, so lag tools see it (logged and retried, never a reason to re-read);
+   meanwhile the next chunk's transaction copies and inserts, but produces its dead
+   letters only once that group commit is done.
 
 What differs between ingest and replay is passed in: a :class:`SliceSpec` (names, the
 group, whether it commits) and a :class:`ChunkWriter` (what a chunk's transaction writes).
@@ -27,6 +29,7 @@ absorbs it) or the new one with the chunk's rows committed.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -199,25 +202,52 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 t0 = time.monotonic()
                 prepared = writer.prepare(chunk, encoder)
                 at("validated")
-                if in_flight is not None:
-                    _finish(in_flight, consumer, moves, report)
-                job = _Transaction(spec, writer, rng, session, producer, moves=moves)
+                done, group_has_done = in_flight, threading.Event()
+                if done is None:
+                    group_has_done.set()
+                else:
+                    _count(done, report)  # its COMMIT is in
+                job = _Transaction(spec, writer, rng, session,
+                                   producer and _AfterGroupCommit(producer, group_has_done),
+                                   moves=moves)
                 in_flight = _InFlight(pool.submit(job, chunk, prepared,
                                                   time.monotonic() - t0), chunk)
+                if done is not None:  # beside the next chunk's COPY and INSERT
+                    try:
+                        _commit_to_kafka(done, consumer, moves)
+                    finally:
+                        group_has_done.set()
             if in_flight is not None:
-                _finish(in_flight, consumer, moves, report)
+                _count(in_flight, report)
+                _commit_to_kafka(in_flight, consumer, moves)
             report.lag_after = _lag_after(consumer, rng)
     log.info(report.log_line())
     return report
 
 
-def _finish(job: _InFlight, consumer: Any, moves: bool, report: SliceReport) -> None:
-    """Wait for a chunk's transaction, count it, then commit its offset to Kafka.
-
-    The next chunk's transaction starts only after that: a process killed once the group
-    has chunk k has no later transaction half done (nor its dead letters produced)."""
+def _count(job: _InFlight, report: SliceReport) -> None:
+    """Wait for a chunk's transaction (its COMMIT) and count it."""
     result, seconds = job.future.result()
     report.add_chunk(result, seconds)
+
+
+class _AfterGroupCommit:
+    """The DLQ producer as chunk k+1's transaction sees it: usable once chunk k's offset
+    is committed to the consumer group. The transaction's COPY and INSERT overlap with
+    that commit; its dead letters go out only after it, so a process killed once the group
+    has chunk k has produced nothing of chunk k+1 (its transaction rolls back unseen)."""
+
+    def __init__(self, producer: Any, ready: threading.Event) -> None:
+        self._producer = producer
+        self._ready = ready
+
+    def __getattr__(self, name: str) -> Any:
+        self._ready.wait()
+        return getattr(self._producer, name)
+
+
+def _commit_to_kafka(job: _InFlight, consumer: Any, moves: bool) -> None:
+    """After the chunk's database commit, its offset to the consumer group."""
     if moves:
         commit_offset(consumer, job.chunk.topic, job.chunk.partition, job.chunk.end)
         at("kafka_committed")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -168,6 +169,29 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
 
 
 # --------------------------------------------------------------------------- 2. the lock
+
+
+def test_a_chunks_dead_letters_go_out_only_after_the_previous_chunks_group_commit(
+        pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chunk k+1's transaction copies and inserts while chunk k's offset goes to the
+    # consumer group, but produces its dead letters only after that: a process killed
+    # once the group has chunk k leaves no dead letter of chunk k+1 in the DLQ (the crash
+    # test's exactly-once at that point). A slow group commit makes the race real.
+    real_commit = FakeConsumer.commit
+
+    def slow_commit(self: FakeConsumer, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.2)
+        real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeConsumer, "commit", slow_commit)
+    w = World(pipeline)
+    w.ingest()
+    poison_chunk = next(c for c in CHUNKS if c[0] <= POISON_AT < c[1])
+    before = CHUNKS[CHUNKS.index(poison_chunk) - 1]
+    produced = next(i for i, e in enumerate(w.events) if e[0] == "dlq_produce")
+    assert w.events.index(("kafka_commit", before[1])) < produced
+    assert w.ev.first("upsert", w.ev.txn_of_chunk(*poison_chunk)) < w.events.index(
+        ("kafka_commit", before[1]))  # and the transaction did not wait to begin
 
 
 def test_a_live_slice_holds_the_session_lock_from_before_the_first_read_to_the_end(
