@@ -29,7 +29,7 @@ from kafka_ingest.config import NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.errors import PermanentError
 from kafka_ingest.monitor import Breach, post_webhook, redact_url
-from kafka_ingest.reader import commit_offset, offsets_for_time, read_range, watermarks
+from kafka_ingest.reader import offsets_for_time, read_range, watermarks
 from kafka_ingest.requests import form_fields
 
 log = logging.getLogger(__name__)
@@ -82,11 +82,12 @@ class KafkaIngestHook(KafkaBaseHook):
             consumer.close()
 
     def commit_offsets(self, group_id: str, topic: str, offsets: dict[int, int]) -> bool:
-        consumer = self.clients.consumer(group_id)
-        try:
-            return all(commit_offset(consumer, topic, p, o) for p, o in offsets.items())
-        finally:
-            consumer.close()
+        """Commit ``offsets`` to ``group_id``; whether the group has them (waits at most
+        ``socket.timeout.ms``; see :mod:`kafka_ingest.commits`)."""
+        group = self.clients.committer(group_id)
+        for partition, offset in offsets.items():
+            group.post(topic, partition, offset)
+        return group.close()
 
 
 def postgres_database(conn_id: str) -> Database:

@@ -9,25 +9,29 @@ SASL, time-outs, ...) reaches the client unchanged.
 Every wait on the cluster is bounded by a librdkafka time-out of the config: requests by
 ``socket.timeout.ms`` (default here 10 s), a dead letter's delivery by
 ``message.timeout.ms`` (alias ``delivery.timeout.ms``; default here 30 s), and a
-synchronous group commit by ``socket.timeout.ms`` too (see :meth:`_Consumer.commit`:
+wait for a group commit by ``socket.timeout.ms`` too (see :mod:`kafka_ingest.commits`:
 librdkafka's own would wait forever for a coordinator that does not answer).
+
+librdkafka's log lines go through Python logging, to the ``kafka_ingest.librdkafka``
+logger at their own level (unless the connection names a ``logger`` of its own), served
+when the client is polled: never raw ``%4|...`` lines on stderr.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from kafka_ingest.commits import GroupCommitter
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
+#: Where librdkafka's own log lines go (see the module docstring).
+LIBRDKAFKA_LOG = logging.getLogger("kafka_ingest.librdkafka")
 
 FORCED_CONSUMER = {
     "enable.auto.commit": False,
@@ -74,29 +78,9 @@ class _Refusals:
 
 
 class _Consumer(Consumer):
-    """A consumer that remembers whether the cluster refused it (see :func:`refusal`), and
-    whose synchronous commits are bounded in time (see :meth:`commit`)."""
+    """A consumer that remembers whether the cluster refused it (see :func:`refusal`)."""
 
     refusals: _Refusals
-    committer: GroupCommitter
-
-    def commit(self, *args: Any, **kwargs: Any) -> Any:
-        """A synchronous commit of explicit offsets (``commit(offsets=[...],
-        asynchronous=False)``, the only commit kafka_ingest makes) waits at most
-        ``socket.timeout.ms`` (:class:`GroupCommitter`) and raises ``KafkaException`` like
-        librdkafka's when it fails or times out. Any other commit is librdkafka's."""
-        offsets = kwargs.get("offsets")
-        if (args or offsets is None or kwargs.get("asynchronous", True)
-                or kwargs.get("message") is not None):
-            return super().commit(*args, **kwargs)
-        return self.committer.commit(offsets)
-
-    def close(self, *args: Any, **kwargs: Any) -> None:
-        """Close, and let go of the group's committer (closed with its last user, unless a
-        commit of it is still in flight: then when that one ends)."""
-        committer, self.committer = self.committer, _RELEASED
-        committer.release()
-        super().close(*args, **kwargs)
 
 
 class _Producer(Producer):
@@ -104,138 +88,6 @@ class _Producer(Producer):
     (``message.timeout.ms``), so waiting for the reports never gives up earlier."""
 
     delivery_timeout_s: float
-
-
-class GroupCommitter:
-    """Commits offsets to one consumer group, one commit at a time, waiting at most
-    ``timeout_s`` for each.
-
-    librdkafka's synchronous commit has no time-out: it waits for the group coordinator
-    forever, and a coordinator that is connected but silent (a black-holed connection, a
-    hung broker) never answers. Worse, a commit left pending in a consumer makes its
-    ``close()`` wait forever too (librdkafka issue #3740): the task would hang until its
-    Airflow time-out.
-
-    So commits are made by a consumer of the committer's own (same config and group; ours
-    never join the group, they assign), in a thread the caller waits for at most
-    ``timeout_s``: the reading consumer never has a commit pending, and its ``close()``
-    stays immediate. A commit not answered in time raises ``_TIMED_OUT`` and stays in
-    flight; the next commit first waits (as long again) for it to end, then goes through
-    the same consumer, so commits reach the coordinator in the order they were made and
-    an old offset can never land after a newer one. There is one committer per group and
-    config in a process (:func:`group_committer`), shared by every consumer of every
-    ``KafkaClients`` and closed with the last of them (or, if a commit of it is still in
-    flight then, when that commit ends).
-    (The admin API's AlterConsumerGroupOffsets would be bounded, but librdkafka 2.16
-    aborts the process when the coordinator dies under it.)
-    """
-
-    def __init__(self, config: dict[str, Any], timeout_s: float, key: Any = None) -> None:
-        self._config = config
-        self.timeout_s = timeout_s
-        self._key = key
-        self._consumer: Consumer | None = None
-        self._in_flight: threading.Event | None = None
-        self._lock = threading.Lock()  # one commit at a time
-        self.users = 0  # consumers using it; guarded by _COMMITTERS_LOCK
-
-    def _timed_out(self, what: str) -> KafkaException:
-        return KafkaException(KafkaError(
-            KafkaError._TIMED_OUT, f"{what} within {self.timeout_s:g} s (socket.timeout.ms)"))
-
-    def commit(self, offsets: Sequence[TopicPartition]) -> Any:
-        with self._lock:
-            if self._in_flight is not None:
-                if not self._in_flight.wait(self.timeout_s):
-                    raise self._timed_out("an earlier commit to the group is still not "
-                                          "answered")
-                self._in_flight = None
-            if self._consumer is None:
-                self._consumer = Consumer(self._config)
-            consumer = self._consumer
-            outcome: dict[str, Any] = {}
-            finished = threading.Event()
-
-            def work() -> None:
-                try:
-                    outcome["result"] = consumer.commit(offsets=list(offsets),
-                                                        asynchronous=False)
-                except BaseException as exc:  # handed to the caller
-                    outcome["error"] = exc
-                finally:
-                    finished.set()
-                    self._retire_if_unused()
-
-            threading.Thread(target=work, name="kafka-group-commit", daemon=True).start()
-            if not finished.wait(self.timeout_s):
-                self._in_flight = finished
-                raise self._timed_out("the group coordinator did not answer the commit")
-            if "error" in outcome:
-                raise outcome["error"]
-            return outcome.get("result")
-
-    def _busy(self) -> bool:
-        return self._in_flight is not None and not self._in_flight.is_set()
-
-    def release(self) -> None:
-        """One user less; the last one closes it, unless a commit is still in flight."""
-        with _COMMITTERS_LOCK:
-            self.users -= 1
-        self._retire_if_unused()
-
-    def _retire_if_unused(self) -> None:
-        with _COMMITTERS_LOCK:
-            if self.users > 0 or self._busy() or _COMMITTERS.get(self._key) is not self:
-                return
-            del _COMMITTERS[self._key]
-            consumer, self._consumer = self._consumer, None
-        if consumer is not None:  # nothing pending in it: closing is immediate
-            consumer.close()
-
-
-class _Released(GroupCommitter):
-    """What a closed consumer holds instead of its committer."""
-
-    def __init__(self) -> None:
-        super().__init__({}, 0.0)
-
-    def commit(self, offsets: Sequence[TopicPartition]) -> Any:
-        raise RuntimeError("the consumer is closed")
-
-    def release(self) -> None:
-        pass
-
-
-_COMMITTERS: dict[tuple[str, str], GroupCommitter] = {}
-_COMMITTERS_LOCK = threading.Lock()
-_RELEASED = _Released()
-
-
-def _forget_committers_in_child() -> None:
-    """A forked worker (``kafka-ingest run --workers``) has none of its parent's librdkafka
-    threads: it makes committers of its own."""
-    global _COMMITTERS_LOCK
-    _COMMITTERS.clear()
-    _COMMITTERS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_committers_in_child)
-
-
-def group_committer(group_id: str, conf: dict[str, Any]) -> GroupCommitter:
-    """The process's committer for ``group_id`` on the cluster and credentials ``conf``
-    names, one more user of it (created on first use, closed with its last user; see
-    :class:`GroupCommitter`)."""
-    plain = {k: v for k, v in conf.items() if not callable(v)}
-    key = (group_id, json.dumps(plain, sort_keys=True, default=repr))
-    with _COMMITTERS_LOCK:
-        committer = _COMMITTERS.get(key)
-        if committer is None:
-            committer = GroupCommitter(plain, _seconds(plain, "socket.timeout.ms",
-                                                       default_ms=60_000), key)
-            _COMMITTERS[key] = committer
-        committer.users += 1
-        return committer
 
 
 def _seconds(config: dict[str, Any], *keys: str, default_ms: int) -> float:
@@ -260,22 +112,36 @@ class KafkaClients:
                         "after the database commit", overridden)
 
     def _common(self) -> dict[str, Any]:
-        return {k: v for k, v in self.config.items()
-                if k not in _CONSUMER_ONLY and k not in _PRODUCER_ONLY}
+        return {"logger": LIBRDKAFKA_LOG, **{k: v for k, v in self.config.items()
+                                             if k not in _CONSUMER_ONLY
+                                             and k not in _PRODUCER_ONLY}}
+
+    def _consumer_config(self, group_id: str) -> dict[str, Any]:
+        return {**CONSUMER_DEFAULTS, "logger": LIBRDKAFKA_LOG,
+                **{k: v for k, v in self.config.items() if k not in _PRODUCER_ONLY},
+                **FORCED_CONSUMER, "group.id": group_id}
 
     def consumer(self, group_id: str) -> Consumer:
+        """A consumer of ``group_id`` that assigns (never subscribes) and never commits by
+        itself; its group commits go through :meth:`committer`."""
         refusals = _Refusals()
-        conf = {**CONSUMER_DEFAULTS, **{k: v for k, v in self.config.items()
-                                        if k not in _PRODUCER_ONLY},
-                **FORCED_CONSUMER, "group.id": group_id, "error_cb": refusals}
-        consumer = _Consumer(conf)
+        consumer = _Consumer({**self._consumer_config(group_id), "error_cb": refusals})
         consumer.refusals = refusals
-        consumer.committer = group_committer(group_id, conf)
         return consumer
 
+    def committer(self, group_id: str, *,
+                  on_commit: Callable[[], None] | None = None) -> GroupCommitter:
+        """Background, bounded commits to ``group_id`` (see :mod:`kafka_ingest.commits`);
+        each wait for them at most ``socket.timeout.ms``."""
+        timeout_s = _seconds(self._consumer_config(group_id), "socket.timeout.ms",
+                             default_ms=60_000)
+        return GroupCommitter(lambda: self.consumer(group_id), group_id,
+                              timeout_s=timeout_s, on_commit=on_commit)
+
     def producer(self) -> Producer:
-        conf = {**PRODUCER_DEFAULTS, **{k: v for k, v in self.config.items()
-                                        if k not in _CONSUMER_ONLY}, **FORCED_PRODUCER}
+        conf = {**PRODUCER_DEFAULTS, "logger": LIBRDKAFKA_LOG,
+                **{k: v for k, v in self.config.items() if k not in _CONSUMER_ONLY},
+                **FORCED_PRODUCER}
         producer = _Producer(conf)
         producer.delivery_timeout_s = _seconds(conf, "delivery.timeout.ms", "message.timeout.ms",
                                                default_ms=300_000)
@@ -351,11 +217,10 @@ __all__ = [
     "CONSUMER_DEFAULTS",
     "FORCED_CONSUMER",
     "FORCED_PRODUCER",
+    "LIBRDKAFKA_LOG",
     "PRODUCER_DEFAULTS",
     "REFUSED_CODES",
-    "GroupCommitter",
     "KafkaClients",
-    "group_committer",
     "map_kafka_error",
     "refusal",
 ]

@@ -11,6 +11,12 @@ original size; the batch never crashes on it. (The source still holds the whole 
 Headers come in our own names (``kafka-ingest.*``), in Kafka Connect's
 (``__connect.errors.*``, read by tools built for Connect DLQs, plus ours for the fields
 Connect has no name for), or both.
+
+Delivery into the DLQ topic is at least once: a chunk whose transaction did not commit
+(a kill, a failure after its dead letters were delivered) is read again and its dead
+letters produced again, while the ``dead_letters`` table holds each once. Every copy of a
+dead letter carries the same ``kafka-ingest.letter_id`` header (pipeline, source topic,
+partition and offset), so a consumer of the DLQ topic can drop the copies by it.
 """
 
 from __future__ import annotations
@@ -75,6 +81,12 @@ class DeadLetter:
         return (self.source_topic, self.source_partition, self.source_offset)
 
 
+def letter_id(letter: DeadLetter, pipeline: str) -> str:
+    """The same for every copy of one dead letter in the DLQ topic (see the module doc)."""
+    return (f"{pipeline}/{letter.source_topic}/{letter.source_partition}/"
+            f"{letter.source_offset}")
+
+
 def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
                 *, truncated_from: int | None = None,
                 key_truncated_from: int | None = None) -> list[tuple[str, bytes]]:
@@ -90,6 +102,7 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
         "error_detail": letter.error_detail[:DETAIL_MAX],
         "attempts": str(letter.attempts),
         "first_failed_at": letter.first_failed_at.isoformat(),
+        "letter_id": letter_id(letter, pipeline),
     }
     headers: list[tuple[str, bytes]] = []
     if style in (DlqHeaderStyle.NATIVE, DlqHeaderStyle.BOTH):

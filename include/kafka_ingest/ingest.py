@@ -16,8 +16,12 @@ Airflow DAG share one code path.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -74,7 +78,7 @@ class IngestWriter:
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> ValidationResult:
         result = validate_chunk(chunk.messages, self.pipeline)
-        if result.rows:
+        if result.rows:  # None if a row is refused: isolated in the transaction instead
             result.encoded = encoder.encode(result.rows)
         return result
 
@@ -142,17 +146,40 @@ def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_i
     ``workers`` > 1 runs the partitions' slices in that many processes at once, as the
     DAG's mapped tasks do on separate workers (each slice is still one process with its
     own clients, connection and lock; validation holds the GIL, so threads would not do).
+    A worker never outlives this process, even one killed with SIGKILL
+    (:func:`die_with_parent`).
     """
     ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
     if workers > 1 and len(ranges) > 1:
         spawn = multiprocessing.get_context("spawn")  # never fork librdkafka's threads
-        with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=spawn) as pool:
+        with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=spawn,
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_ingest_range_dict, pipeline, r, clients, db, run_id)
                        for r in ranges]
             reports = [f.result() for f in futures]
     else:
         reports = [_ingest_range_dict(pipeline, r, clients, db, run_id) for r in ranges]
     return {"run_id": run_id, **summarize(reports)}
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a worker process: be killed when the process that started it dies.
+
+    A worker orphaned by a SIGKILLed parent (an OOM kill, a supervisor's time-out) would
+    finish its slice as a writer nobody owns, or wait on its task pipe for good. Linux's
+    parent-death signal ends it with its parent (the pool starts workers from the thread
+    that submits, which lives as long as the parent); elsewhere, or if the parent is
+    already gone, the worker exits at once.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _ingest_range_dict(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients,

@@ -49,7 +49,6 @@ from kafka_ingest.ranges import (
     start_offset,
 )
 from kafka_ingest.reader import (
-    commit_offset,
     committed_offsets,
     offsets_for_time,
     partitions_of,
@@ -96,12 +95,16 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
         consumer = clients.consumer(target.group_id)
         try:
-            ranges = _plan(pipeline, target, request, consumer, conn, run_id)
+            ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id)
         finally:
             consumer.close()
         plans.pin(target.plan_name, run_id, request_key,
                   [PinnedRange(r.topic, r.partition, r.start, r.end, str(r.mode)) for r in ranges])
         conn.commit()
+    if behind:  # offsets stored (committed) before this plan, not its own; bounded wait
+        with clients.committer(target.group_id) as group:
+            for partition, offset in sorted(behind.items()):
+                group.post(target.topic, partition, offset)
     for r in ranges:
         log.info("planned %s[%d] [%d, %d) %s%s: %d messages", r.topic, r.partition, r.start,
                  r.end, r.mode, " (moves the cursor)" if r.moves_cursor else "", r.size)
@@ -109,7 +112,8 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
 
 
 def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,
-          conn: Any, run_id: str) -> list[OffsetRange]:
+          conn: Any, run_id: str) -> tuple[list[OffsetRange], dict[int, int]]:
+    """The ranges, and the stored offsets the group is behind on (see :func:`_behind`)."""
     topic = target.topic
     parts = partitions_of(consumer, topic, role=target.role)
     for other, role in target.must_exist:
@@ -117,17 +121,18 @@ def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consume
         partitions_of(consumer, other, role=role)
     marks = watermarks(consumer, topic, parts)
     if isinstance(request, OffsetWindow):
-        return plan_explicit(topic, request.partitions, marks, mode=target.window_mode)
+        return plan_explicit(topic, request.partitions, marks, mode=target.window_mode), {}
     if isinstance(request, TimeWindow):
         start = offsets_for_time(consumer, topic, parts, request.from_ms)
         end = offsets_for_time(consumer, topic, parts, request.to_ms)
-        return plan_between(topic, start, end, mode=target.window_mode)
+        return plan_between(topic, start, end, mode=target.window_mode), {}
     return _plan_cursor(pipeline, target, conn, consumer, [
         PartitionState(p, *marks[p], None) for p in parts], run_id)
 
 
 def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: Any,
-                 parts: list[PartitionState], run_id: str) -> list[OffsetRange]:
+                 parts: list[PartitionState],
+                 run_id: str) -> tuple[list[OffsetRange], dict[int, int]]:
     # The group is read before the stored offsets: a slice commits to Postgres before it
     # commits to Kafka, so stored offsets read afterwards are never older than the group's.
     group = _group_offsets(consumer, target, [s.partition for s in parts])
@@ -154,9 +159,7 @@ def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: An
             if s.stored is None:
                 offsets.initialise(pipeline.name, target.topic, s.partition,
                                    start_offset(s, target.start_policy))
-    if group is not None:  # only offsets stored (committed) before this plan, not its own
-        _resync_group(consumer, target, stored, group)
-    return ranges
+    return ranges, _behind(target, stored, group) if group is not None else {}
 
 
 def _group_offsets(consumer: Any, target: PlanTarget,
@@ -174,9 +177,10 @@ def _group_offsets(consumer: Any, target: PlanTarget,
         return None
 
 
-def _resync_group(consumer: Any, target: PlanTarget, stored: dict[int, int],
-                  group: dict[int, int | None]) -> None:
-    """Commit the stored offset to the group wherever the two differ (stored ones only)."""
+def _behind(target: PlanTarget, stored: dict[int, int],
+            group: dict[int, int | None]) -> dict[int, int]:
+    """The stored offsets where the group's differs (stored ones only), each said loudly."""
+    behind: dict[int, int] = {}
     for partition, offset in sorted(stored.items()):
         if partition not in group or group[partition] == offset:
             continue
@@ -184,4 +188,5 @@ def _resync_group(consumer: Any, target: PlanTarget, stored: dict[int, int],
                     "(a kill between the database and the Kafka commit, or a reset); "
                     "re-syncing the group to the stored offset", target.group_id,
                     target.topic, partition, group[partition], offset)
-        commit_offset(consumer, target.topic, partition, offset)
+        behind[partition] = offset
+    return behind

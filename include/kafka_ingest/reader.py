@@ -2,8 +2,8 @@
 
 No ``subscribe()`` anywhere, so no consumer-group rebalance: each task assigns exactly
 its partition at exactly its start offset and stops at the planned end. The group id is
-used only to commit offsets (after the database commit) so lag tools see them. The
-clients come from :class:`kafka_ingest.clients.KafkaClients`.
+used only to commit offsets (after the database commit, by :mod:`kafka_ingest.commits`)
+so lag tools see them. The clients come from :class:`kafka_ingest.clients.KafkaClients`.
 """
 
 from __future__ import annotations
@@ -220,43 +220,6 @@ def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, positio
 def _position(consumer: Any, topic: str, partition: int) -> int:
     (tp,) = consumer.position([TopicPartition(topic, partition)])
     return int(tp.offset)
-
-
-def commit_offset(consumer: Any, topic: str, partition: int, next_offset: int,
-                  *, attempts: int = 3) -> bool:
-    """Commit ``next_offset`` to the consumer group, synchronously; log, never raise.
-
-    Postgres is the source of truth: a failed Kafka commit only makes lag tools lag; the
-    next chunk's commit supersedes it. It is never a reason to re-ingest.
-
-    Each attempt waits at most the consumer's ``socket.timeout.ms`` (see
-    :meth:`kafka_ingest.clients._Consumer.commit`). An attempt the coordinator left
-    unanswered for that long is not repeated: a silent coordinator would cost every chunk
-    ``attempts`` times the time-out, and the next chunk (or the next live run, which
-    re-syncs the group) commits anyway.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            consumer.commit(offsets=[TopicPartition(topic, partition, next_offset)],
-                            asynchronous=False)
-            return True
-        except KafkaException as exc:
-            silent = _not_answered(exc)
-            log.warning("Kafka commit of %s[%d]=%d failed (attempt %d/%d): %s%s",
-                        topic, partition, next_offset, attempt, attempts, exc,
-                        "; not retried: the coordinator did not answer" if silent else "")
-            if silent:
-                return False
-            if attempt < attempts:
-                time.sleep(0.2 * attempt)
-    return False
-
-
-def _not_answered(exc: KafkaException) -> bool:
-    """Whether the client gave up waiting (librdkafka's local time-out), as opposed to an
-    error the cluster answered with."""
-    err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT
 
 
 def committed_offsets(consumer: Any, topic: str, partitions: list[int],

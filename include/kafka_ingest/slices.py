@@ -1,41 +1,58 @@
 """The one slice engine: live ingest, backfills and DLQ replay all run their slices here.
 
-A slice is one partition's range ``[start, end)`` of one run. The engine owns the steps
-every kind of slice shares, in this order (DESIGN §3):
+A slice is one partition's range ``[start, end)`` of one run. What differs between ingest
+and replay is passed in: a :class:`SliceSpec` (names, the group, whether it commits) and a
+:class:`ChunkWriter` (what a chunk's transaction writes). The steps (DESIGN §3):
 
-1. **lock**: a slice that moves its cursor holds the (name, partition) advisory lock for
-   the whole slice (it owns the cursor); one that does not takes it in each chunk's
-   transaction, so a backfill interleaves with live slices chunk by chunk;
+1. **lock**: a slice that moves its cursor holds the (name, partition) advisory lock of
+   its session for the whole slice: it owns the cursor. A slice that does not (a backfill,
+   a dry run) takes no lock: it moves nothing another run could fence, and its upserts are
+   idempotent, so it runs beside live slices without waiting for them or holding them up;
 2. **resume**: a cursor-moving slice starts where its stored cursor is now, so a retry or
    a cleared task finishes exactly its pinned slice; a cursor behind the slice is fenced;
 3. **read** chunk by chunk (bounded by offsets and bytes) and **prepare** each chunk
-   (decode, validate, encode the rows for ``COPY``: CPU only) while the writer thread
-   runs the previous chunk's transaction; one writer, one transaction at a time, in
-   order, so at most two chunks are in memory;
-4. **one transaction per chunk**: what the :class:`ChunkWriter` writes, the cursor moved
-   by compare-and-set (exactly one row, or roll back: the fence against a zombie run),
-   the audit row, COMMIT (a dry run rolls back instead);
-5. only after the database commit, the same offset is **committed to Kafka** for the
-   consumer group, so lag tools see it (logged and retried, never a reason to re-read);
-   meanwhile the next chunk's transaction copies and inserts, but produces its dead
-   letters only once that group commit is done.
+   (decode, validate, encode the rows for ``COPY``: CPU only);
+4. **one transaction per chunk** in the writer thread: what the :class:`ChunkWriter`
+   writes (rows, dead letters produced and their delivery reports checked), the cursor
+   moved by compare-and-set (exactly one row, or roll back: the fence against a zombie
+   run), the audit row, COMMIT (a dry run rolls back instead);
+5. after the COMMIT, the chunk's offset is **posted to the consumer group** for lag
+   tools (:mod:`kafka_ingest.commits`: in the background, newest wins, never a reason
+   to fail or to wait; the stored offset is the truth).
 
-What differs between ingest and replay is passed in: a :class:`SliceSpec` (names, the
-group, whether it commits) and a :class:`ChunkWriter` (what a chunk's transaction writes).
+Three threads, each started and joined by :func:`run_slice`, for chunks 1, 2, 3::
+
+    main       read+prepare 1 | read+prepare 2  | read+prepare 3  |
+    writer                    | txn 1 .. COMMIT | txn 2 .. COMMIT | txn 3 .. COMMIT |
+    committer                                   | group <- end 1  | group <- end 2  | <- end 3
+
+The rules, each tested with fakes in ``tests/unit/test_slices.py``:
+
+- one transaction at a time, in chunk order: chunk k+1 goes to the writer only once
+  chunk k's COMMIT is in, so at most two chunks are in memory (one written, one prepared);
+- preparing chunk k+1 overlaps chunk k's transaction (Postgres works in its own process);
+- an offset goes to the group only after its chunk's COMMIT; the group commit overlaps
+  everything and holds nothing up; the slice's last wait for it is bounded by
+  ``socket.timeout.ms``, and one still unanswered then is left to the committer's thread;
+- every other wait is bounded by the time-outs of what it waits for: a transaction by
+  the Postgres reply time-out of each request and the DLQ's ``message.timeout.ms``.
+
 A kill at any point leaves either the old cursor (the chunk is read again; the upsert
-absorbs it) or the new one with the chunk's rows committed.
+absorbs it; its dead letters may reach the DLQ topic again, with the same letter id, while
+``dead_letters`` holds each once) or the new one with the chunk's rows committed.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from kafka_ingest.clients import KafkaClients
@@ -50,7 +67,7 @@ from kafka_ingest.db import (
 )
 from kafka_ingest.errors import OffsetOutOfRange
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.reader import Chunk, commit_offset, read_range, watermarks
+from kafka_ingest.reader import Chunk, read_range, watermarks
 from kafka_ingest.records import ChunkCounts
 
 log = logging.getLogger(__name__)
@@ -156,101 +173,111 @@ class SliceReport(ChunkCounts):
                 f"{self.seconds:.2f}s")
 
 
-@dataclass(frozen=True)
-class _InFlight:
-    future: Future[tuple[ChunkResult, float]]
-    chunk: Chunk
-
-
 def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
-                 clients: KafkaClients, db: Database, *,
-                 report: SliceReport | None = None) -> SliceReport:
+              clients: KafkaClients, db: Database, *,
+              report: SliceReport | None = None) -> SliceReport:
     """Run one partition slice, chunk by chunk; see the module docstring for the steps."""
     pipeline = spec.pipeline
     moves = rng.moves_cursor and spec.commits
     report = report or SliceReport(pipeline.name, rng.topic, rng.partition, rng.start,
                                    rng.end, str(rng.mode), dry_run=not spec.commits,
                                    moves_cursor=moves)
-    with ExitStack() as cleanup:  # closes whatever was opened, in reverse, even on error
-        consumer = clients.consumer(spec.group_id)
-        cleanup.callback(consumer.close)
+    with ExitStack() as owned:  # what the slice opens, closed in reverse, even on error
+        consumer = owned.enter_context(closing(clients.consumer(spec.group_id)))
         producer = clients.producer() if writer.needs_producer else None
         if producer is not None:
-            cleanup.callback(producer.flush, 5)
-        session = db.open_slice()
-        cleanup.callback(session.close)
+            owned.callback(producer.flush, 5)
+        session = owned.enter_context(closing(db.open_slice()))
         encoder = session.copy_encoder(pipeline)
         # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
-        # psycopg error. Leaving the executor waits for the chunk in flight.
-        with translate_errors(str(rng.mode)), ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sink-{rng.partition}") as pool:
-            if moves:
-                session.lock(spec.lock_name, rng.partition)
-                cleanup.callback(session.unlock, spec.lock_name, rng.partition)
-            start = resume_from_cursor(session, pipeline, rng) if moves else rng.start
-            report.resumed_from = start if start != rng.start else None
-            if moves and start != rng.start:
-                # An earlier attempt committed up to here; its Kafka commit may not have
-                # followed (a kill between the two), and this slice may have nothing left
-                # to read: say it to the group now, so lag tools are not left behind.
-                commit_offset(consumer, rng.topic, rng.partition, start)
-            in_flight: _InFlight | None = None
-            chunks = cleanup.enter_context(closing(read_range(
-                consumer, rng.topic, rng.partition, start, rng.end,
-                chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
+        # psycopg error.
+        owned.enter_context(translate_errors(str(rng.mode)))
+        start, group = rng.start, None
+        if moves:
+            session.lock(spec.lock_name, rng.partition)
+            owned.callback(session.unlock, spec.lock_name, rng.partition)
+            start = resume_from_cursor(session, pipeline, rng)
+            group = owned.enter_context(clients.committer(
+                spec.group_id, on_commit=partial(at, "kafka_committed")))
+            if start != rng.start:
+                # An earlier attempt committed up to here; its group commit may not have
+                # followed (a kill between the two): tell the group now.
+                report.resumed_from = start
+                group.post(rng.topic, rng.partition, start)
+        chunks = owned.enter_context(closing(read_range(
+            consumer, rng.topic, rng.partition, start, rng.end,
+            chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
+        transaction = _Transaction(spec, writer, rng, session, producer, moves)
+
+        def committed(done: _Committed | None) -> None:
+            if done is not None:
+                report.add_chunk(done.result, done.seconds)
+                if group is not None:
+                    group.post(done.chunk.topic, done.chunk.partition, done.chunk.end)
+
+        with _Writer(rng.partition) as sink:
             for chunk in chunks:
                 t0 = time.monotonic()
                 prepared = writer.prepare(chunk, encoder)
                 at("validated")
-                done, group_has_done = in_flight, threading.Event()
-                if done is None:
-                    group_has_done.set()
-                else:
-                    _count(done, report)  # its COMMIT is in
-                job = _Transaction(spec, writer, rng, session,
-                                   producer and _AfterGroupCommit(producer, group_has_done),
-                                   moves=moves)
-                in_flight = _InFlight(pool.submit(job, chunk, prepared,
-                                                  time.monotonic() - t0), chunk)
-                if done is not None:  # beside the next chunk's COPY and INSERT
-                    try:
-                        _commit_to_kafka(done, consumer, moves)
-                    finally:
-                        group_has_done.set()
-            if in_flight is not None:
-                _count(in_flight, report)
-                _commit_to_kafka(in_flight, consumer, moves)
-            report.lag_after = _lag_after(consumer, rng)
+                committed(sink.hand_over(chunk, partial(
+                    transaction, chunk, prepared, time.monotonic() - t0)))
+            committed(sink.finish())
+        report.lag_after = _lag_after(consumer, rng)
     log.info(report.log_line())
     return report
 
 
-def _count(job: _InFlight, report: SliceReport) -> None:
-    """Wait for a chunk's transaction (its COMMIT) and count it."""
-    result, seconds = job.future.result()
-    report.add_chunk(result, seconds)
+@dataclass(frozen=True)
+class _Committed:
+    """A chunk whose transaction is in, with its result."""
+
+    chunk: Chunk
+    result: ChunkResult
+    seconds: float
 
 
-class _AfterGroupCommit:
-    """The DLQ producer as chunk k+1's transaction sees it: usable once chunk k's offset
-    is committed to the consumer group. The transaction's COPY and INSERT overlap with
-    that commit; its dead letters go out only after it, so a process killed once the group
-    has chunk k has produced nothing of chunk k+1 (its transaction rolls back unseen)."""
+class _Writer:
+    """The slice's one writer thread: chunk transactions one at a time, in order.
 
-    def __init__(self, producer: Any, ready: threading.Event) -> None:
-        self._producer = producer
-        self._ready = ready
+    :meth:`hand_over` first waits for the transaction in flight (its COMMIT), then starts
+    the next one, so the caller prepares chunk k+1 while chunk k is written. Leaving the
+    block waits for the transaction in flight, bounded by its own time-outs.
+    """
 
-    def __getattr__(self, name: str) -> Any:
-        self._ready.wait()
-        return getattr(self._producer, name)
+    #: How often a long wait for a transaction says that it is still waiting.
+    NAG_S = 60.0
 
+    def __init__(self, partition: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{partition}")
+        self._in_flight: tuple[Chunk, Future[tuple[ChunkResult, float]]] | None = None
 
-def _commit_to_kafka(job: _InFlight, consumer: Any, moves: bool) -> None:
-    """After the chunk's database commit, its offset to the consumer group."""
-    if moves:
-        commit_offset(consumer, job.chunk.topic, job.chunk.partition, job.chunk.end)
-        at("kafka_committed")
+    def hand_over(self, chunk: Chunk,
+                  job: Callable[[], tuple[ChunkResult, float]]) -> _Committed | None:
+        """Wait for the transaction in flight, start ``job`` (``chunk``'s); return the one
+        that finished."""
+        done = self.finish()
+        self._in_flight = (chunk, self._pool.submit(job))
+        return done
+
+    def finish(self) -> _Committed | None:
+        """Wait for the transaction in flight, if any, and return it."""
+        if self._in_flight is None:
+            return None
+        chunk, future = self._in_flight
+        self._in_flight = None
+        while not wait([future], timeout=self.NAG_S).done:
+            log.warning("%s[%d]: still waiting for the transaction of chunk [%d, %d)",
+                        chunk.topic, chunk.partition, chunk.start, chunk.end)
+        result, seconds = future.result()
+        return _Committed(chunk, result, seconds)
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._pool.shutdown(wait=True)
 
 
 @dataclass(frozen=True)
@@ -269,8 +296,6 @@ class _Transaction:
         t0 = time.monotonic()
         spec = self.spec
         with self.session.unit_of_work(spec.pipeline) as uow:
-            if not self.moves:  # a slice that does not own the cursor locks per chunk
-                self.session.lock(spec.lock_name, chunk.partition, for_transaction=True)
             result = self.writer.write(uow, chunk, prepared, self.producer)
             seconds = prepare_s + time.monotonic() - t0
             if not spec.commits:

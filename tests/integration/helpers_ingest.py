@@ -222,8 +222,17 @@ def dlq_positions(dlq: Mapping[Position, Record], pipeline: Pipeline,
         assert (h["__connect.errors.exception.class.name"]
                 == h["kafka-ingest.error_class"])
         assert record.value == original.value and record.key == original.key
+        # every copy of a dead letter carries the id a DLQ consumer drops copies by
+        assert h["kafka-ingest.letter_id"] == (
+            f"{pipeline.name}/{pipeline.topic}/{pos[0]}/{pos[1]}".encode())
         seen[(pos, h["kafka-ingest.error_class"].decode())] += 1
     return seen
+
+
+def row_provenance(dsn: str, table: str) -> list[tuple[str, int, int]]:
+    """(event_id, source partition, source offset) of every row of ``table``."""
+    return [(e, int(p), int(o)) for e, p, o in
+            query(dsn, f"SELECT event_id, source_partition, source_offset FROM {table}")]
 
 
 def assert_invariants(pipeline: Pipeline, clients: KafkaClients, dsn: str,
@@ -231,12 +240,24 @@ def assert_invariants(pipeline: Pipeline, clients: KafkaClients, dsn: str,
     """DESIGN §3 after a complete run: nothing lost, nothing duplicated, offsets at the end.
 
     The DLQ topic may hold a pill twice after a crash between its produce and the commit
-    (``dlq_exactly_once=False``); the ``dead_letters`` table never does.
+    (``dlq_exactly_once=False``), every copy with the same letter id; the ``dead_letters``
+    table never does. Each row must come from a source message of its event id (the
+    earliest copy, where the topic holds the event more than once), so a row loaded from
+    the wrong message, or twice, cannot pass.
     """
-    ids = table_ids(dsn, pipeline.table)
-    assert len(ids) == len(set(ids))
-    assert set(ids) == expected.ids
     source = read_topic(clients, pipeline.topic)
+    first_at: dict[str, Position] = {}
+    for pos, r in sorted(source.items(), key=lambda item: (item[0][1], item[0][0])):
+        if r.value is not None and r.value not in expected.poison:
+            first_at.setdefault(json.loads(r.value)["event_id"], pos)
+    rows = row_provenance(dsn, pipeline.table)
+    assert {e for e, _, _ in rows} == expected.ids
+    assert len(rows) == len(expected.ids)
+    for event_id, partition, offset in rows:
+        loaded = source[(partition, offset)]
+        assert loaded.value is not None and json.loads(loaded.value)["event_id"] == event_id
+        if first_at[event_id][0] == partition:  # within a partition, the first copy wins
+            assert offset == first_at[event_id][1], (event_id, partition, offset)
     end = highs(clients, pipeline.topic)
     assert stored_offsets(dsn, pipeline) == end
     assert group_offsets(clients, pipeline) == end

@@ -26,7 +26,7 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import slices
+from kafka_ingest import ingest, slices
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.db import (
     CopyEncoder,
@@ -341,37 +341,41 @@ def test_the_advisory_lock_serialises_two_runs_of_one_partition(
     assert query(pg_dsn, "SELECT count(*) FROM ingest_runs") == [(2,)]
 
 
-def test_a_backfill_waits_for_the_live_slice_of_its_partition_then_writes(
-        pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
+def test_a_backfill_runs_beside_the_live_slice_of_its_partition_without_waiting(
+        pipeline: Any, clients: KafkaClients, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Airflow's own backfill runs beside the schedule: the live slice holds the partition's
+    # lock for its whole slice, and a backfill must neither wait for that (it would fail
+    # after its lock time-out on any long slice) nor hold the live slice up. Here the live
+    # slice is held between its two chunks, lock taken, while the whole backfill runs.
     _produce_events(clients, pipeline, 150)
-    (live,) = plan_run(pipeline, clients, db, run_id="live")
-    (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
+    impatient = Database(pg_dsn, lock_timeout_s=0.5)
+    (live,) = plan_run(pipeline, clients, impatient, run_id="live")
+    (backfill,) = plan_run(pipeline, clients, impatient, run_id="backfill",
                            request=OffsetWindow(partitions={0: (0, 150)}))
     results: dict[str, SliceReport | BaseException] = {}
-    holding, release = _pause_first_chunk(monkeypatch)
-    holder = _ingest_in_thread(results, "live", pipeline, live, clients, db)
-    assert holding.wait(30)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_after_the_first_commit(stage: str) -> None:
+        if stage == "db_committed" and not holding.is_set():
+            holding.set()
+            assert release.wait(60)
+
+    monkeypatch.setattr(slices, "CHUNK_HOOK", hold_after_the_first_commit)
+    holder = _ingest_in_thread(results, "live", pipeline, live, clients, impatient)
     try:
-        # The live slice holds the partition: an impatient backfill chunk gives up, writes
-        # nothing and is retried later; a patient one waits for the live slice to end.
-        with pytest.raises(DatabaseUnavailable):
-            ingest_range(pipeline, backfill, clients, Database(pg_dsn, lock_timeout_s=0.5),
-                         run_id="impatient")
-        waiter = _ingest_in_thread(results, "backfill", pipeline, backfill, clients, db)
-        _poll(lambda: _waiting_for_advisory_lock(pg_dsn), "the backfill to wait")
+        assert holding.wait(30)
+        done = ingest_range(pipeline, backfill, clients, impatient, run_id="backfill")
     finally:
         release.set()
-    holder.join(60)
-    waiter.join(60)
-    done, later = results["live"], results["backfill"]
-    assert isinstance(done, SliceReport) and isinstance(later, SliceReport), results
-    assert (done.read, done.inserted) == (150, 150)
-    assert (later.read, later.inserted, later.duplicates) == (150, 0, 150)
+        holder.join(60)
+    later = results["live"]
+    assert isinstance(later, SliceReport), results
+    assert (done.read, done.inserted, done.duplicates) == (150, 50, 100)
+    assert (later.read, later.inserted, later.duplicates) == (150, 100, 50)
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(f"s-{i}" for i in range(150))
     # moved by the live slice only
-    assert query(pg_dsn, "SELECT next_offset FROM ingest_offsets WHERE topic = %s",
-                 (pipeline.topic,)) == [(150,)]
-    # two chunks of 100 each
+    assert stored_offsets(pg_dsn, pipeline) == {0: 150}
     assert query(pg_dsn, "SELECT mode, count(*) FROM ingest_runs GROUP BY 1 ORDER BY 1") == [
         ("backfill", 2), ("live", 2)]
 
@@ -422,24 +426,30 @@ def test_a_lost_commit_reply_is_resolved_by_rereading_the_stored_offset(
     assert group_offsets(clients, pipeline) == {0: 250}
 
 
-def test_a_backfill_chunk_holds_the_partition_until_its_commit(
+def test_a_row_the_encoder_refuses_is_isolated_and_dead_lettered_like_one_postgres_refuses(
         pipeline: Any, clients: KafkaClients, db: Database, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # The transaction-level lock must be taken in the chunk's transaction, not in a
-    # transaction of its own that commits (and releases it) at once.
-    _produce_events(clients, pipeline, 50)
-    (backfill,) = plan_run(pipeline, clients, db, run_id="backfill",
-                           request=OffsetWindow(partitions={0: (0, 50)}))
-    results: dict[str, SliceReport | BaseException] = {}
-    holding, release = _pause_first_chunk(monkeypatch)
-    worker = _ingest_in_thread(results, "backfill", pipeline, backfill, clients, db)
-    assert holding.wait(30)
-    try:
-        with psycopg.connect(pg_dsn) as other, pytest.raises(DatabaseUnavailable):
-            lock_partition(other, pipeline.name, 0, timeout_s=0.5)  # a live slice's lock
-    finally:
-        release.set()
-        worker.join(60)
-    with psycopg.connect(pg_dsn) as other:
-        lock_partition(other, pipeline.name, 0, timeout_s=5)  # free after the commit
-    assert isinstance(results["backfill"], SliceReport), results
+    # Rows are encoded for COPY before their transaction. A value the encoder cannot
+    # encode (a lone surrogate in a text: a contract that let one through) must not fail
+    # the chunk on every retry: the row is isolated in the transaction's savepoints and
+    # dead-lettered, the rest of the chunk loads. One in each of the two chunks.
+    _produce_events(clients, pipeline, 150)
+    real = ingest.validate_chunk
+    bad = {17: "d\ud800", 120: "\udc80"}  # offset -> a value for the device_id column
+
+    def letting_one_through(messages: Any, pipe: Any) -> Any:
+        result = real(messages, pipe)
+        result.rows = [Row((r[0], bad[r.source.offset], *r[2:])) if r.source.offset in bad
+                       else r for r in result.rows]
+        return result
+
+    monkeypatch.setattr(ingest, "validate_chunk", letting_one_through)
+    (rng,) = plan_run(pipeline, clients, db, run_id="encoder")
+    report = ingest_range(pipeline, rng, clients, db, run_id="encoder")
+
+    assert (report.read, report.inserted, report.dead_lettered) == (150, 148, 2)
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(
+        f"s-{i}" for i in range(150) if i not in bad)
+    assert {pos: cls for pos, (cls, _) in dead_letter_rows(pg_dsn, pipeline).items()} == {
+        (0, 17): "rejected_by_database", (0, 120): "rejected_by_database"}
+    assert stored_offsets(pg_dsn, pipeline) == {0: 150}

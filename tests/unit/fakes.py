@@ -10,7 +10,9 @@ produced. No call is scripted or expected.
   be told to fail, ``close``, and ``RuntimeError("Consumer closed")`` after it).
 - :class:`FakeProducer`: the DLQ producer; delivery reports are served on ``poll`` and
   ``flush`` through the ``on_delivery`` callbacks, and can be made to fail or never come.
-- :class:`FakeClients`: :class:`kafka_ingest.clients.KafkaClients`' two methods.
+- :class:`FakeClients`: :class:`kafka_ingest.clients.KafkaClients`' methods; its
+  ``committer`` is the real :class:`kafka_ingest.commits.GroupCommitter`, committing
+  through fake consumers of its own (as the real one does).
 - :class:`FakeDatabase`: what :class:`kafka_ingest.db.Database` opens for a slice:
   :class:`FakeSession` (advisory locks, the stored cursor, units of work) and
   :class:`FakeUnitOfWork`, whose repositories write into a pending state that only
@@ -34,7 +36,6 @@ per-chunk orderings are deterministic, not the global interleaving. The events:
 ``("dlq_delivered", topic, partition, off)``  its delivery report (success)
 ``("dlq_failed", topic, source_offset)``      its delivery report (an error)
 ``("lock", name, partition)``                 a session-level advisory lock taken
-``("xact_lock", name, partition, txn)``       a lock taken inside transaction ``txn``
 ``("unlock", name, partition)``               the session-level lock released
 ``("cursor", value)``                         the stored offset read by the session
 ``("session_close",)``                        the slice's connection closed
@@ -61,6 +62,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from kafka_ingest.commits import GroupCommitter
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.db import RunRecord, UpsertResult
 from kafka_ingest.dlq import CONNECT, PREFIX, DeadLetter
@@ -306,13 +308,19 @@ class FakeProducer:
 
 class FakeClients:
     """:class:`kafka_ingest.clients.KafkaClients` for a slice: a new consumer from
-    ``consumer_factory`` per call (a rerun reads the same log afresh), one producer."""
+    ``consumer_factory`` per call (a rerun reads the same log afresh), one producer, and
+    the real group committer over consumers of its own (``commit_consumers``)."""
 
     def __init__(self, consumer_factory: Callable[[], FakeConsumer],
-                 producer: FakeProducer | None = None) -> None:
+                 producer: FakeProducer | None = None, *,
+                 commit_timeout_s: float = 5.0,
+                 commit_consumer_factory: Callable[[], Any] | None = None) -> None:
         self.consumer_factory = consumer_factory
+        self.commit_consumer_factory = commit_consumer_factory or consumer_factory
         self._producer = producer
+        self.commit_timeout_s = commit_timeout_s
         self.consumers: list[FakeConsumer] = []
+        self.commit_consumers: list[FakeConsumer] = []
         self.group_ids: list[str] = []
         self.producers_handed_out = 0
 
@@ -321,6 +329,27 @@ class FakeClients:
         self.consumers.append(consumer)
         self.group_ids.append(group_id)
         return consumer
+
+    def committer(self, group_id: str, *,
+                  on_commit: Callable[[], None] | None = None) -> GroupCommitter:
+        def commit_consumer() -> Any:
+            consumer = self.commit_consumer_factory()
+            self.commit_consumers.append(consumer)
+            return consumer
+
+        return GroupCommitter(commit_consumer, group_id, timeout_s=self.commit_timeout_s,
+                              on_commit=on_commit)
+
+    def group_commits(self) -> list[tuple[list[tuple[str, int, int]], bool]]:
+        """Every commit the committers' consumers were asked for, in order."""
+        return [c for consumer in self.commit_consumers for c in consumer.commits]
+
+    def committed_offsets(self, slice_number: int | None = None) -> list[int]:
+        """The offsets the group acknowledged, in order: of every committer, or of the
+        ``slice_number``-th one made (one per slice that moves its cursor; -1: the last)."""
+        chosen = (self.commit_consumers if slice_number is None
+                  else [self.commit_consumers[slice_number]])
+        return [o for consumer in chosen for o in consumer.succeeded]
 
     def producer(self) -> FakeProducer:
         if self._producer is None:
@@ -478,15 +507,8 @@ class FakeSession:
         if self.closed:
             raise psycopg.OperationalError("the connection is closed")
 
-    def lock(self, name: str, partition: int, *, for_transaction: bool = False) -> None:
+    def lock(self, name: str, partition: int) -> None:
         self._check_open()
-        if for_transaction:
-            if self.current is None:
-                raise RuntimeError("a transaction-level lock outside a unit of work")
-            self.db._acquire(self, name, partition, 2)
-            self.current.xact_locks.append((name, partition))
-            self.db.events.append(("xact_lock", name, partition, self.current.txn))
-            return
         self.db._acquire(self, name, partition, 1)
         self.db.events.append(("lock", name, partition))
 
@@ -538,7 +560,6 @@ class FakeUnitOfWork:
         self.txn = txn
         self.committed = False
         self.ended = False
-        self.xact_locks: list[tuple[str, int]] = []
         self.pending_rows: dict[str, Row] = {}
         self.pending_letters: dict[LetterKey, StoredLetter] = {}
         self.pending_runs: list[RunRecord] = []
@@ -589,8 +610,6 @@ class FakeUnitOfWork:
         self.ended = True
         if event is not None:
             self.db.events.append((event, self.txn))
-        for key in self.xact_locks:
-            self.db._release(self.session, key, 2)
         if self.session.current is self:
             self.session.current = None
 

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError
 from fakes import PARTITION, TOPIC, FakeConsumer, Msg
 
 from kafka_ingest.errors import IngestError, KafkaUnavailable, OffsetGapError, TransientError
-from kafka_ingest.reader import Chunk, commit_offset, read_range
+from kafka_ingest.reader import Chunk, read_range
 
 
 def msgs(offsets: Iterable[int]) -> list[Msg]:
@@ -251,40 +251,3 @@ def test_stopping_the_generator_early_unassigns() -> None:
     gen.close()
     assert consumer.assigned == [(TOPIC, PARTITION, 0)]
     assert consumer.unassigned == 1
-
-
-# --------------------------------------------------------------------------- commit_offset
-
-
-@pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The back-off sleeps of commit_offset, recorded instead of slept."""
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
-    return slept
-
-
-def test_commit_offset_commits_synchronously(sleeps: list[float]) -> None:
-    # Lag tools read the group offset; it is committed after the database, synchronously.
-    consumer = FakeConsumer([])
-    assert commit_offset(consumer, TOPIC, PARTITION, 42) is True
-    assert consumer.commits == [([(TOPIC, PARTITION, 42)], False)]
-    assert sleeps == []
-
-
-def test_commit_offset_retries_a_failing_commit(sleeps: list[float]) -> None:
-    # A transient broker hiccup must not cost the commit.
-    consumer = FakeConsumer([], commit_failures=1)
-    assert commit_offset(consumer, TOPIC, PARTITION, 42) is True
-    assert consumer.commits == [([(TOPIC, PARTITION, 42)], False)] * 2
-    assert sleeps == pytest.approx([0.2])
-
-
-def test_commit_offset_gives_up_without_raising(sleeps: list[float]) -> None:
-    # Postgres is the source of truth: a lost Kafka commit must never fail the ingest.
-    consumer = FakeConsumer([], commit_failures=5)
-    assert commit_offset(consumer, TOPIC, PARTITION, 42) is False
-    assert len(consumer.commits) == 3
-    assert sleeps[:2] == pytest.approx([0.2, 0.4])  # the back-off grows between attempts
-    assert commit_offset(consumer, TOPIC, PARTITION, 43, attempts=1) is False
-    assert len(consumer.commits) == 4

@@ -7,7 +7,9 @@ database, runs a slice, and checks what ended up committed, stored and produced,
 which order (from the one ``events`` list all fakes append to).
 
 The engine reads and validates chunk k+1 while chunk k's transaction runs in a writer
-thread, so orderings are asserted per chunk, never as one global interleaving.
+thread, and the group commits run in a committer thread of their own (newest wins: an
+offset posted while another is on its way may be coalesced into the next commit), so
+orderings are asserted per chunk, never as one global interleaving.
 
 The pipeline is the shipped ``telemetry_metrics`` with ``chunk_size`` 3; the source
 range is [0, 10) of partition 2, so the chunks are [0, 3), [3, 6), [6, 9), [9, 10); the
@@ -18,6 +20,8 @@ poison pill (no timestamp, no metric_value: a contract violation).
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -111,14 +115,24 @@ class World:
 
 
 def assert_chunk_order(w: World, chunks: list[tuple[int, int]], *, kafka: bool) -> None:
-    """For each chunk: its rows written, then its COMMIT, then (live) its Kafka commit."""
+    """For each chunk: its rows written, then its COMMIT, then (live) its Kafka commit,
+    if the group commits of its slice did not coalesce it into a later one."""
     for start, end in chunks:
         txn = w.ev.txn_of_chunk(start, end)
         write = w.ev.first("upsert", txn)
         commit = w.ev.first("db_commit", txn, start, end)
         assert write < commit, (start, end)
-        if kafka:
+        if kafka and ("kafka_commit", end) in w.events:
             assert commit < w.ev.first("kafka_commit", end), (start, end)
+
+
+def assert_group_followed(committed: list[int], ends: list[int]) -> None:
+    """The group's commits of a slice: chunk ends (or where it resumed) in rising order,
+    never an older after a newer one, ending with the slice's last."""
+    assert committed, "the group was told nothing"
+    assert committed == sorted(set(committed)), committed
+    assert set(committed) <= set(ends), (committed, ends)
+    assert committed[-1] == ends[-1], (committed, ends)
 
 
 # --------------------------------------------------------------------------- 1. a live slice
@@ -131,9 +145,11 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     report = w.ingest()
 
     assert_chunk_order(w, CHUNKS, kafka=True)
-    assert w.consumer.committed_offsets() == [3, 6, 9, 10]
-    assert w.consumer.commits == [([(pipeline.topic, PARTITION, end)], False)
-                                  for end in (3, 6, 9, 10)]  # synchronous commits
+    assert_group_followed(w.clients.committed_offsets(), [3, 6, 9, 10])
+    assert {(tuple(offsets), asynchronous) for offsets, asynchronous
+            in w.clients.group_commits()} <= {(((pipeline.topic, PARTITION, end),), False)
+                                              for end in (3, 6, 9, 10)}  # synchronous
+    assert w.consumer.commits == []  # never through the reading consumer
     assert w.ev.of("advance") == [("advance", 1, 0, 3), ("advance", 2, 3, 6),
                                   ("advance", 3, 6, 9), ("advance", 4, 9, 10)]
     assert w.stored() == 10
@@ -168,30 +184,135 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     assert w.ev.of("rollback") == []
 
 
+class _TaskTimeout(Exception):
+    """What Airflow's ``execution_timeout`` raises from its SIGALRM handler."""
+
+
+def _raise_task_timeout(_signum: int, _frame: Any) -> None:
+    raise _TaskTimeout("Timeout, PID: 1")
+
+
+@pytest.mark.parametrize("stage", ["upsert", "dead_letters", "advance", "commit", "committed"])
+def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waiting(
+        pipeline: Pipeline, stage: str) -> None:
+    # Airflow's execution_timeout raises in the main thread, wherever it is: here while
+    # chunk 2's transaction is at ``stage`` in the writer thread (the main thread is then
+    # preparing chunk 3, handing it over or waiting), with the group commit of chunk 1
+    # unanswered. The slice must end within the group's time-out, leave no thread of its
+    # own waiting, release its lock and connection, and never close the consumer whose
+    # commit is pending (librdkafka would wait in close() forever).
+    release = threading.Event()
+    w = held_world(pipeline, release, commit_timeout_s=0.5)
+    main = threading.main_thread().ident
+    assert main is not None
+    w.db.inject(2, stage, lambda: signal.pthread_kill(main, signal.SIGALRM))
+    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
+    started = time.monotonic()
+    try:
+        with pytest.raises(_TaskTimeout):
+            w.ingest()
+        took = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+    assert took < w.clients.commit_timeout_s + 5.0
+    assert w.db.held_locks() == {}
+    assert w.consumer.closed and w.db.sessions[0].closed
+    assert not any(t.name.startswith("sink-") for t in threading.enumerate())
+    (held,) = w.clients.commit_consumers
+    deadline = time.monotonic() + 10
+    while not held.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held.closed and not held.closed_while_pending
+
+
 # --------------------------------------------------------------------------- 2. the lock
 
 
-def test_a_chunks_dead_letters_go_out_only_after_the_previous_chunks_group_commit(
-        pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Chunk k+1's transaction copies and inserts while chunk k's offset goes to the
-    # consumer group, but produces its dead letters only after that: a process killed
-    # once the group has chunk k leaves no dead letter of chunk k+1 in the DLQ (the crash
-    # test's exactly-once at that point). A slow group commit makes the race real.
-    real_commit = FakeConsumer.commit
+class _HeldCommits(FakeConsumer):
+    """A commit consumer whose commits return only once ``release`` is set (a slow or
+    silent coordinator); records whether it was closed with a commit pending."""
 
-    def slow_commit(self: FakeConsumer, *args: Any, **kwargs: Any) -> None:
-        time.sleep(0.2)
-        real_commit(self, *args, **kwargs)
+    def __init__(self, *args: Any, release: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
+        self.pending = 0
+        self.closed_while_pending = False
 
-    monkeypatch.setattr(FakeConsumer, "commit", slow_commit)
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        self.pending += 1
+        self.release.wait(30)
+        self.pending -= 1
+        super().commit(*args, **kwargs)
+
+    def close(self) -> None:
+        self.closed_while_pending = self.closed_while_pending or self.pending > 0
+        super().close()
+
+
+def held_world(pipeline: Pipeline, release: threading.Event, *,
+               commit_timeout_s: float = 5.0) -> World:
     w = World(pipeline)
+    w.clients.commit_timeout_s = commit_timeout_s
+    w.clients.commit_consumer_factory = lambda: _HeldCommits(
+        w.log, topic=w.topic, partition=w.partition, events=w.events, release=release)
+    return w
+
+
+def test_a_slow_group_commit_holds_up_no_transaction_and_the_newest_offset_wins(
+        pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The group commit of chunk 1 stays unanswered until every chunk's transaction has
+    # committed: none of them waited for it, and the group then gets the newest offsets
+    # posted (those overwritten while the first was on its way are coalesced), never an
+    # older one after a newer.
+    release = threading.Event()
+    commits = {"n": 0}
+
+    def release_after_the_last_commit(stage: str) -> None:
+        if stage == "db_committed":
+            commits["n"] += 1
+            if commits["n"] == len(CHUNKS):
+                release.set()
+
+    monkeypatch.setattr(slices, "CHUNK_HOOK", release_after_the_last_commit)
+    w = held_world(pipeline, release)
     w.ingest()
-    poison_chunk = next(c for c in CHUNKS if c[0] <= POISON_AT < c[1])
-    before = CHUNKS[CHUNKS.index(poison_chunk) - 1]
-    produced = next(i for i, e in enumerate(w.events) if e[0] == "dlq_produce")
-    assert w.events.index(("kafka_commit", before[1])) < produced
-    assert w.ev.first("upsert", w.ev.txn_of_chunk(*poison_chunk)) < w.events.index(
-        ("kafka_commit", before[1]))  # and the transaction did not wait to begin
+
+    last_txn = w.ev.txn_of_chunk(*CHUNKS[-1])
+    assert w.ev.first("db_commit", last_txn) < w.ev.first("kafka_commit")
+    committed = w.clients.committed_offsets()
+    assert_group_followed(committed, [3, 6, 9, 10])
+    assert len(committed) < len(CHUNKS), committed
+    assert w.stored() == 10
+
+
+def test_a_group_commit_that_never_answers_keeps_no_transaction_open_and_ends_the_slice(
+        pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    # A silent coordinator: no group commit ever returns. Every chunk still commits to
+    # Postgres at once (no transaction waits on the coordinator), the slice ends after the
+    # committer's time-out, and the consumer with the commit pending is not closed under it.
+    release = threading.Event()
+    w = held_world(pipeline, release, commit_timeout_s=0.3)
+    started = time.monotonic()
+    report = w.ingest()
+    took = time.monotonic() - started
+
+    assert [e[1:] for e in w.ev.of("db_commit")] == [
+        (w.ev.txn_of_chunk(s, e), s, e) for s, e in CHUNKS]
+    assert w.ev.of("kafka_commit") == []
+    assert (report.read, w.stored()) == (N, 10)
+    assert took < w.clients.commit_timeout_s + 5.0  # not the 30 s a held commit waits
+    assert "not answered within" in caplog.text
+    (held,) = w.clients.commit_consumers
+    assert not held.closed
+    release.set()  # the coordinator answers at last: the committer's thread closes it
+    deadline = time.monotonic() + 10
+    while not held.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held.closed and not held.closed_while_pending
+    # the held commit, then what was posted meanwhile, newest only
+    assert_group_followed(held.succeeded, [3, 6, 9, 10])
+    assert len(held.succeeded) <= 2, held.succeeded
 
 
 def test_a_live_slice_holds_the_session_lock_from_before_the_first_read_to_the_end(
@@ -205,7 +326,6 @@ def test_a_live_slice_holds_the_session_lock_from_before_the_first_read_to_the_e
     unlock = ("unlock", "telemetry_metrics", PARTITION)
     assert w.ev.of("lock") == [lock]
     assert w.ev.of("unlock") == [unlock]
-    assert w.ev.of("xact_lock") == []
     assert (w.events.index(lock) < w.ev.first("cursor")
             < w.ev.first("assign") < w.ev.first("begin"))
     assert w.events.index(unlock) > w.events.index(("kafka_commit", 10))
@@ -228,29 +348,27 @@ def test_a_failing_live_slice_still_releases_its_lock_and_closes_everything(
     assert w.producer.flushes >= 1  # the producer is flushed on the way out
 
 
-def test_a_backfill_locks_per_chunk_transaction_and_never_touches_the_cursor(
+def test_a_backfill_takes_no_lock_and_never_touches_the_cursor_or_the_group(
         pipeline: Pipeline) -> None:
-    # A backfill interleaves with live slices chunk by chunk: it must take the lock inside
-    # every chunk's transaction, and must neither move the stored offset nor the group's.
+    # A backfill moves no cursor, so nothing can fence it and its upserts are idempotent:
+    # it takes no lock, and runs while a live slice holds the partition (here another
+    # session holds it the whole time) instead of waiting for it and timing out.
     w = World(pipeline)
     w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 7)  # the live cursor
+    live = w.db.open_slice()
+    live.lock(pipeline.name, PARTITION)
     report = w.ingest(w.range(0, N, Mode.BACKFILL))
 
-    txns = [w.ev.txn_of_chunk(s, e) for s, e in CHUNKS]
-    assert w.ev.of("xact_lock") == [("xact_lock", "telemetry_metrics", PARTITION, t)
-                                    for t in txns]
-    for t in txns:
-        assert (w.ev.first("xact_lock", "telemetry_metrics", PARTITION, t)
-                < w.ev.first("upsert", t))
-    assert w.ev.of("lock") == [] and w.ev.of("unlock") == []
+    assert w.ev.of("lock") == [("lock", "telemetry_metrics", PARTITION)]  # the live one
     assert w.ev.of("cursor") == [] and w.ev.of("advance") == []
     assert w.stored() == 7
-    assert w.consumer.commits == []
+    assert w.clients.group_commits() == [] and w.consumer.commits == []
     assert_chunk_order(w, CHUNKS, kafka=False)
     assert w.audit() == [(0, 3, "backfill", 3, 3, 0, 0), (3, 6, "backfill", 3, 2, 0, 1),
                          (6, 9, "backfill", 3, 3, 0, 0), (9, 10, "backfill", 1, 1, 0, 0)]
     assert sorted(w.db.rows) == VALID
     assert (report.moves_cursor, report.read, report.inserted) == (False, 10, 9)
+    live.close()
     assert w.db.held_locks() == {}
 
 
@@ -273,7 +391,7 @@ def test_a_failed_chunk_commits_nothing_and_a_rerun_resumes_at_it(pipeline: Pipe
     first = w.consumer
     assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
     assert ("rollback", 2) in w.events
-    assert first.committed_offsets() == [3]
+    assert w.clients.committed_offsets() == [3]
     assert w.stored() == 3
     assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
     assert w.audit() == [(0, 3, "live", 3, 3, 0, 0)]
@@ -290,7 +408,7 @@ def test_a_failed_chunk_commits_nothing_and_a_rerun_resumes_at_it(pipeline: Pipe
     assert second.assigned == [(pipeline.topic, PARTITION, 3)]
     assert second.served == list(range(3, N))
     # the resumed slice first tells the group where the earlier attempt got to
-    assert second.committed_offsets() == [3, 6, 9, 10]
+    assert_group_followed(w.clients.committed_offsets(-1), [3, 6, 9, 10])
     assert (report.read, report.inserted, report.duplicates, report.dead_lettered) == (
         7, 6, 0, 1)
     assert w.stored() == 10
@@ -307,12 +425,13 @@ def test_a_lost_commit_reply_is_resolved_by_the_stored_offset(pipeline: Pipeline
     with pytest.raises(CommitOutcomeUnknown):
         w.ingest()
     assert w.stored() == 6
-    assert w.consumer.committed_offsets() == [3]
+    assert w.clients.committed_offsets() == [3]
 
     report = w.ingest()
     assert report.resumed_from == 6
     assert w.consumer.served == [6, 7, 8, 9]
-    assert w.consumer.committed_offsets() == [6, 9, 10]  # the landed COMMIT, told to Kafka
+    # the landed COMMIT told to Kafka, then each chunk
+    assert_group_followed(w.clients.committed_offsets(-1), [6, 9, 10])
     assert sorted(w.db.rows) == VALID
     assert [(r.start_offset, r.end_offset) for r in w.db.runs] == CHUNKS
 
@@ -334,7 +453,7 @@ def test_an_undelivered_dead_letter_fails_the_chunk_before_its_commit(
     assert ("rollback", txn) in w.events
     assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
     assert w.ev.of("dead_letters") == []
-    assert w.consumer.committed_offsets() == [3]
+    assert w.clients.committed_offsets() == [3]
     assert w.stored() == 3
     assert w.db.dead_letters == {}
     assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
@@ -346,7 +465,7 @@ def test_a_missing_delivery_report_fails_the_chunk_too(pipeline: Pipeline) -> No
     with pytest.raises(DeliveryFailed, match="no delivery report"):
         w.ingest()
     assert w.ev.of("db_commit") == [("db_commit", 1, 0, 3)]
-    assert w.consumer.committed_offsets() == [3]
+    assert w.clients.committed_offsets() == [3]
     assert w.stored() == 3
 
 
@@ -371,7 +490,7 @@ def test_a_cursor_moved_by_another_run_fences_the_chunk(pipeline: Pipeline) -> N
     assert sorted(w.db.rows) == ["evt-000", "evt-001", "evt-002"]
     assert [(r.start_offset, r.end_offset) for r in w.db.runs] == [(0, 3)]
     assert w.db.dead_letters == {}
-    assert w.consumer.committed_offsets() == [3]
+    assert w.clients.committed_offsets() == [3]
     assert w.db.held_locks() == {}
 
 
@@ -388,7 +507,7 @@ def test_a_slice_resumes_where_the_stored_offset_is(pipeline: Pipeline) -> None:
     assert w.consumer.assigned == [(pipeline.topic, PARTITION, 6)]
     assert w.consumer.served == [6, 7, 8, 9]
     assert [(r.start_offset, r.end_offset) for r in w.db.runs] == [(6, 9), (9, 10)]
-    assert w.consumer.committed_offsets() == [6, 9, 10]  # where it resumed, then each chunk
+    assert_group_followed(w.clients.committed_offsets(), [6, 9, 10])  # where it resumed, ...
     assert sorted(w.db.rows) == ["evt-006", "evt-007", "evt-008", "evt-009"]
     assert (report.read, report.chunks, w.stored()) == (4, 2, 10)
 
@@ -405,7 +524,7 @@ def test_a_slice_already_done_reads_nothing(pipeline: Pipeline) -> None:
     assert w.stored() == 10
     # ... except that the group learns the stored offset: a kill between the last database
     # commit and its Kafka commit must not leave lag tools behind for good.
-    assert w.consumer.committed_offsets() == [10]
+    assert w.clients.committed_offsets() == [10]
 
 
 @pytest.mark.parametrize("stored", [None, 2])
@@ -490,15 +609,13 @@ def test_a_dry_run_replay_counts_every_outcome_and_commits_nothing(
     assert after.of("begin") == [("begin", 2), ("begin", 3)]
     assert after.of("rollback") == [("rollback", 2), ("rollback", 3)]
     assert after.of("db_commit") == []
-    # Dry runs do not own the cursor: per-chunk locks under the replay's name.
-    assert after.of("xact_lock") == [("xact_lock", "telemetry_metrics:replay", 0, 2),
-                                     ("xact_lock", "telemetry_metrics:replay", 0, 3)]
+    # Dry runs do not own the cursor: no lock.
     assert after.of("lock") == []
     assert w.db.rows == {}
     assert w.db.dead_letters == seeded
     assert w.db.runs == []
     assert w.db.offset(pipeline.name, pipeline.dlq_topic, 0) == 0
-    assert w.consumer.commits == []
+    assert w.clients.group_commits() == []
     assert w.clients.group_ids == ["kafka-ingest.telemetry_metrics.dlq-replay"]
     assert w.clients.producers_handed_out == 0
 
@@ -506,21 +623,21 @@ def test_a_dry_run_replay_counts_every_outcome_and_commits_nothing(
 # --------------------------------------------------------------------------- 8. CHUNK_HOOK
 
 
-STAGES = ["validated", "upserted", "dlq_produced", "db_committed", "kafka_committed"]
+STAGES = ["validated", "upserted", "dlq_produced", "db_committed"]
 
 
 def test_the_chunk_hook_sees_each_chunks_stages_in_the_documented_order(
         pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     # The crash-safety tests kill the process at these stages: each must be reached once
-    # per chunk, in order, and "db_committed" only after the COMMIT, "kafka_committed"
-    # only after the Kafka commit.
+    # per chunk, in order, and "db_committed" only after the COMMIT; "kafka_committed"
+    # once per group commit (at most one per chunk: newest wins), each right after it.
     w = World(pipeline)
     monkeypatch.setattr(slices, "CHUNK_HOOK", lambda stage: w.events.append(("at", stage)))
     w.ingest()
 
     marks = [e[1] for e in w.ev.of("at")]
     assert {s: marks.count(s) for s in STAGES} == dict.fromkeys(STAGES, len(CHUNKS))
-    position: dict[str, list[int]] = {s: [] for s in STAGES}
+    position: dict[str, list[int]] = {s: [] for s in [*STAGES, "kafka_committed"]}
     for i, e in enumerate(w.events):
         if e[0] == "at":
             position[e[1]].append(i)
@@ -529,7 +646,9 @@ def test_the_chunk_hook_sees_each_chunks_stages_in_the_documented_order(
         assert at == sorted(at), (start, end, at)
         txn = w.ev.txn_of_chunk(start, end)
         assert w.events.index(("db_commit", txn, start, end)) < position["db_committed"][k]
-        assert w.events.index(("kafka_commit", end)) < position["kafka_committed"][k]
+    committed = [i for i, e in enumerate(w.events) if e[0] == "kafka_commit"]
+    assert len(position["kafka_committed"]) == len(committed) <= len(CHUNKS)
+    assert all(c < m for c, m in zip(committed, position["kafka_committed"], strict=True))
 
 
 # --------------------------------------------------------------------------- Kafka commits
@@ -538,15 +657,17 @@ def test_the_chunk_hook_sees_each_chunks_stages_in_the_documented_order(
 def test_a_failing_kafka_commit_never_fails_the_slice(pipeline: Pipeline,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Postgres is the source of truth: a lost group commit only makes lag tools lag; the
-    # slice goes on and the stored offset is right.
+    # slice goes on and the stored offset is right. Each offset is tried three times at
+    # most (fewer when a newer one was posted meanwhile); the last one, three times.
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
     w = World(pipeline, commit_failures=100)
     report = w.ingest()
 
-    assert w.consumer.committed_offsets() == []
-    assert [e[1] for e in w.ev.of("kafka_commit_failed")] == [3] * 3 + [6] * 3 + [9] * 3 \
-        + [10] * 3
+    assert w.clients.committed_offsets() == []
+    failed = [e[1] for e in w.ev.of("kafka_commit_failed")]
+    assert failed == sorted(failed) and set(failed) <= {3, 6, 9, 10}
+    assert all(failed.count(o) <= 3 for o in failed) and failed.count(10) == 3
     assert w.stored() == 10
     assert sorted(w.db.rows) == VALID
     assert (report.read, report.chunks) == (10, 4)

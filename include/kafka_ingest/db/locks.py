@@ -13,24 +13,17 @@ log = logging.getLogger(__name__)
 
 
 def lock_partition(conn: psycopg.Connection[Any], name: str, partition: int,
-                   *, timeout_s: float, for_transaction: bool = False) -> None:
-    """Take the advisory lock of (name, partition), waiting up to ``timeout_s``.
+                   *, timeout_s: float) -> None:
+    """Take the session advisory lock of (name, partition), waiting up to ``timeout_s``.
 
-    Session-level by default, so it spans a slice's chunk transactions and dies with the
-    connection (a killed worker never leaves it behind). ``for_transaction`` takes it in
-    the caller's open transaction (a backfill chunk's), released by its COMMIT or ROLLBACK:
-    backfills then interleave with live slices chunk by chunk. The two kinds exclude each
-    other. Failing to get it in time is transient.
+    Held by whoever moves the partition's stored cursor (a live or replay slice for the
+    whole slice, ``kafka-ingest reset-offsets``), so it spans a slice's chunk transactions
+    and dies with the connection (a killed worker never leaves it behind). Slices that
+    move no cursor (backfills, dry runs) take none: they never wait for a live slice.
+    Failing to get it in time is transient.
     """
     timeout = f"{int(timeout_s * 1000)}"
     try:
-        if for_transaction:  # no savepoint: a savepoint's commit would not keep the lock
-            previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (name, partition))
-            conn.execute("SELECT set_config('lock_timeout', %s, true)",
-                         (previous[0] if previous else "0",))
-            return
         with conn.transaction():  # set_config(..., true) ends with this transaction
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
             conn.execute("SELECT pg_advisory_lock(hashtext(%s), %s)", (name, partition))

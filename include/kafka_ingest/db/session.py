@@ -25,11 +25,10 @@ class SliceSession:
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
 
-    def lock(self, name: str, partition: int, *, for_transaction: bool = False) -> None:
-        """The (name, partition) advisory lock: for the session, or for the open
-        transaction (see :func:`~kafka_ingest.db.locks.lock_partition`)."""
-        lock_partition(self.conn, name, partition, timeout_s=self.lock_timeout_s,
-                       for_transaction=for_transaction)
+    def lock(self, name: str, partition: int) -> None:
+        """The (name, partition) advisory lock of the session, held until :meth:`unlock`
+        (see :func:`~kafka_ingest.db.locks.lock_partition`)."""
+        lock_partition(self.conn, name, partition, timeout_s=self.lock_timeout_s)
 
     def unlock(self, name: str, partition: int) -> None:
         unlock_partition(self.conn, name, partition)

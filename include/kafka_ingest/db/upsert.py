@@ -23,6 +23,11 @@ from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.errors import RejectedByDatabase
 from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED, Row
 
+#: What a single row can make Postgres or the encoder refuse (a value out of the column's
+#: range or encoding, a constraint): the chunk is bisected and the row dead-lettered.
+ROW_REFUSALS: tuple[type[Exception], ...] = (psycopg.DataError, psycopg.IntegrityError,
+                                             UnicodeEncodeError, OverflowError)
+
 
 @dataclass(frozen=True)
 class UpsertResult:
@@ -64,7 +69,16 @@ class CopyEncoder:
         copy.set_types(self.types)
         return copy
 
-    def encode(self, rows: Sequence[Row]) -> bytes:
+    def encode(self, rows: Sequence[Row]) -> bytes | None:
+        """The rows' ``COPY`` payload; ``None`` when a row is refused (one of
+        :data:`ROW_REFUSALS`): the writer then encodes the rows in its savepoints, where
+        the refused row is isolated and dead-lettered like one Postgres refuses."""
+        try:
+            return self._encode(rows)
+        except ROW_REFUSALS:
+            return None
+
+    def _encode(self, rows: Sequence[Row]) -> bytes:
         buffer = io.BytesIO()
         with self._copy(buffer) as copy:
             write = copy.write_row
@@ -75,8 +89,6 @@ class CopyEncoder:
 
 class RowsRepository:
     """The pipeline's target table, written through a temporary staging table."""
-
-    _BISECTABLE = (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError)
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
         self.conn = conn
@@ -113,7 +125,7 @@ class RowsRepository:
         try:
             with self.conn.transaction():  # a savepoint inside the chunk's transaction
                 return self._upsert_once(rows, encoded)
-        except self._BISECTABLE as exc:
+        except ROW_REFUSALS as exc:
             if len(rows) == 1:
                 reason = RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
                 return UpsertResult(0, 0, 0, [(rows[0], reason)])
