@@ -128,12 +128,15 @@ def poison_pills(pipeline: Pipeline, tag: str, max_bytes: int) -> list[Sample]:
 def sample_stream(pipeline: Pipeline, count: int, poison_rounds: int, *, tag: str,
                   partitions: int, seed: int = 7) -> Iterator[Sample]:
     """``count`` valid events, duplicates of some (same partition and across partitions),
-    and ``poison_rounds`` copies of every poison pill, interleaved."""
+    and ``poison_rounds`` copies of every poison pill, interleaved: the pills go to the
+    partitions in turn (not by their shared key), so every partition gets its share,
+    spread over its whole range."""
     rng = random.Random(seed)
     pills = [
-        Sample(s.kind, s.key, s.value, s.expect)
-        for r in range(poison_rounds)
-        for s in poison_pills(pipeline, f"{tag}-r{r}", pipeline.max_message_bytes)
+        Sample(s.kind, s.key, s.value, s.expect, partition=i % partitions)
+        for i, s in enumerate(
+            s for r in range(poison_rounds)
+            for s in poison_pills(pipeline, f"{tag}-r{r}", pipeline.max_message_bytes))
     ]
     every = max(1, count // (len(pills) + 1)) if pills else count + 1
     for i in range(count):

@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -58,7 +59,6 @@ from kafka_ingest.errors import (
     KafkaUnavailable,
     TransientError,
 )
-from kafka_ingest.reader import commit_offset
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.faults import BOTH, DOWNSTREAM
@@ -343,28 +343,58 @@ def test_a_black_holed_kafka_fails_the_dlq_produce_within_message_timeout_then_r
 
 def test_a_group_commit_to_a_silent_coordinator_gives_up_within_socket_timeout(
         fstack: FaultStack) -> None:
-    # librdkafka's own synchronous commit waited forever here, and left close() waiting
-    # forever too: the Kafka commit after a chunk's COMMIT hung the task until its Airflow
-    # time-out. Now it gives up after socket.timeout.ms, is not retried, and close() is
-    # immediate; Postgres stays the truth and the next live run re-syncs the group.
+    # librdkafka's own synchronous commit waits forever here, and a consumer with it
+    # pending waits forever in close() too. The committer's owner waits at most
+    # socket.timeout.ms, also when Airflow's execution_timeout interrupts that wait (a
+    # SIGALRM handler raising in the main thread); the reading consumer closes at once,
+    # and the commit's own consumer is left to its thread. Postgres stays the truth and
+    # the next live run re-syncs the group.
     pipeline = fstack.pipeline(partitions=1)
     fstack.produce(pipeline, count=50, poison=0)
-    consumer = _clients(fstack).consumer(pipeline.group_id)
+    clients = _clients(fstack)
+    consumer = clients.consumer(pipeline.group_id)
     consumer.assign([TopicPartition(pipeline.topic, 0, 0)])
     assert consumer.consume(10, timeout=10)
-    assert commit_offset(consumer, pipeline.topic, 0, 5) is True
+    group = clients.committer(pipeline.group_id)
+    group.post(pipeline.topic, 0, 5)
+    assert group.close() is True
 
     fstack.toxiproxy.black_hole("kafka")
+    group = clients.committer(pipeline.group_id)
     started = time.monotonic()
-    assert commit_offset(consumer, pipeline.topic, 0, 10) is False
+    group.post(pipeline.topic, 0, 10)
+    assert group.close() is False
     gave_up = time.monotonic() - started
+
+    interrupted = clients.committer(pipeline.group_id)
+    interrupted.post(pipeline.topic, 0, 11)
+    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
+    started = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_TaskTimeout):
+            interrupted.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    interrupted_after = time.monotonic() - started
     started = time.monotonic()
     consumer.close()
     closed = time.monotonic() - started
     log_timing("Kafka black hole at the group commit", gave_up_after_s=gave_up,
-               socket_timeout_s=SOCKET_MS / 1000, close_s=closed)
+               socket_timeout_s=SOCKET_MS / 1000, interrupted_after_s=interrupted_after,
+               close_s=closed)
     assert SOCKET_MS / 1000 - 0.5 < gave_up < SOCKET_MS / 1000 + 2.0
+    assert interrupted_after < 2.0
     assert closed < 2.0
+
+
+class _TaskTimeout(Exception):
+    """What Airflow's ``execution_timeout`` raises from its SIGALRM handler."""
+
+
+def _raise_task_timeout(_signum: int, _frame: Any) -> None:
+    raise _TaskTimeout("Timeout, PID: 1")
 
 
 def test_connecting_to_a_black_holed_postgres_fails_within_connect_timeout(

@@ -33,7 +33,6 @@ from kafka_ingest.db import (
     Database,
     OffsetsRepository,
     UnitOfWork,
-    lock_partition,
 )
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
