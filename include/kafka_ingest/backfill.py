@@ -3,10 +3,11 @@
 A backfill is an ingest run over an :class:`~kafka_ingest.requests.OffsetWindow` or a
 :class:`~kafka_ingest.requests.TimeWindow` (from a trigger form, the CLI, or Airflow's
 own backfill over data intervals). Its ranges are planned in mode ``backfill`` and never
-move the live stored offset or the consumer group; the slice engine takes the
-partition's lock per chunk transaction, so a backfill runs beside the scheduled runs and
-waits at most for one live chunk. The idempotent upsert makes re-reading harmless:
-rows already loaded count as duplicates.
+move the live stored offset or the consumer group, so they take no lock: a backfill runs
+beside the scheduled runs without waiting for the live slice that holds the partition (at
+most a row-level wait for the one live chunk writing the same rows) and without holding
+it up. The idempotent upsert makes re-reading harmless: rows already loaded count as
+duplicates.
 """
 
 from __future__ import annotations
