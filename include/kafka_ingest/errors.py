@@ -23,7 +23,10 @@
     │   ├── SettingsError         a connection or setting that cannot work (no host, ...)
     │   ├── ReconciliationError   read != inserted + duplicates + stale + dead + skipped
     │   ├── TriggerParamsError    a trigger form / CLI range that cannot be honoured
-    │   ├── SchemaMissing         the pipelines' tables are not there: run the migrations
+    │   ├── SchemaMissing         the pipelines' tables are not there (as the role sees
+    │   │                         them): run the migrations, or grant USAGE on the schema
+    │   ├── PrivilegeMissing      the role may not use a table, sequence, the schema, or
+    │   │                         TEMPORARY on the database: grant the runtime privileges
     │   └── TopicMissing          a source or dead-letter topic does not exist
     └── DataError                 dead-letter the message, the batch goes on
         ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
@@ -38,15 +41,35 @@ lets every other error propagate for Airflow's retries. Library errors are mappe
 this tree where the library is used: Kafka's in :mod:`kafka_ingest.clients`, psycopg's in
 :mod:`kafka_ingest.db.connection`. Bad configuration is not an IngestError: it raises
 ``ValueError`` when it is loaded.
+
+Every error survives pickling with its message and fields (``kafka-ingest run --workers``
+and Airflow hand them between processes), whatever its ``__init__`` takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+
+def _restore(cls: type[IngestError], args: tuple[object, ...],
+             fields: dict[str, object]) -> IngestError:
+    """Unpickle an error without calling its ``__init__`` (whose parameters are its fields,
+    not its message)."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(fields)
+    return err
 
 
 class IngestError(Exception):
     """Base of every error this package raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own pickling calls cls(*args) with the message alone, which fails for
+        # every class whose __init__ takes fields: an error raised in a worker process
+        # would then reach the parent as a broken pool instead of itself.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
 class TransientError(IngestError):
@@ -199,10 +222,41 @@ class ReconciliationError(PermanentError):
 
 
 class SchemaMissing(PermanentError):
-    """A table the pipelines need does not exist in the database."""
+    """A table the pipelines need does not exist, as this role sees it: the migrations
+    never ran, or the role may not use the schema (without USAGE on it, Postgres says
+    "relation ... does not exist", not "permission denied"). ``role``: the role the request
+    ran as, if known."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"{detail}; create the schema with `kafka-ingest migrate`")
+    def __init__(self, detail: str, *, role: str | None = None) -> None:
+        self.detail = detail
+        self.role = role
+        who = f"role {role!r}" if role else "this connection's role"
+        super().__init__(f"{detail}; create the schema with `kafka-ingest migrate`, or, if it "
+                         f"was migrated, {who} may not use the schema: the owner grants it "
+                         f"with `kafka-ingest migrate --grant-to {role or '<role>'}`")
+
+
+class PrivilegeMissing(PermanentError):
+    """Postgres denied the role a privilege: on a table, a sequence, the schema, or
+    TEMPORARY on the database (the staging tables). The schema's owner grants what the
+    runtime role needs with ``kafka-ingest migrate --grant-to <role>``.
+
+    ``detail`` is Postgres's message, which names the object ("permission denied for
+    table run_plans"); ``on`` is that object as ``"<kind> <name>"`` ("table run_plans",
+    "database pipelines") when the message has one of the known forms; ``role`` is the
+    role the request ran as (``None`` if not known). ``fix`` replaces the usual advice
+    where it does not apply (a migration run as a role that is not the owner).
+    """
+
+    def __init__(self, role: str | None, detail: str, *, on: str | None = None,
+                 fix: str | None = None) -> None:
+        self.role = role
+        self.detail = detail
+        self.on = on
+        who = f"role {role!r}" if role else "this connection's role"
+        self.fix = fix or ("the schema's owner grants the runtime privileges with "
+                           f"`kafka-ingest migrate --grant-to {role or '<role>'}`")
+        super().__init__(f"Postgres denied {who} a privilege: {detail}; {self.fix}")
 
 
 class TopicMissing(PermanentError, ValueError):
@@ -211,7 +265,8 @@ class TopicMissing(PermanentError, ValueError):
     def __init__(self, topic: str, role: str = "topic") -> None:
         self.topic = topic
         super().__init__(f"{role} {topic!r} does not exist on the cluster; create it "
-                         "(kafka-topics.sh --create ...) or fix the pipeline's config")
+                         "(`kafka-ingest topics create`, or kafka-topics.sh --create) or fix "
+                         "the pipeline's config")
 
 
 class TriggerParamsError(PermanentError, ValueError):

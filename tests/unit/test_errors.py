@@ -8,6 +8,7 @@ rule it tests cannot fail where the rule is wrong.
 from __future__ import annotations
 
 import inspect
+import pickle
 
 import psycopg
 import pytest
@@ -15,10 +16,12 @@ from confluent_kafka import KafkaError, KafkaException
 
 from kafka_ingest import errors
 from kafka_ingest.clients import map_kafka_error
-from kafka_ingest.db import map_psycopg_error
+from kafka_ingest.db import Database, map_psycopg_error
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
     CommitOutcomeUnknown,
+    ContractViolation,
+    DatabaseRefused,
     DatabaseUnavailable,
     DataError,
     DeliveryFailed,
@@ -26,15 +29,21 @@ from kafka_ingest.errors import (
     IngestError,
     KafkaRefused,
     KafkaUnavailable,
+    NotAnObject,
     OffsetGapError,
     OffsetOutOfRange,
     PermanentError,
+    PrivilegeMissing,
     ReconciliationError,
     RejectedByDatabase,
     SchemaMissing,
+    SettingsError,
+    TooLarge,
     TopicMissing,
     TransientError,
     TriggerParamsError,
+    Undecodable,
+    UnknownVersion,
 )
 
 # --------------------------------------------------------------------------- the tree
@@ -54,6 +63,7 @@ from kafka_ingest.errors import (
     (ReconciliationError, PermanentError),
     (TriggerParamsError, PermanentError),
     (SchemaMissing, PermanentError),
+    (PrivilegeMissing, PermanentError),  # a grant is missing: retrying will not grant it
     (TopicMissing, PermanentError),
     # a bad message: dead-lettered, the batch goes on
     (RejectedByDatabase, DataError),
@@ -85,7 +95,7 @@ def test_every_data_error_has_a_distinct_class_name() -> None:
 def test_the_tree_is_drawn_in_the_module_docstring() -> None:
     doc = errors.__doc__ or ""
     for cls in (TransientError, PermanentError, DataError, FencedError, KafkaRefused,
-                OffsetOutOfRange, TriggerParamsError):
+                OffsetOutOfRange, TriggerParamsError, PrivilegeMissing):
         assert cls.__name__ in doc
 
 
@@ -98,6 +108,49 @@ def test_errors_carry_fields_and_build_their_message() -> None:
     assert "4 of 10 dead letters were not delivered to 'dlq' (first: a; b; c)" in str(failed)
     gap = OffsetGapError("t", 1, 5, 25)
     assert "offsets [5, 25) were deleted by retention" in str(gap) and "20 messages" in str(gap)
+
+
+#: One of each error of the tree, with fields: `kafka-ingest run --workers` and Airflow hand
+#: errors between processes, and Exception's own pickling calls cls(message), which fails
+#: for every __init__ that takes fields (the parent saw a broken process pool instead).
+ONE_OF_EACH: list[IngestError] = [
+    KafkaUnavailable("metadata", "down"),
+    DeliveryFailed("dlq", ["a"], 2),
+    DatabaseUnavailable("connect", "refused"),
+    CommitOutcomeUnknown("p", 1, 5, 9),
+    FencedError("p", "t", 2, expected=10, found=15),
+    OffsetGapError("t", 1, 5, 25),
+    OffsetOutOfRange("t[0]", "past the end"),
+    KafkaRefused("metadata", "SASL authentication failed"),
+    DatabaseRefused("authentication", "password authentication failed"),
+    SettingsError("set X"),
+    ReconciliationError(0, 10, {"inserted": 9}, missing=1),
+    TriggerParamsError("end before start"),
+    SchemaMissing('relation "ingest_runs" does not exist'),
+    PrivilegeMissing("app", "permission denied for table run_plans", on="table run_plans"),
+    TopicMissing("t", "source topic"),
+    DataError("tombstone"),
+    Undecodable("not UTF-8"),
+    NotAnObject("an array"),
+    ContractViolation("metric_value: finite"),
+    UnknownVersion("version 9"),
+    TooLarge("300000 bytes"),
+    RejectedByDatabase("NUL"),
+]
+
+
+@pytest.mark.parametrize("err", ONE_OF_EACH, ids=lambda e: type(e).__name__)
+def test_every_error_crosses_a_process_boundary_intact(err: IngestError) -> None:
+    back = pickle.loads(pickle.dumps(err))  # noqa: S301 - our own bytes, just made
+    assert type(back) is type(err)
+    assert (str(back), back.args, vars(back)) == (str(err), err.args, vars(err))
+
+
+def test_the_pickling_cases_cover_every_error_class() -> None:
+    ours = {cls for _, cls in inspect.getmembers(errors, inspect.isclass)
+            if issubclass(cls, IngestError) and cls.__module__ == errors.__name__
+            and cls not in (IngestError, TransientError, PermanentError)}
+    assert ours == {type(e) for e in ONE_OF_EACH}
 
 
 # --------------------------------------------------------------------------- Kafka
@@ -181,6 +234,7 @@ def test_the_kafka_mapping_never_raises_and_always_decides() -> None:
     (psycopg.IntegrityError, RejectedByDatabase),  # a constraint on the row
     (psycopg.errors.CheckViolation, RejectedByDatabase),  # a CHECK on the row
     (psycopg.errors.UndefinedTable, SchemaMissing),  # migration missing: say what to run
+    (psycopg.errors.InsufficientPrivilege, PrivilegeMissing),  # a grant missing: say which
     (psycopg.ProgrammingError, type(None)),  # our SQL is wrong: not data, not transient
     (psycopg.errors.InFailedSqlTransaction, type(None)),  # a bug in our error handling
 ])
@@ -196,6 +250,17 @@ def test_named_psycopg_errors(cls: type[psycopg.Error], expected: type) -> None:
         assert "kafka-ingest migrate" in str(mapped)
 
 
+def test_a_missing_table_may_be_a_schema_the_role_may_not_use() -> None:
+    # Without USAGE on the schema, Postgres hides its tables: "does not exist", not
+    # "permission denied". From the error alone both causes are possible: name both.
+    mapped = map_psycopg_error("session", psycopg.errors.UndefinedTable(
+        'relation "run_plans" does not exist\nLINE 1: ...'), role="kafka_ingest_app")
+    assert str(mapped) == (
+        'relation "run_plans" does not exist; create the schema with `kafka-ingest migrate`, '
+        "or, if it was migrated, role 'kafka_ingest_app' may not use the schema: the owner "
+        "grants it with `kafka-ingest migrate --grant-to kafka_ingest_app`")
+
+
 def test_the_psycopg_mapping_never_raises() -> None:
     classes = [cls for cls in vars(psycopg.errors).values()
                if inspect.isclass(cls) and issubclass(cls, psycopg.Error)]
@@ -203,3 +268,50 @@ def test_the_psycopg_mapping_never_raises() -> None:
     for cls in classes:
         mapped = map_psycopg_error("op", cls("x"))
         assert mapped is None or isinstance(mapped, IngestError), cls
+
+
+@pytest.mark.parametrize(("message", "on"), [
+    # what the planner reads and the slices write: a table's privilege not granted
+    ("permission denied for table run_plans", "table run_plans"),
+    # USAGE on the schema (a role that may see none of its objects)
+    ("permission denied for schema public\nLINE 1: SELECT ...\n", "schema public"),
+    # the audit rows' ids
+    ("permission denied for sequence ingest_runs_id_seq", "sequence ingest_runs_id_seq"),
+    # TEMPORARY on the database, which the staging tables need: worded differently
+    ('permission denied to create temporary tables in database "pipelines"',
+     "database pipelines"),
+    # a form Postgres words otherwise still names the role and the fix, without an object
+    ("must be owner of table run_plans", None),
+])
+def test_a_missing_privilege_names_the_object_the_role_and_the_fix(message: str,
+                                                                   on: str | None) -> None:
+    mapped = map_psycopg_error("session", psycopg.errors.InsufficientPrivilege(message),
+                               role="kafka_ingest_app")
+    assert isinstance(mapped, PrivilegeMissing)
+    assert (mapped.role, mapped.on) == ("kafka_ingest_app", on)
+    first_line = message.splitlines()[0]
+    assert str(mapped) == (
+        f"Postgres denied role 'kafka_ingest_app' a privilege: {first_line}; the schema's "
+        "owner grants the runtime privileges with `kafka-ingest migrate --grant-to "
+        "kafka_ingest_app`")
+
+
+def test_a_missing_privilege_of_an_unknown_role_still_says_what_to_run() -> None:
+    mapped = map_psycopg_error("session", psycopg.errors.InsufficientPrivilege(
+        "permission denied for table run_plans"))
+    assert isinstance(mapped, PrivilegeMissing) and mapped.role is None
+    assert "this connection's role" in str(mapped)
+    assert "`kafka-ingest migrate --grant-to <role>`" in str(mapped)
+
+
+@pytest.mark.parametrize(("dsn", "said", "unsaid"), [
+    # libpq quotes the text around the mistake, here part of a password: never repeated
+    ("host=db password=hunter two", "key=value pairs or a postgresql:// URI", "two"),
+    # an unknown keyword (the usual typo) is named: it holds no secret
+    ("hots=db dbname=pipelines", 'invalid connection option "hots"', "pipelines"),
+])
+def test_a_dsn_libpq_cannot_parse_is_a_settings_error(dsn: str, said: str,
+                                                      unsaid: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Database(dsn)  # at construction: before any connection is tried
+    assert said in str(info.value) and unsaid not in str(info.value)

@@ -12,6 +12,11 @@ server's answer; then the connection is closed and the request fails as
 :class:`NoReply` (transient; a COMMIT's outcome is then unknown, see
 :class:`~kafka_ingest.errors.CommitOutcomeUnknown`). A login Postgres refuses (password,
 certificate, TLS required) is permanent; a server that does not answer is transient.
+
+A privilege the role lacks (a table, a sequence, the schema, TEMPORARY on the database) is
+permanent too, and names the object, the role and the fix: each connection notes on a
+failed request's error the role it ran as (libpq's user, no round trip), so the one
+mapping (:func:`map_psycopg_error`) can say it whichever code path raised it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kafka_ingest.errors import (
     DatabaseRefused,
     DatabaseUnavailable,
     IngestError,
+    PrivilegeMissing,
     RejectedByDatabase,
     SchemaMissing,
     SettingsError,
@@ -75,12 +81,34 @@ def libpq_dsn(*, source: str, host: str | None, port: int | None, user: str | No
     return make_conninfo("", **{k: v for k, v in fields.items() if v is not None}, **params)
 
 
+def _one_line(text: str) -> str:
+    """libpq's multi-line messages ("...failed: Connection refused\n\tIs the server
+    running...?") as one line, for a one-line error."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _refused(exc: psycopg.OperationalError) -> DatabaseRefused | None:
     text = str(exc).strip()
     for kind, pattern in _REFUSALS:
         if pattern.search(text):
             return DatabaseRefused(kind, text.splitlines()[-1] if text else kind)
     return None
+
+
+def _parsed(dsn: str) -> dict[str, Any]:
+    """The DSN's settings; a string libpq cannot parse is a :class:`SettingsError`.
+
+    libpq's own message quotes the text around the mistake, which may be part of a
+    password: only an unknown keyword (the usual typo) is repeated.
+    """
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        keyword = re.search(r'invalid connection option "[^"]*"', str(exc))
+        raise SettingsError(
+            "the Postgres DSN is not a connection string libpq can parse"
+            f"{f' ({keyword.group(0)})' if keyword else ''}: give key=value pairs or a "
+            "postgresql:// URI") from None
 
 
 #: libpq settings used unless the DSN sets them: a half-open connection fails within about
@@ -103,6 +131,10 @@ REPLY_TIMEOUT_ENV = "KAFKA_INGEST_PG_REPLY_TIMEOUT_S"
 
 RV = TypeVar("RV")
 
+#: The attribute a connection sets on the psycopg error of a failed request: the role the
+#: request ran as (see :func:`map_psycopg_error`).
+_ROLE_ATTR = "kafka_ingest_role"
+
 
 class NoReply(psycopg.OperationalError):
     """The server did not answer a request within the reply time-out; the connection was
@@ -121,6 +153,16 @@ class _Connection(psycopg.Connection[Any]):
 
     def wait(self, gen: PQGen[RV], interval: float = 0.1,
              timeout: float | None = None) -> RV:
+        try:
+            return self._wait(gen, interval, timeout)
+        except psycopg.DatabaseError as exc:
+            # The server's errors surface here (psycopg checks a request's results inside
+            # the generator this drives): note the role while the connection is at hand.
+            # libpq's user is the session's role, known without asking the server.
+            setattr(exc, _ROLE_ATTR, self.info.user)
+            raise
+
+    def _wait(self, gen: PQGen[RV], interval: float, timeout: float | None) -> RV:
         if timeout is not None or not self.reply_timeout_s:  # psycopg's own bounded waits
             return super().wait(gen, interval, timeout)
         try:
@@ -157,6 +199,7 @@ class Database:
 
     def __init__(self, dsn: str, *, connect_timeout: int = 10, lock_timeout_s: float = 30.0,
                  reply_timeout_s: float | None = None):
+        _parsed(dsn)  # a DSN libpq cannot parse is refused now, not at the first connect
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.lock_timeout_s = lock_timeout_s
@@ -165,14 +208,14 @@ class Database:
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         # Defaults for what the DSN leaves unset; whatever the DSN says wins.
-        given = conninfo_to_dict(self.dsn)
+        given = _parsed(self.dsn)
         defaults = {k: v for k, v in {**CONNECTION_DEFAULTS,
                                       "connect_timeout": self.connect_timeout}.items()
                     if k not in given}
         try:
             conn = _Connection.connect(self.dsn, autocommit=autocommit, **defaults)
         except psycopg.OperationalError as exc:
-            raise (_refused(exc) or DatabaseUnavailable("connect", str(exc).strip())) from exc
+            raise (_refused(exc) or DatabaseUnavailable("connect", _one_line(str(exc)))) from exc
         conn.reply_timeout_s = self.reply_timeout_s
         return conn
 
@@ -191,15 +234,42 @@ class Database:
             conn.close()
 
 
-def map_psycopg_error(operation: str, exc: BaseException) -> IngestError | None:
+#: How Postgres names the object of a privilege it denies: "permission denied for table
+#: run_plans" (also schema, sequence, database, function, ...), and the one that reads
+#: differently, TEMPORARY: "permission denied to create temporary tables in database x".
+_DENIED = (
+    re.compile(r"permission denied for (?P<kind>[a-z ]+?) (?P<name>\S+)$"),
+    re.compile(r"permission denied to create temporary tables in (?P<kind>database) "
+               r"\"?(?P<name>[^\"]+)\"?$"),
+)
+
+
+def _privilege_missing(exc: psycopg.Error, role: str | None) -> PrivilegeMissing:
+    detail = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+    for pattern in _DENIED:
+        found = pattern.search(detail)
+        if found:
+            return PrivilegeMissing(role, detail, on=f"{found['kind']} {found['name']}")
+    return PrivilegeMissing(role, detail)
+
+
+def map_psycopg_error(operation: str, exc: BaseException, *,
+                      role: str | None = None) -> IngestError | None:
     """Map a psycopg error onto the tree; ``None`` means "not ours, let it propagate".
 
     A value Postgres refuses (``psycopg.DataError``, integrity errors) is a data error (the
     sink isolates the row by bisection); connection and server-state errors are transient;
-    a missing table means the migrations never ran.
+    a missing table means the migrations never ran (or the role may not use the schema,
+    which Postgres words the same way); a privilege the role lacks is permanent and names
+    the object, the role and the fix. ``role``: the role the failed request ran as; by
+    default the one its connection noted on the error (every connection
+    :class:`Database` opens does).
     """
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return SchemaMissing(str(exc).strip().splitlines()[0])
+    role = role or getattr(exc, _ROLE_ATTR, None)
+    if isinstance(exc, psycopg.errors.UndefinedTable):  # or a schema the role may not use
+        return SchemaMissing(str(exc).strip().splitlines()[0], role=role)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return _privilege_missing(exc, role)
     # Lock and statement timeouts, and the server ending an idle or too long transaction's
     # session (SQLSTATE 25P03, 25P04: psycopg files those under InternalError).
     server_gave_up = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
