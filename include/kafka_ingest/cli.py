@@ -2,10 +2,16 @@
 
 Settings come from the environment only: ``KAFKA_INGEST_KAFKA_CONFIG`` (a JSON librdkafka
 dict: bootstrap servers, TLS, SASL, ...) or ``KAFKA_BOOTSTRAP_SERVERS``, and
-``KAFKA_INGEST_PG_DSN``. A missing one is an error naming it; nothing falls back to a
-default address or credential. ``run``, ``backfill`` and ``replay-dlq`` call exactly the
-functions the DAG tasks call, and their arguments go through the same typed requests as
-the trigger forms, so the CLI and the UI reject the same forms with the same messages.
+``KAFKA_INGEST_PG_DSN``; for ``migrate``, ``KAFKA_INGEST_PG_ADMIN_DSN`` (the schema's
+owner) and ``KAFKA_INGEST_PG_GRANT_TO`` (the runtime role to grant to). A missing one is
+an error naming it; nothing falls back to a default address or credential. ``run``,
+``backfill`` and ``replay-dlq`` call exactly the functions the DAG tasks call, and their
+arguments go through the same typed requests as the trigger forms, so the CLI and the UI
+reject the same forms with the same messages.
+
+An expected failure (a setting, a refusal, a missing privilege or topic, a service out of
+reach) is one ``kafka-ingest: ...`` line on stderr and exit status 2, never a traceback:
+the libraries' errors are mapped onto :mod:`kafka_ingest.errors` where they are called.
 
 Commands of installed extensions (the development tooling's ``stack``, ``demo`` and
 ``produce-sample``) are added through the ``kafka_ingest.commands`` entry point.
@@ -25,19 +31,29 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from kafka_ingest.backfill import require_window, run_backfill
-from kafka_ingest.clients import KafkaClients
+from kafka_ingest.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.config import get_pipeline, load_pipelines, pool_import_document
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
-from kafka_ingest.errors import IngestError, SettingsError, TriggerParamsError
+from kafka_ingest.errors import (
+    IngestError,
+    PrivilegeMissing,
+    SettingsError,
+    TopicMissing,
+    TriggerParamsError,
+)
 from kafka_ingest.ingest import run_ingest
 from kafka_ingest.reader import partitions_of, watermarks
 from kafka_ingest.replay import run_replay
 from kafka_ingest.requests import ingest_request, replay_request
 from kafka_ingest.status import lag, pipeline_status, status_rows
-from kafka_ingest.topics import create_pipeline_topics
+from kafka_ingest.topics import create_pipeline_topics, request_timeout_s
 
 log = logging.getLogger("kafka_ingest")
+
+#: The runtime role ``migrate`` grants to when ``--grant-to`` is not given (empty: none);
+#: ``kafka-ingest stack env --secure`` sets it to the local stack's runtime role.
+GRANT_TO_ENV = "KAFKA_INGEST_PG_GRANT_TO"
 
 
 class MissingSetting(SettingsError):
@@ -65,13 +81,20 @@ def kafka_clients() -> KafkaClients:
     return KafkaClients({"bootstrap.servers": servers})
 
 
+def _database(name: str, dsn: str) -> Database:
+    try:
+        return Database(dsn)
+    except SettingsError as exc:  # a DSN libpq cannot parse: say which setting holds it
+        raise SettingsError(f"{name}: {exc}") from None
+
+
 def database() -> Database:
     """The pipelines' database from ``KAFKA_INGEST_PG_DSN``."""
     dsn = os.environ.get("KAFKA_INGEST_PG_DSN")
     if not dsn:
         raise MissingSetting("KAFKA_INGEST_PG_DSN", what="the pipelines' Postgres database, "
                              "a libpq URI or key=value string")
-    return Database(dsn)
+    return _database("KAFKA_INGEST_PG_DSN", dsn)
 
 
 def new_run_id(kind: str) -> str:
@@ -105,19 +128,38 @@ def admin_database(dsn: str | None = None) -> Database:
                         ("KAFKA_INGEST_PG_DSN", os.environ.get("KAFKA_INGEST_PG_DSN"))):
         if value:
             log.info("migrating as the role of %s", name)
-            return Database(value)
+            return _database(name, value)
     raise MissingSetting("KAFKA_INGEST_PG_ADMIN_DSN", "--dsn", what="the schema owner's "
                          "Postgres database, for migrations")
 
 
+def grant_target(given: str | None) -> tuple[str | None, str]:
+    """The runtime role ``migrate`` grants to, and where it was named: ``--grant-to``
+    (``given``), else ``KAFKA_INGEST_PG_GRANT_TO``; an empty value means none."""
+    if given is not None:
+        return given or None, "--grant-to"
+    return os.environ.get(GRANT_TO_ENV) or None, GRANT_TO_ENV
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
-    with admin_database(args.dsn).session() as conn:
-        applied = migrate(conn)
-        if args.grant_to:
-            grant_runtime(conn, args.grant_to, [p.table for p in load_pipelines().values()])
+    role, source = grant_target(args.grant_to)
+    tables = [p.table for p in load_pipelines().values()] if role else []
+    try:
+        with admin_database(args.dsn).session() as conn:
+            applied = migrate(conn)
+            granted = grant_runtime(conn, role, tables) if role else []
+    except PrivilegeMissing as exc:  # the grant advice does not apply to the owner's job
+        raise PrivilegeMissing(exc.role, exc.detail, on=exc.on, fix=(
+            "migrations run as the schema's owner: point KAFKA_INGEST_PG_ADMIN_DSN (or "
+            "--dsn) at that role")) from exc
     print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
-    if args.grant_to:
-        print(f"granted {args.grant_to!r} the runtime privileges on the pipelines' tables")
+    if role:
+        print(f"granted {role!r} (from {source}) the runtime privileges:")
+        for line in granted:
+            print(f"    {line}")
+    else:
+        print(f"no runtime role granted (neither --grant-to nor {GRANT_TO_ENV} names one): "
+              "the pipelines must run as this role or one granted otherwise")
     return 0
 
 
@@ -164,21 +206,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_lag(args: argparse.Namespace) -> int:
-    names = [args.pipeline] if args.pipeline else sorted(load_pipelines())
+    """The lag of one pipeline, or of all: then one whose topic is missing is named on
+    stderr, the others are shown, and the exit status is 2 (as ``ls`` does)."""
+    if args.pipeline:
+        pipelines = [get_pipeline(args.pipeline)]
+    else:
+        pipelines = [p for _, p in sorted(load_pipelines().items())]
     clients, db = kafka_clients(), database()
     rows: list[dict[str, Any]] = []
-    for name in names:
+    missing = 0
+    for pipeline in pipelines:
         try:
-            rows += lag(get_pipeline(name), clients, db)
-        except ValueError as exc:  # topic not created yet
-            print(f"{name}: {exc}", file=sys.stderr)
+            rows += lag(pipeline, clients, db)
+        except TopicMissing as exc:  # topic not created yet
+            if args.pipeline:
+                raise
+            missing += 1
+            print(f"kafka-ingest: {pipeline.name}: {exc}", file=sys.stderr)
     print_table(rows)  # lag: from the stored offset (the truth); group_lag: what lag tools see
     for r in rows:
         if r["stored_offset"] is not None and r["group_offset"] != r["stored_offset"]:
             print(f"{r['pipeline']} {r['topic']}[{r['partition']}]: the group offset "
                   f"{r['group_offset']} differs from the stored offset {r['stored_offset']}; "
                   "the next live run re-syncs it", file=sys.stderr)
-    return 0
+    return 2 if missing else 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -217,13 +268,16 @@ def _reset_target(to: str, low: int, high: int) -> int:
 def cmd_reset_offsets(args: argparse.Namespace) -> int:
     """Move a partition's stored offset by hand, under its advisory lock."""
     pipeline = get_pipeline(args.pipeline)
-    consumer = kafka_clients().consumer(pipeline.group_id)
+    clients = kafka_clients()
+    wait_s = request_timeout_s(clients)  # a cluster out of reach fails after its time-out
+    consumer = clients.consumer(pipeline.group_id)
     try:
-        parts = partitions_of(consumer, pipeline.topic)
+        parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)
         if args.partition not in parts:
             raise ValueError(f"partition {args.partition} does not exist in {pipeline.topic!r} "
                              f"(partitions: {', '.join(map(str, parts))})")
-        low, high = watermarks(consumer, pipeline.topic, [args.partition])[args.partition]
+        low, high = watermarks(consumer, pipeline.topic, [args.partition],
+                               timeout_s=wait_s)[args.partition]
     finally:
         consumer.close()
     target = _reset_target(args.to, low, high)
@@ -358,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or upgrade the schema (as the owner role)")
     p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
     p.add_argument("--grant-to", metavar="ROLE",
-                   help="grant this runtime role the DML the pipelines need, and no more")
+                   help="grant this runtime role the DML the pipelines need, and no more "
+                        f"(default: ${GRANT_TO_ENV}, which `stack env --secure` sets; an "
+                        "empty value grants nothing)")
     p.set_defaults(func=cmd_migrate)
     _add_operator_commands(sub)
     _add_inspection_commands(sub)
@@ -367,14 +423,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _EachLineOnce(logging.Filter):
+    """Lets a log line through the first time only. librdkafka logs a connection that
+    fails on every attempt, about twenty a second while a request waits for the cluster:
+    a broker out of reach would bury the one line that says so."""
+
+    def __init__(self, *, limit: int = 1000) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._limit = limit  # distinct lines remembered (a long run's memory stays bounded)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = record.getMessage()
+        if line in self._seen:
+            return False
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(line)
+        return True
+
+
+_LIBRDKAFKA_ONCE = _EachLineOnce()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:  # -v shows every repeat
+        LIBRDKAFKA_LOG.removeFilter(_LIBRDKAFKA_ONCE)
+    else:
+        LIBRDKAFKA_LOG.addFilter(_LIBRDKAFKA_ONCE)
     try:
         return int(args.func(args))
     except (IngestError, ValueError) as exc:
-        print(f"kafka-ingest: {exc}", file=sys.stderr)
+        # One line, whatever the message: a server's or a parser's may span several.
+        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"kafka-ingest: {text}", file=sys.stderr)
         return 2
 
 

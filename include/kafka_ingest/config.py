@@ -344,6 +344,17 @@ def pipelines_file() -> Path:
     return Path(os.environ.get("KAFKA_INGEST_PIPELINES") or DEFAULT_PIPELINES_FILE)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's problem and where, on one line (its own message quotes the source
+    over several)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def load_pipelines(path: Path | str | None = None) -> dict[str, Pipeline]:
     """Load and validate the pipelines file."""
     file = Path(path) if path else pipelines_file()
@@ -352,7 +363,7 @@ def load_pipelines(path: Path | str | None = None) -> dict[str, Pipeline]:
     except OSError as exc:
         raise ValueError(f"cannot read pipelines file {file}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{file}: not valid YAML: {exc}") from None
+        raise ValueError(f"{file}: not valid YAML: {_yaml_problem(exc)}") from None
     return parse_pipelines(document, source=str(file))
 
 

@@ -55,6 +55,7 @@ from kafka_ingest.reader import (
     watermarks,
 )
 from kafka_ingest.requests import LiveRun, OffsetWindow, RangeRequest, TimeWindow
+from kafka_ingest.topics import request_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,11 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
+        wait_s = request_timeout_s(clients)  # a cluster out of reach fails after this
         consumer = clients.consumer(target.group_id)
         try:
-            ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id)
+            ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id,
+                                   wait_s=wait_s)
         finally:
             consumer.close()
         plans.pin(target.plan_name, run_id, request_key,
@@ -112,19 +115,20 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
 
 
 def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,
-          conn: Any, run_id: str) -> tuple[list[OffsetRange], dict[int, int]]:
-    """The ranges, and the stored offsets the group is behind on (see :func:`_behind`)."""
+          conn: Any, run_id: str, *, wait_s: float) -> tuple[list[OffsetRange], dict[int, int]]:
+    """The ranges, and the stored offsets the group is behind on (see :func:`_behind`).
+    Each request to the cluster waits at most ``wait_s`` (its ``socket.timeout.ms``)."""
     topic = target.topic
-    parts = partitions_of(consumer, topic, role=target.role)
+    parts = partitions_of(consumer, topic, role=target.role, timeout_s=wait_s)
     for other, role in target.must_exist:
         # Checked now, not at the first bad message (a 30 s delivery time-out, retried).
-        partitions_of(consumer, other, role=role)
-    marks = watermarks(consumer, topic, parts)
+        partitions_of(consumer, other, role=role, timeout_s=wait_s)
+    marks = watermarks(consumer, topic, parts, timeout_s=wait_s)
     if isinstance(request, OffsetWindow):
         return plan_explicit(topic, request.partitions, marks, mode=target.window_mode), {}
     if isinstance(request, TimeWindow):
-        start = offsets_for_time(consumer, topic, parts, request.from_ms)
-        end = offsets_for_time(consumer, topic, parts, request.to_ms)
+        start = offsets_for_time(consumer, topic, parts, request.from_ms, timeout_s=wait_s)
+        end = offsets_for_time(consumer, topic, parts, request.to_ms, timeout_s=wait_s)
         return plan_between(topic, start, end, mode=target.window_mode), {}
     return _plan_cursor(pipeline, target, conn, consumer, [
         PartitionState(p, *marks[p], None) for p in parts], run_id)

@@ -18,6 +18,7 @@ from kafka_ingest.db import Database, OffsetsRepository
 from kafka_ingest.errors import IngestError
 from kafka_ingest.monitor import CheckResult, Figures, check
 from kafka_ingest.reader import committed_offsets, partitions_of, watermarks
+from kafka_ingest.topics import request_timeout_s
 
 
 def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
@@ -30,11 +31,12 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     differ after a kill between the database commit and the Kafka commit, until the next
     live run re-syncs the group to the stored offset.
     """
+    wait_s = request_timeout_s(clients)  # a cluster out of reach fails after its time-out
     consumer = clients.consumer(pipeline.group_id)
     try:
-        parts = partitions_of(consumer, pipeline.topic)
-        marks = watermarks(consumer, pipeline.topic, parts)
-        group = committed_offsets(consumer, pipeline.topic, parts)
+        parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)
+        marks = watermarks(consumer, pipeline.topic, parts, timeout_s=wait_s)
+        group = committed_offsets(consumer, pipeline.topic, parts, timeout_s=wait_s)
     finally:
         consumer.close()
     with db.session() as conn:

@@ -940,7 +940,8 @@ def _bootstrap_postgres(s: Settings) -> None:
 
 def _ensure_app_role(conn: Any, password: str) -> None:
     """The pipelines' runtime role: it logs in (over TLS only, see pg_hba.conf) and gets
-    only the DML its tables need, granted by ``kafka-ingest migrate --grant-to``."""
+    only the DML its tables need, granted by ``kafka-ingest migrate`` under ``stack env
+    --secure`` (which names it in ``KAFKA_INGEST_PG_GRANT_TO``)."""
     from psycopg import sql
 
     exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_APP_ROLE,))
@@ -1113,9 +1114,12 @@ def _with_tools(s: Settings) -> str:
 def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
     """The environment that points clients, tests and Airflow at the local stack; with
     ``secure``, at its SASL_SSL listener and at Postgres over verified TLS as the runtime
-    role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations); with
-    ``faults``, at Kafka and Postgres through Toxiproxy, plus ``TOXIPROXY_URL`` (Airflow's
-    metadata database stays direct)."""
+    role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations, and
+    ``KAFKA_INGEST_PG_GRANT_TO``: the runtime role, so a plain ``kafka-ingest migrate``
+    grants it what it needs; empty on the other stacks, whose pipelines run as the owner,
+    so a shell that had the secure environment stops granting); with ``faults``, at Kafka
+    and Postgres through Toxiproxy, plus ``TOXIPROXY_URL`` (Airflow's metadata database
+    stays direct)."""
     from psycopg.conninfo import make_conninfo
 
     s = settings()
@@ -1142,6 +1146,7 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
         "KAFKA_INGEST_PG_DSN": make_conninfo(**pg),
         "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(s, secure=secure, owner=True,
                                                                 faults=faults)),
+        "KAFKA_INGEST_PG_GRANT_TO": PG_APP_ROLE if secure else "",
         "PGHOST": pg["host"],
         "PGPORT": str(pg["port"]),
         "PGUSER": pg["user"],

@@ -30,6 +30,7 @@ from kafka_ingest.db import Database, grant_runtime
 from kafka_ingest.errors import DatabaseRefused, KafkaRefused, PermanentError
 from kafka_ingest.ingest import plan_run
 from kafka_ingest_dev import stack, tls
+from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
@@ -149,6 +150,54 @@ def test_ingest_dag_over_sasl_ssl_and_tls_postgres_leaking_no_secret(
     _assert_no_secret(secrets_of, "XCom", xcom[0])
     _assert_no_secret(secrets_of, "the tables", _tables_text(pg_dsn))
     _assert_no_secret(secrets_of, "the DLQ records", _dlq_text(clients, pipeline))
+
+
+def test_the_readme_flow_on_the_secure_stack_leaves_the_runtime_role_able_to_run(
+        secure_env: dict[str, str], stack_env: dict[str, str], clients: KafkaClients,
+        make_pipeline: Any, tmp_path: Path) -> None:
+    # What a newcomer types after `stack up --secure`, in a shell: `stack env --secure`,
+    # `migrate`, `run`, nothing else (no --grant-to). Only the database is this test's own.
+    pipeline, expected = _sample(clients, make_pipeline)
+    pipelines = write_pipelines_file(tmp_path / "p.yaml", pipeline)
+    script = (
+        'eval "$(kafka-ingest stack env --secure)" && '
+        # a fresh database instead of the stack's own (libpq: a later keyword wins)
+        'export KAFKA_INGEST_PG_DSN="$KAFKA_INGEST_PG_DSN dbname=$DB" '
+        'KAFKA_INGEST_PG_ADMIN_DSN="$KAFKA_INGEST_PG_ADMIN_DSN dbname=$DB" && '
+        'kafka-ingest migrate && kafka-ingest run "$PIPELINE"')
+    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"], migrated=False) as dsn:
+        env = {**os.environ, "DB": str(conninfo_to_dict(dsn)["dbname"]),
+               "PIPELINE": pipeline.name, "KAFKA_INGEST_PIPELINES": str(pipelines),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                              check=False, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        # migrate said what it granted, and to whom (the role `stack env --secure` names)
+        out = done.stdout
+        assert (f"granted '{stack.PG_APP_ROLE}' (from KAFKA_INGEST_PG_GRANT_TO) the runtime "
+                "privileges:") in out
+        for line in ("CONNECT, TEMPORARY on database", "USAGE on schema public",
+                     "SELECT, INSERT on table run_plans",
+                     "SELECT, INSERT, UPDATE on table ingest_offsets",
+                     "SELECT, INSERT, UPDATE on table telemetry_metrics"):
+            assert line in out, out
+        summary = json.loads(out[out.index("{"):])  # then `run` printed its summary
+        assert summary["inserted"] == len(expected.ids)
+        with psycopg.connect(dsn) as conn:
+            may_plan = conn.execute("SELECT has_table_privilege(%s, 'run_plans', 'INSERT')",
+                                    (stack.PG_APP_ROLE,)).fetchone()
+        assert may_plan == (True,)
+        assert_invariants(pipeline, clients, dsn, expected)
+
+
+def test_stack_env_names_the_runtime_role_only_on_the_secure_stack(
+        secure_env: dict[str, str]) -> None:
+    assert secure_env["KAFKA_INGEST_PG_GRANT_TO"] == stack.PG_APP_ROLE
+    assert conninfo_to_dict(secure_env["KAFKA_INGEST_PG_DSN"])["user"] == stack.PG_APP_ROLE
+    # the plaintext stack runs as the owner: nothing to grant, and a shell that had the
+    # secure environment stops granting once it evals the plain one
+    assert stack.env()["KAFKA_INGEST_PG_GRANT_TO"] == ""
 
 
 # --------------------------------------------------------------------------- refusals

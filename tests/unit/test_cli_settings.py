@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kafka_ingest.cli import main
+from kafka_ingest.cli import grant_target, main
 
 SETTINGS = ("KAFKA_INGEST_KAFKA_CONFIG", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_INGEST_PG_DSN",
             "KAFKA_INGEST_PG_ADMIN_DSN")
@@ -75,3 +75,23 @@ def test_pools_needs_no_setting_and_prints_what_airflow_pools_import_reads(
     assert main(["pools"]) == 0
     assert json.loads(capsys.readouterr().out) == {"pg_writers": {
         "slots": 3, "include_deferred": False, "description": "kafka-ingest: slices of a, b"}}
+
+
+@pytest.mark.parametrize(("given", "env", "expected"), [
+    # `stack env --secure` names the runtime role: a plain `migrate` grants it
+    (None, "kafka_ingest_app", ("kafka_ingest_app", "KAFKA_INGEST_PG_GRANT_TO")),
+    # a deployment says it on the command line, whatever the environment holds
+    ("pipelines_rt", "kafka_ingest_app", ("pipelines_rt", "--grant-to")),
+    # empty (the plaintext stack's value), or given empty: grant nothing
+    (None, "", (None, "KAFKA_INGEST_PG_GRANT_TO")),
+    ("", "kafka_ingest_app", (None, "--grant-to")),
+    (None, None, (None, "KAFKA_INGEST_PG_GRANT_TO")),
+])
+def test_migrate_grants_to_the_role_the_environment_names_unless_told(
+        monkeypatch: pytest.MonkeyPatch, given: str | None, env: str | None,
+        expected: tuple[str | None, str]) -> None:
+    if env is None:
+        monkeypatch.delenv("KAFKA_INGEST_PG_GRANT_TO", raising=False)
+    else:
+        monkeypatch.setenv("KAFKA_INGEST_PG_GRANT_TO", env)
+    assert grant_target(given) == expected

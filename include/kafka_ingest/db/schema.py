@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from kafka_ingest.errors import SettingsError
+
 #: What the runtime role needs of each bookkeeping table (no DELETE, no TRUNCATE).
 RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "ingest_offsets": ("SELECT", "INSERT", "UPDATE"),
@@ -55,25 +57,37 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
     return applied
 
 
-def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str]) -> None:
-    """Grant ``role`` what the pipelines need, and nothing more; idempotent.
+def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str]) -> list[str]:
+    """Grant ``role`` what the pipelines need, and nothing more; idempotent. Returns what
+    was granted, one ``"<privileges> on <object>"`` line each.
 
     CONNECT and TEMPORARY on this database (staging tables are temporary), USAGE on the
     schema and the audit sequences, the DML of :data:`RUNTIME_PRIVILEGES` and
-    :data:`TARGET_PRIVILEGES`. Run it as the owner after the migrations.
+    :data:`TARGET_PRIVILEGES`. Run it as the owner after the migrations. A role that does
+    not exist is a :class:`SettingsError` naming it (not Postgres's "role does not exist"
+    from the middle of the grants).
     """
     who = sql.Identifier(role)
+    granted: list[str] = []
 
-    def grant(privileges: Iterable[str], what: sql.Composable) -> None:
+    def grant(privileges: Iterable[str], kind: str, name: str | None = None) -> None:
+        what = sql.SQL(kind) if name is None else sql.SQL(f"{kind} {{}}").format(
+            sql.Identifier(name))
         conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(
             sql.SQL(", ").join(sql.SQL(p) for p in privileges), what, who))
+        granted.append(f"{', '.join(privileges)} on {kind.lower()}"
+                       f"{f' {name}' if name is not None else ''}")
 
     with conn.transaction():
-        grant(("CONNECT", "TEMPORARY"), sql.SQL("DATABASE {}").format(
-            sql.Identifier(conn.info.dbname)))
-        grant(("USAGE",), sql.SQL("SCHEMA public"))
-        grant(("USAGE",), sql.SQL("ALL SEQUENCES IN SCHEMA public"))
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+            raise SettingsError(f"role {role!r} does not exist on this server, so it cannot be "
+                                "granted the runtime privileges: create it (CREATE ROLE ... "
+                                "LOGIN) or name another one")
+        grant(("CONNECT", "TEMPORARY"), "DATABASE", conn.info.dbname)
+        grant(("USAGE",), "SCHEMA", "public")
+        grant(("USAGE",), "ALL SEQUENCES IN SCHEMA public")
         for table, privileges in RUNTIME_PRIVILEGES.items():
-            grant(privileges, sql.SQL("TABLE {}").format(sql.Identifier(table)))
+            grant(privileges, "TABLE", table)
         for table in sorted(set(tables)):
-            grant(TARGET_PRIVILEGES, sql.SQL("TABLE {}").format(sql.Identifier(table)))
+            grant(TARGET_PRIVILEGES, "TABLE", table)
+    return granted
