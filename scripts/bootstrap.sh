@@ -3,18 +3,38 @@
 # system packages (Java 17, Maven, PostgreSQL server, Chromium for the UI tests, Redis for the
 # Celery executor) when missing, then a virtualenv in
 # .venv with the pinned requirements and the project (editable). Fast when up to date.
+#
+#   --demo     only what `make demo` uses: no Chromium (the UI tests) and no Redis (the
+#              Celery stack); `make test` and CI install everything
+#   --dry-run  say which system packages are missing and would be installed; change nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+demo=0
+dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    --demo) demo=1 ;;
+    --dry-run) dry_run=1 ;;
+    *) echo "bootstrap: unknown option $arg (known: --demo, --dry-run)" >&2; exit 2 ;;
+  esac
+done
 
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-# The UI tests drive Debian's Chromium with Playwright (no browser download).
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
-# The Celery executor's broker in the local stack (stack up --executor celery).
-command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+if [ "$demo" -eq 0 ]; then
+  # The UI tests drive Debian's Chromium with Playwright (no browser download).
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # The Celery executor's broker in the local stack (stack up --executor celery).
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+fi
+if [ "$dry_run" -eq 1 ]; then
+  echo "bootstrap: missing: ${need[*]:-nothing}"
+  exit 0
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "bootstrap: missing ${need[*]}; install them (sudo apt-get install ${need[*]}) and rerun" >&2

@@ -3,5 +3,5 @@
 # sample events with poison pills, run the ingest DAG for real, print a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh --demo  # not the tests' browser nor the Celery broker
 exec .venv/bin/kafka-ingest demo "$@"

@@ -9,11 +9,13 @@ database), and prints what landed: rows, dead letters by reason, lag.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,47 @@ def run_dag(dag_id: str, env: dict[str, str], *, conf: dict[str, Any] | None = N
     return proc
 
 
+def _figure(key: str, value: Any) -> str:
+    """One figure of a run's sums as a person reads it: counts as they are, bytes in MB,
+    seconds to the hundredth, the DLQ rate as a percentage."""
+    label = {"dead_lettered": "dead-lettered", "known_dead": "already dead-lettered",
+             "lag_after": "lag after", "dlq_rate": "DLQ rate"}.get(key, key)
+    if key == "bytes" and isinstance(value, int | float):
+        return f"{value / 1e6:.1f} MB"
+    if key == "seconds" and isinstance(value, int | float):
+        return f"{value:.2f}s"
+    if key == "dlq_rate" and isinstance(value, int | float):
+        return f"{label} {value:.2%}"
+    if isinstance(value, float):
+        return f"{label} {value:.3g}"
+    return f"{label} {value}"
+
+
+def sums_text(pipeline: str, sums: Mapping[str, Any]) -> str:
+    """A run's sums (``run_ingest``'s, or the report task's) on one line: ``telemetry_metrics:
+    read 20061, inserted 20001, ..., 3.7 MB, 0.28s, ...``; the run id is left out."""
+    figures = [_figure(k, v) for k, v in sums.items() if k != "run_id"]
+    return f"{pipeline}: {', '.join(figures)}"
+
+
+def report_line(line: str, pipeline: str) -> str | None:
+    """What the demo shows of one line of the DAG run's output: a slice's report as the
+    slice wrote it, the run's sums (the report task prints them as a dict) through
+    :func:`sums_text`, anything else ``None``."""
+    if " live: read " in line:
+        text = line.split("[kafka_ingest.slices]", maxsplit=1)[0]
+        return text[text.find(pipeline):].strip()[:240]
+    start = line.find(f"{pipeline}: {{")
+    if start < 0:
+        return None
+    raw = line[start + len(pipeline) + 2:]
+    try:
+        sums = ast.literal_eval(raw[:raw.index("}") + 1])
+    except (ValueError, SyntaxError):  # not the sums after all: show it as it is
+        return line[start:].strip()[:240]
+    return sums_text(pipeline, sums) if isinstance(sums, dict) else line[start:].strip()[:240]
+
+
 def _counts(db: Database, table: str, pipeline: str) -> dict[str, Any]:
     with db.session() as conn:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
@@ -77,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
     if args.cli:
         print("4/5 running one micro-batch with `kafka-ingest run` ...")
         summary = run_ingest(pipeline, kafka_clients(), database(), run_id=new_run_id("cli"))
-        print(json.dumps(summary, indent=2, default=str))
+        print("   ", sums_text(pipeline.name, summary))
     else:
         log_file = Path(env["KAFKA_INGEST_STATE_DIR"]) / f"demo-{dag_id}.log"
         print(f"4/5 running the DAG {dag_id!r} with `airflow dags test` (log: {log_file}) ...")
@@ -87,9 +130,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"the DAG run failed; full log in {log_file}", file=sys.stderr)
             return 1
         for line in (proc.stdout + proc.stderr).splitlines():
-            if " live: read " in line or f"{pipeline.name}: {{" in line:
-                text = line.split("[kafka_ingest.slices]")[0]
-                print("   ", text[text.find(pipeline.name):].strip()[:240])
+            shown = report_line(line, pipeline.name)
+            if shown is not None:
+                print("   ", shown)
     after = _counts(db, pipeline.table, pipeline.name)
     print("5/5 summary")
     print(f"    rows in {pipeline.table}: {after['rows']} (+{after['rows'] - before['rows']})")
