@@ -154,46 +154,63 @@ class _PartitionReader:
         return messages, total, False
 
     def chunk(self, start: int, chunk_end: int) -> tuple[list[Any], int]:
-        """The messages of ``[start, end)`` and that end (``chunk_end`` unless the byte
-        budget cut the chunk short, after the message that reached it)."""
-        batch, size, cut = self._cap(self._split(self.carry, chunk_end), self.max_bytes)
-        if cut:
-            return batch, batch[-1].offset() + 1
-        if self.carry:
-            return batch, chunk_end
-        last = batch[-1].offset() if batch else start - 1
-        idle_since = time.monotonic()
-        while last + 1 < chunk_end:
-            got = self.consumer.consume(num_messages=max(1, min(chunk_end - last - 1, 10_000)),
-                                        timeout=self.poll_timeout_s)
-            # Error events raise; an end-of-partition event is neither data nor an error.
-            if any(map(is_not, map(_error, got), repeat(None))):  # an error or EOF event
-                got = [m for m in got if not _raise_on_error(
-                    self.consumer, m, self.topic, self.partition, last + 1)]
-            inside, added, cut = self._cap(self._split(got, chunk_end), self.max_bytes - size)
-            batch.extend(inside)
+        """The messages of ``[start, chunk_end)``, and the offset the chunk ends at.
+
+        The chunk ends (the cursor moves to) just past the message whose bytes reached
+        the budget, if one did (the rest wait for the next chunk); otherwise at
+        ``chunk_end``, as soon as any of these shows that nothing before it is left:
+
+        - a message at or past ``chunk_end`` arrived (it waits for the next chunk);
+        - the message at ``chunk_end - 1`` was read;
+        - a fetch brought nothing, yet the consumer's position passed ``chunk_end``
+          (only transaction markers or compacted-away offsets were left).
+
+        Nothing arriving for ``idle_timeout_s`` is an infrastructure error.
+        """
+        batch: list[Any] = []
+        size = 0
+        pending, fetched = self.carry, False  # what overshot the last chunk comes first
+        last, idle_since = start - 1, time.monotonic()
+        while True:
+            kept, added, cut = self._cap(self._split(pending, chunk_end), self.max_bytes - size)
+            batch.extend(kept)
             if cut:
-                return batch, batch[-1].offset() + 1
-            if self.carry:
-                break
-            if inside:
+                return batch, kept[-1].offset() + 1
+            if kept:
                 size += added
-                last, idle_since = inside[-1].offset(), time.monotonic()
-                continue
-            if _position(self.consumer, self.topic, self.partition) >= chunk_end:
-                break  # only markers or compacted-away offsets were left
-            if time.monotonic() - idle_since > self.idle_timeout_s:
-                raise KafkaUnavailable(
-                    f"read {self.topic}[{self.partition}]",
-                    f"no message for offsets [{last + 1}, {chunk_end}) "
-                    f"within {self.idle_timeout_s}s",
-                )
-        return batch, chunk_end
+                last, idle_since = kept[-1].offset(), time.monotonic()
+            if self.carry or last + 1 >= chunk_end:
+                return batch, chunk_end
+            if fetched and not kept:
+                if _position(self.consumer, self.topic, self.partition) >= chunk_end:
+                    return batch, chunk_end
+                if time.monotonic() - idle_since > self.idle_timeout_s:
+                    raise KafkaUnavailable(
+                        f"read {self.topic}[{self.partition}]",
+                        f"no message for offsets [{last + 1}, {chunk_end}) "
+                        f"within {self.idle_timeout_s}s")
+            pending, fetched = self._fetch(last + 1, chunk_end), True
+
+    def _fetch(self, position: int, chunk_end: int) -> list[Any]:
+        """One ``consume`` of at most what the chunk still lacks; an error event raises,
+        an end-of-partition event (neither data nor an error) is dropped."""
+        got = self.consumer.consume(num_messages=max(1, min(chunk_end - position, 10_000)),
+                                    timeout=self.poll_timeout_s)
+        if _has_events(got):
+            got = [m for m in got if not _raise_on_error(
+                self.consumer, m, self.topic, self.partition, position)]
+        return got
 
 
 _value = methodcaller("value")
 _key = methodcaller("key")
 _error = methodcaller("error")
+
+
+def _has_events(messages: list[Any]) -> bool:
+    """Whether any of ``messages`` is an event (an error, an end of partition) rather than
+    a message: checked in C, once per ``consume`` batch."""
+    return any(map(is_not, map(_error, messages), repeat(None)))
 
 
 def _size(messages: list[Any]) -> int:
