@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -125,7 +125,8 @@ class KafkaClients:
         """A consumer of ``group_id`` that assigns (never subscribes) and never commits by
         itself; its group commits go through :meth:`committer`."""
         refusals = _Refusals()
-        consumer = _Consumer({**self._consumer_config(group_id), "error_cb": refusals})
+        consumer = _configured("consumer", _Consumer,
+                               {**self._consumer_config(group_id), "error_cb": refusals})
         consumer.refusals = refusals
         return consumer
 
@@ -142,13 +143,25 @@ class KafkaClients:
         conf = {**PRODUCER_DEFAULTS, "logger": LIBRDKAFKA_LOG,
                 **{k: v for k, v in self.config.items() if k not in _CONSUMER_ONLY},
                 **FORCED_PRODUCER}
-        producer = _Producer(conf)
+        producer = _configured("producer", _Producer, conf)
         producer.delivery_timeout_s = _seconds(conf, "delivery.timeout.ms", "message.timeout.ms",
                                                default_ms=300_000)
         return producer
 
     def admin(self) -> AdminClient:
-        return AdminClient(self._common())
+        return _configured("admin client", AdminClient, self._common())
+
+
+C = TypeVar("C")
+
+
+def _configured(kind: str, client: Callable[[dict[str, Any]], C], conf: dict[str, Any]) -> C:
+    """``client(conf)``; a setting librdkafka refuses (an unknown key, a bad value) is a
+    permanent :class:`KafkaRefused` naming it, not a raw ``KafkaException``."""
+    try:
+        return client(conf)
+    except KafkaException as exc:
+        raise map_kafka_error(f"{kind} configuration", exc) from exc
 
 
 #: librdkafka codes that no retry can cure: credentials, permissions, TLS, configuration.

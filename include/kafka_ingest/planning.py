@@ -28,8 +28,6 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
 from kafka_ingest.db import (
@@ -39,6 +37,7 @@ from kafka_ingest.db import (
     PinnedRange,
     PlansRepository,
 )
+from kafka_ingest.errors import KafkaRefused, KafkaUnavailable
 from kafka_ingest.ranges import (
     Mode,
     OffsetRange,
@@ -175,7 +174,7 @@ def _group_offsets(consumer: Any, target: PlanTarget,
         return None
     try:
         return committed_offsets(consumer, target.topic, partitions)
-    except KafkaException as exc:
+    except (KafkaUnavailable, KafkaRefused) as exc:
         log.warning("could not read the committed offsets of group %s on %s; not re-syncing "
                     "it this run: %s", target.group_id, target.topic, exc)
         return None

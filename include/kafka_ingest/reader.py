@@ -241,5 +241,10 @@ def _position(consumer: Any, topic: str, partition: int) -> int:
 
 def committed_offsets(consumer: Any, topic: str, partitions: list[int],
                       *, timeout_s: float = 10.0) -> dict[int, int | None]:
-    tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+    """The consumer group's committed offset per partition (``None``: none committed)."""
+    try:
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                 timeout=timeout_s)
+    except KafkaException as exc:
+        raise map_kafka_error(f"committed offsets of {topic}", exc, consumer) from exc
     return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in tps}

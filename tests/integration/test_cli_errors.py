@@ -152,6 +152,19 @@ def test_a_kafka_config_that_is_not_json_is_named(good: dict[str, str | None],
              "KAFKA_INGEST_KAFKA_CONFIG is not a JSON object")
 
 
+@pytest.mark.parametrize(("setting", "named"), [
+    ({"no.such.key": 1}, 'No such configuration property: "no.such.key"'),  # a typo
+    ({"retry.backoff.ms": "soon"}, "Invalid value for configuration property"),
+])
+@pytest.mark.parametrize("args", [RUN, LAG, TOPICS])
+def test_a_kafka_setting_librdkafka_refuses_is_named(good: dict[str, str | None],
+                                                     args: list[str], setting: dict[str, Any],
+                                                     named: str) -> None:
+    config = {**json.loads(str(good["KAFKA_INGEST_KAFKA_CONFIG"])), **setting}
+    the_line(cli({**good, "KAFKA_INGEST_KAFKA_CONFIG": json.dumps(config)}, args),
+             named, "fix the Kafka connection's settings")
+
+
 @pytest.mark.parametrize("args", [RUN, MIGRATE])
 def test_a_dsn_libpq_cannot_parse_is_named_without_repeating_it(
         good: dict[str, str | None], args: list[str]) -> None:
