@@ -6,7 +6,7 @@ the LocalExecutor, or the CeleryExecutor with Redis and N workers) with a test's
 file and database (on top of the stack's environment), waits until the test's DAGs are
 parsed, and on exit stops the services and deletes the test's DAGs and the pools its
 pipelines named from the shared metadata database, so no other test sees them or depends
-on them.
+on them. Every wait on Airflow has a deadline from :mod:`tests.dags.deadlines`.
 """
 
 from __future__ import annotations
@@ -15,25 +15,33 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import psutil
 
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.demo import _airflow_bin
+from tests.dags.deadlines import parse_deadline_s
 
 TERMINAL = {"success", "failed"}
 
 
 class AirflowApi:
-    """The REST API of the stack's api-server, logged in as the stack's admin."""
+    """The REST API of the stack's api-server, logged in as the stack's admin;
+    ``settings``: the ``AIRFLOW__*`` environment the services run with, ``scheduler_pid``
+    the scheduler they were started with."""
 
-    def __init__(self, url: str, user: str, password: str) -> None:
+    def __init__(self, url: str, user: str, password: str, *,
+                 settings: Mapping[str, str] | None = None,
+                 scheduler_pid: int | None = None) -> None:
         self.url = url
         self.user = user
         self.password = password
+        self.settings = dict(settings or {})
+        self.scheduler_pid = scheduler_pid
         token = httpx.post(f"{url}/auth/token", json={"username": user, "password": password},
                            timeout=30)
         token.raise_for_status()
@@ -54,10 +62,21 @@ class AirflowApi:
         response.raise_for_status()
         return str(response.json()["dag_run_id"])
 
-    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float = 240) -> str:
-        run = poll(f"{dag_id} run {run_id} to finish", lambda: self._finished(dag_id, run_id),
-                   timeout_s)
-        return str(run)
+    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float) -> str:
+        """Wait for the run to end (success or failed); past the deadline, say where each
+        of its tasks is, or that the services are no longer the ones the test started."""
+        try:
+            return str(poll(f"{dag_id} run {run_id} to finish",
+                            lambda: self._finished(dag_id, run_id), timeout_s))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {self._whereabouts(dag_id, run_id)}") from None
+
+    def _whereabouts(self, dag_id: str, run_id: str) -> str:
+        now = stack.settings().airflow.pids()["scheduler"]
+        if now != self.scheduler_pid:
+            return (f"the Airflow services were stopped or replaced meanwhile (scheduler pid "
+                    f"{self.scheduler_pid}, now {now})")
+        return f"tasks: {self.task_states(dag_id, run_id)}"
 
     def _finished(self, dag_id: str, run_id: str) -> str | None:
         state = self.get(f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
@@ -89,14 +108,14 @@ class AirflowApi:
 
 def poll(what: str, check: Callable[[], Any], timeout_s: float, *,
          interval_s: float = 1.0) -> Any:
-    """Wait for ``check()`` to return something truthy, by polling with a deadline."""
+    """Wait for ``check()`` to return something truthy, by polling with a deadline (asked
+    at least once)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
+    while not (value := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return value
 
 
 @contextmanager
@@ -109,10 +128,19 @@ def running_airflow(env: dict[str, str], dag_ids: list[str],
     stack.stop_airflow()  # whatever ran before, with another environment
     up = stack.up(airflow=True, airflow_env={**env, **(extra or {})}, executor=executor,
                   workers=workers)
-    api = AirflowApi(up["AIRFLOW_API_URL"], up["AIRFLOW_API_USER"], up["AIRFLOW_API_PASSWORD"])
+    scheduler = _scheduler()
+    api = AirflowApi(up["AIRFLOW_API_URL"], up["AIRFLOW_API_USER"], up["AIRFLOW_API_PASSWORD"],
+                     settings={k: v for k, v in scheduler.environ().items()
+                               if k.startswith("AIRFLOW__")},
+                     scheduler_pid=scheduler.pid)
     try:
+        deadline = time.monotonic() + parse_deadline_s(api.settings)
         for dag_id in dag_ids:
-            poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d), 120)
+            try:
+                poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d),
+                     max(0.0, deadline - time.monotonic()))
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; import errors: {_import_errors(api)}") from None
         yield api
     finally:
         _delete_pools(api, env)
@@ -135,5 +163,20 @@ def _delete_pools(api: AirflowApi, env: dict[str, str]) -> None:
                 api.client.delete(f"/pools/{name}")
 
 
+def _scheduler() -> psutil.Process:
+    """The stack's scheduler: its environment holds the settings every service got (the
+    stack's own and the test's ``extra``), which the waits' deadlines derive from."""
+    pid = stack.settings().airflow.pids()["scheduler"]
+    assert pid is not None, "the stack's scheduler is not running"
+    return psutil.Process(pid)
+
+
 def _dag_known(api: AirflowApi, dag_id: str) -> bool:
     return api.client.get(f"/dags/{dag_id}").status_code == 200
+
+
+def _import_errors(api: AirflowApi) -> list[str]:
+    """What the dag-processor could not import (file and the last line of its trace)."""
+    errors = api.get("/importErrors")["import_errors"]
+    return [f"{e['filename']}: {''.join((e.get('stack_trace') or '').strip().splitlines()[-1:])}"
+            for e in errors]

@@ -32,6 +32,7 @@ from kafka_ingest_dev.demo import _airflow_bin
 from kafka_ingest_dev.samples import make_event
 from tests.conftest import dag_env
 from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
     doc = {"pipelines": {name: {
         "topic": topics(2, "src"), "dlq_topic": topics(2, "dlq"), "table": "telemetry_metrics",
         "contract": {"event_type": "metric_event", "version": 2}, "schedule": "@hourly",
-        "retries": 0,
+        "retries": 0, "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
     }}}
     pipeline = parse_pipelines(doc)[name]
     env = {**os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline)}
@@ -119,7 +120,8 @@ def test_airflow_backfill_maps_each_data_interval_to_offsets(
     def scheduled_run_done() -> bool:
         return ("scheduled", "success") in _runs(stack_env, dag_id)
 
-    poll("the scheduled (live) run", scheduled_run_done, 180)
+    poll("the scheduled (live) run", scheduled_run_done,
+         run_deadline_s(pipeline, airflow_api.settings, slices=2))
     with psycopg.connect(pg_dsn) as conn:
         assert {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")} == set(ids)
         live_offsets = conn.execute("SELECT partition, next_offset FROM ingest_offsets"
@@ -138,7 +140,8 @@ def test_airflow_backfill_maps_each_data_interval_to_offsets(
         return runs if len(runs) == 2 and all(s in {"success", "failed"} for _, s in runs) \
             else None
 
-    runs = poll("both backfill runs to finish", finished, 300)
+    runs = poll("both backfill runs to finish", finished,
+                run_deadline_s(pipeline, airflow_api.settings, slices=2, runs=2))
     assert [s for _, s in runs] == ["success", "success"]
     with psycopg.connect(pg_dsn) as conn:
         loaded = {r[0] for r in conn.execute("SELECT event_id FROM telemetry_metrics")}

@@ -26,10 +26,12 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import ROOT, dag_env
 from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
 
 COUNT, POISON = 400, 1
+PARTITIONS = 2
 ARTIFACTS = Path(os.environ.get("KAFKA_INGEST_TEST_ARTIFACTS") or ROOT / "test-artifacts")
 
 
@@ -45,9 +47,10 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
     """A manual-only pipeline with a unique name, so its DAGs are this test's alone."""
     name = f"ops_{uuid.uuid4().hex[:8]}"
     doc = {"pipelines": {name: {
-        "topic": topics(2, "src"), "dlq_topic": topics(2, "dlq"), "table": "telemetry_metrics",
-        "contract": {"event_type": "metric_event", "version": 2}, "schedule": None,
-        "retries": 0,
+        "topic": topics(PARTITIONS, "src"), "dlq_topic": topics(PARTITIONS, "dlq"),
+        "table": "telemetry_metrics", "contract": {"event_type": "metric_event", "version": 2},
+        "schedule": None, "retries": 0,
+        "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
     }}}
     return parse_pipelines(doc)[name]
 
@@ -60,21 +63,27 @@ def api(stack_env: dict[str, str], pipeline: Pipeline, pg_dsn: str,
         yield a
 
 
-def _run(api: AirflowApi, dag_id: str, conf: dict[str, Any]) -> str:
+def _finished(api: AirflowApi, pipeline: Pipeline, dag_id: str, run_id: str) -> str:
+    return api.wait_for_run(dag_id, run_id,
+                            run_deadline_s(pipeline, api.settings, slices=PARTITIONS))
+
+
+def _run(api: AirflowApi, pipeline: Pipeline, dag_id: str, conf: dict[str, Any]) -> str:
     run_id = api.trigger(dag_id, conf)
-    state = api.wait_for_run(dag_id, run_id)
+    state = _finished(api, pipeline, dag_id, run_id)
     assert state == "success", api.task_states(dag_id, run_id)
     return run_id
 
 
 def test_rest_api_live_run_backfill_by_offsets_and_dry_run_replay(
         api: AirflowApi, pipeline: Pipeline, clients: Any, pg_dsn: str) -> None:
-    sample = produce_sample(clients, pipeline, count=COUNT, poison=POISON, partitions=2)
+    sample = produce_sample(clients, pipeline, count=COUNT, poison=POISON,
+                            partitions=PARTITIONS)
     ingest, replay = f"{pipeline.name}_ingest", f"{pipeline.name}_dlq_replay"
     api.unpause(ingest)
     api.unpause(replay)
 
-    live = _run(api, ingest, {})
+    live = _run(api, pipeline, ingest, {})
     rows = sample["expect"]["row"]
     assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == rows
     assert api.xcom(ingest, live, "report")["inserted"] == rows
@@ -86,7 +95,7 @@ def test_rest_api_live_run_backfill_by_offsets_and_dry_run_replay(
     deleted = _one(pg_dsn, "WITH d AS (DELETE FROM telemetry_metrics WHERE source_partition = 1"
                            " AND source_offset < 50 RETURNING 1) SELECT count(*) FROM d")
     assert deleted > 0
-    backfill = _run(api, ingest, {"partitions": {"1": [0, 50]}})
+    backfill = _run(api, pipeline, ingest, {"partitions": {"1": [0, 50]}})
     summary = api.xcom(ingest, backfill, "report")
     assert (summary["read"], summary["inserted"]) == (50, deleted)
     assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == rows
@@ -94,7 +103,7 @@ def test_rest_api_live_run_backfill_by_offsets_and_dry_run_replay(
     assert _one(pg_dsn, "SELECT json_object_agg(partition, next_offset) FROM ingest_offsets"
                 ) == offsets
 
-    dry = _run(api, replay, {"dry_run": True})
+    dry = _run(api, pipeline, replay, {"dry_run": True})
     report = api.xcom(replay, dry, "report")
     assert report["dry_run"] is True
     assert report["outcomes"]["still_parked"] == dead  # the contract did not change
@@ -118,7 +127,7 @@ def test_ui_trigger_form_runs_a_backfill_by_offsets(
 
     shots = ARTIFACTS / "ui"
     shots.mkdir(parents=True, exist_ok=True)
-    sample = produce_sample(clients, pipeline, count=COUNT, poison=0, partitions=2)
+    sample = produce_sample(clients, pipeline, count=COUNT, poison=0, partitions=PARTITIONS)
     ingest = f"{pipeline.name}_ingest"
     with psycopg.connect(pg_dsn) as conn:  # the partition's high watermark, read back
         assert conn.execute("SELECT count(*) FROM telemetry_metrics").fetchone() == (0,)
@@ -156,7 +165,7 @@ def test_ui_trigger_form_runs_a_backfill_by_offsets(
                 return fresh[0] if fresh else None
 
             run_id = poll("the run the form triggered", new_run, 60)
-            assert api.wait_for_run(ingest, run_id) == "success"
+            assert _finished(api, pipeline, ingest, run_id) == "success"
             assert api.get(f"/dags/{ingest}/dagRuns/{run_id}")["conf"]["partitions"] == {
                 "0": [0, end]}
             page.goto(f"{api.url}/dags/{ingest}/runs/{run_id}", wait_until="networkidle")

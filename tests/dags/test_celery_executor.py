@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, d
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.deadlines import run_deadline_s, setting
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
@@ -55,6 +56,7 @@ WORKERS = 2
 PARTITIONS = 3
 #: Airflow notices a task whose heartbeat stopped after this many seconds (default 300),
 #: checking every two; live tasks heartbeat every 5 s ([workers] min_heartbeat_interval).
+#: The waits' deadlines follow from these (tests.dags.deadlines).
 SCHEDULER = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
@@ -86,6 +88,9 @@ def celery(stack_env: dict[str, str], clients: Any, tmp_path_factory: pytest.Tem
             "topic": f"src-{name}", "dlq_topic": f"dlq-{name}", "table": "telemetry_metrics",
             "contract": {"event_type": "metric_event", "version": 2}, "schedule": None,
             "retries": 0, "postgres_conn_id": conn_id, "partitions": PARTITIONS,
+            # Airflow itself ends a hung try after a minute (not the default hour), which
+            # bounds how long a run may take and so each wait's deadline.
+            "task_timeout_minutes": 1,
             **({"pool": f"{name}_writers"} if key == "pool" else {}), **overrides,
         }
     pipelines = parse_pipelines({"pipelines": bodies})
@@ -122,9 +127,13 @@ def _produce(clients: Any, pipeline: Pipeline, key: str) -> Any:
                                 partitions=PARTITIONS)
 
 
-def _finished(api: AirflowApi, dag_id: str, run_id: str, timeout_s: float = 180) -> None:
-    state = api.wait_for_run(dag_id, run_id, timeout_s)
+def _finished(api: AirflowApi, pipeline: Pipeline, dag_id: str, run_id: str, *,
+              from_kill: bool = False) -> float:
+    """Wait for the run to succeed, at most as long as Airflow may take; the deadline."""
+    deadline = run_deadline_s(pipeline, api.settings, slices=PARTITIONS, from_kill=from_kill)
+    state = api.wait_for_run(dag_id, run_id, deadline)
     assert state == "success", api.task_states(dag_id, run_id)
+    return deadline
 
 
 def test_mapped_slices_spread_over_the_workers(celery: dict[str, Any], clients: Any) -> None:
@@ -133,7 +142,7 @@ def test_mapped_slices_spread_over_the_workers(celery: dict[str, Any], clients: 
     expected = _produce(clients, pipeline, "spread")
 
     run_id = api.trigger(dag_id, {})
-    _finished(api, dag_id, run_id)
+    _finished(api, pipeline, dag_id, run_id)
 
     slices = api.task_instances(dag_id, run_id, "ingest")
     assert len(slices) == PARTITIONS
@@ -163,15 +172,21 @@ def _doomed_slice(api: AirflowApi, dag_id: str, run_id: str, dsn: str, pipeline:
 
 def _kill_worker(celery: dict[str, Any], node: str) -> list[int]:
     """SIGKILL the Celery worker ``node`` and every task process it started (they run in
-    process groups of their own): what losing its machine does. Returns the pids."""
+    process groups of their own): what losing its machine does. Returns the pids.
+
+    Every group is stopped (SIGSTOP) before any is killed: killed one group after the
+    other, a task's supervisor could see its task process die and report the try failed
+    at once (seen once in 10 kills), which a lost machine never does; Airflow must notice the
+    silence instead."""
     name = node.split("@", maxsplit=1)[0]
     pid = int((stack.settings().airflow.pidfile(name)).read_text())
     worker = psutil.Process(pid)
     victims = [worker, *worker.children(recursive=True)]
     groups = {os.getpgid(p.pid) for p in victims if p.is_running()}
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
     psutil.wait_procs(victims, timeout=10)
     return [p.pid for p in victims]
 
@@ -185,23 +200,33 @@ def test_a_worker_killed_mid_slice_is_retried_on_a_worker(celery: dict[str, Any]
 
     run_id = api.trigger(dag_id, {})
     doomed = poll("a slice half done", lambda: _doomed_slice(
-        api, dag_id, run_id, dsn, pipeline, end), 120, interval_s=0.2)
+        api, dag_id, run_id, dsn, pipeline, end),
+        run_deadline_s(pipeline, api.settings, slices=PARTITIONS), interval_s=0.2)
     killed = _kill_worker(celery, doomed["hostname"])
+    killed_at, killed_on = time.monotonic(), datetime.now(tz=UTC)
     assert doomed["pid"] in killed  # the task process itself went down with its worker
     time.sleep(1)  # nothing of the dead slice may commit from here on
     partition = doomed["partition"]
     at_kill = stored_offsets(dsn, pipeline)[partition]
     assert 0 < at_kill < end[partition], "the worker was not killed in the middle of a slice"
 
-    _finished(api, dag_id, run_id, timeout_s=180)
+    deadline = _finished(api, pipeline, dag_id, run_id, from_kill=True)
+    took = time.monotonic() - killed_at
 
     tries = api.tries(dag_id, run_id, "ingest", doomed["map_index"])
-    seen = [(t["try_number"], t["state"], t["hostname"]) for t in tries]
+    seen = [(t["try_number"], t["state"], t["hostname"], t["start_date"], t["end_date"])
+            for t in tries]
     print(f"partition {partition}: killed on {doomed['hostname']} at offset {at_kill} of "
-          f"{end[partition]}; tries: {seen}")
+          f"{end[partition]}; the run ended {took:.0f} s later (deadline {deadline:.0f} s); "
+          f"tries: {seen}")
     assert len(tries) >= 2
     assert tries[0]["hostname"] == doomed["hostname"]
     assert tries[0]["state"] != "success"
+    # failed for its silence, not on anyone's word: no sooner than the heartbeat time-out
+    # after its last heartbeat (at most one heartbeat interval before the kill)
+    silent_s = (_when(tries[0]["end_date"]) - killed_on).total_seconds()
+    assert silent_s >= setting(api.settings, "scheduler", "task_instance_heartbeat_timeout") \
+        - setting(api.settings, "workers", "min_heartbeat_interval"), silent_s
     assert tries[-1]["state"] == "success"
     assert tries[-1]["hostname"].startswith("worker-")
     # Nothing lost, nothing duplicated, offsets at the end (the DLQ topic may hold a pill
@@ -232,7 +257,7 @@ def test_a_pool_of_one_slot_runs_the_slices_one_at_a_time(celery: dict[str, Any]
     expected = _produce(clients, pipeline, "pool")
 
     run_id = api.trigger(dag_id, {})
-    _finished(api, dag_id, run_id)
+    _finished(api, pipeline, dag_id, run_id)
 
     slices = sorted(api.task_instances(dag_id, run_id, "ingest"),
                     key=lambda t: _when(t["start_date"]))
