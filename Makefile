@@ -1,11 +1,14 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test bootstrap lint stack-up stack-down bench bench-scale bench-smoke faults-full lock
+.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke faults-full lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
 
 test:            ## install, start the local stack, lint, type-check and run every test
 	bash scripts/test.sh
+
+test-busy:       ## `make test` with one core kept busy by a CPU burner for the whole pytest session
+	KAFKA_INGEST_TEST_BURN_CPU=1 bash scripts/test.sh
 
 bootstrap:
 	bash scripts/bootstrap.sh

@@ -2,13 +2,18 @@
 
 Unit tests (tests/unit) use none of these and need no service. Everything else runs
 against the real Kafka broker and Postgres started by ``kafka_ingest_dev.stack``.
+
+``KAFKA_INGEST_TEST_BURN_CPU=N`` (``make test-busy``: 1) keeps N cores busy for the whole
+session, so the suite also runs on a loaded machine on purpose.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import uuid
@@ -26,6 +31,64 @@ from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
+
+BURN_CPU_ENV = "KAFKA_INGEST_TEST_BURN_CPU"
+#: A busy loop on one core. It asks the kernel for SIGKILL when its parent dies (Linux's
+#: PR_SET_PDEATHSIG), so it goes with pytest even when pytest is SIGKILLed, and leaves at
+#: once if pytest was gone before it asked. Nice as pytest: it competes with the tests.
+_BURNER = """\
+import ctypes, os, signal, sys
+PR_SET_PDEATHSIG = 1
+if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+if os.getppid() != int(sys.argv[1]):
+    sys.exit()
+while True:
+    pass
+"""
+_BURNERS = pytest.StashKey[list[subprocess.Popen[bytes]]]()
+
+
+def _cores_to_burn() -> int:
+    raw = os.environ.get(BURN_CPU_ENV, "").strip() or "0"
+    if not raw.isdigit():
+        raise pytest.UsageError(f"{BURN_CPU_ENV}={raw!r}: say how many cores to keep busy")
+    return int(raw)
+
+
+def _stop_burners(burners: list[subprocess.Popen[bytes]]) -> None:
+    for burner in burners:
+        if burner.poll() is None:
+            burner.kill()
+    for burner in burners:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            burner.wait(10)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the CPU burners (``KAFKA_INGEST_TEST_BURN_CPU``) for the session; the session
+    owns them: ``pytest_unconfigure`` (also after Ctrl-C) and ``atexit`` kill them, the
+    kernel does when pytest is killed. Started from the main thread, which lives as long as
+    pytest: the parent-death signal follows the thread that forked."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller burns
+        return
+    burners = [subprocess.Popen([sys.executable, "-c", _BURNER, str(os.getpid())],
+                                stdin=subprocess.DEVNULL)
+               for _ in range(_cores_to_burn())]
+    config.stash[_BURNERS] = burners
+    atexit.register(_stop_burners, burners)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _stop_burners(config.stash.get(_BURNERS, []))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    burners = config.stash.get(_BURNERS, [])
+    if not burners:
+        return None
+    return (f"{BURN_CPU_ENV}: {len(burners)} core(s) kept busy by CPU burners (pids "
+            f"{', '.join(str(b.pid) for b in burners)})")
 
 
 @pytest.fixture(scope="session")

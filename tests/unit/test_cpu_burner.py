@@ -1,0 +1,120 @@
+"""The test harness's CPU burner (``KAFKA_INGEST_TEST_BURN_CPU``, ``make test-busy``), in a
+pytest of its own: it burns while the session runs and no burner outlives the session,
+whether it ends, is interrupted (Ctrl-C) or is SIGKILLed (the kernel's parent-death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Records the session's burners (its children running the burner) and whether each used a
+#: core; with HANG set, then waits to be interrupted or killed.
+INNER = '''
+import os, time
+from pathlib import Path
+
+import psutil
+
+
+def test_records_the_burners():
+    burners = [c for c in psutil.Process().children()
+               if "PR_SET_PDEATHSIG" in " ".join(c.cmdline())]
+    before = {c.pid: sum(c.cpu_times()[:2]) for c in burners}
+    time.sleep(1)
+    busy = {c.pid: sum(c.cpu_times()[:2]) - before[c.pid] for c in burners}
+    Path(os.environ["BURNERS_FILE"]).write_text(
+        " ".join(f"{pid}:{used:.2f}" for pid, used in busy.items()) + "\\n")
+    if os.environ.get("HANG"):
+        time.sleep(120)
+'''
+
+
+def _wait(what: str, check: Callable[[], Any], timeout_s: float = 30) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def _session(tmp_path: Path, burn: str, *, hang: bool = False) -> tuple[subprocess.Popen[bytes],
+                                                                         Path]:
+    """A pytest running INNER with the harness's hooks (``-p tests.conftest``)."""
+    (tmp_path / "test_inner.py").write_text(INNER)
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_INGEST_TEST_BURN_CPU"}
+    env.update(KAFKA_INGEST_TEST_BURN_CPU=burn, BURNERS_FILE=str(tmp_path / "burners"),
+               HANG="1" if hang else "")
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return inner, tmp_path / "burners"
+
+
+def _recorded(path: Path) -> dict[int, float]:
+    text = path.read_text() if path.is_file() else ""
+    if not text.endswith("\n"):
+        return {}
+    return {int(pid): float(used) for pid, used in (w.split(":") for w in text.split())}
+
+
+def _is_burner(process: psutil.Process) -> bool:
+    return "PR_SET_PDEATHSIG" in " ".join(process.cmdline())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("end", [
+    "finished",  # the session ends: pytest_unconfigure kills the burner
+    "ctrl-c",    # interrupted: pytest still unconfigures
+    "sigkill",   # pytest killed outright: only the kernel's parent-death signal is left
+])
+def test_the_burner_burns_and_never_outlives_the_session(tmp_path: Path, end: str) -> None:
+    inner, path = _session(tmp_path, "1", hang=end != "finished")
+    burners: dict[int, float] = {}
+    try:
+        burners = _wait("the inner session's report", lambda: _recorded(path))
+        assert len(burners) == 1
+        assert all(used > 0.2 for used in burners.values()), burners  # CPU s in 1 s
+        if end == "ctrl-c":
+            inner.send_signal(signal.SIGINT)
+        elif end == "sigkill":
+            inner.kill()
+        inner.wait(30)
+        if end == "finished":
+            assert inner.returncode == 0, inner.stdout.read() if inner.stdout else ""
+        for pid in burners:
+            _wait(f"burner {pid} to end", lambda p=pid: _gone(p), 10)
+    finally:  # a failed check leaves no process behind either
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait(10)
+        for pid in burners:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                burner = psutil.Process(pid)
+                if _is_burner(burner):  # still ours, not a reused pid
+                    burner.kill()
+
+
+def test_no_burner_unless_asked(tmp_path: Path) -> None:
+    inner, path = _session(tmp_path, "")
+    assert inner.wait(60) == 0, inner.stdout.read() if inner.stdout else ""
+    assert path.read_text() == "\n"
