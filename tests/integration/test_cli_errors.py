@@ -26,10 +26,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
 from kafka_ingest.db import grant_runtime
-from kafka_ingest.topics import ensure_topics
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample

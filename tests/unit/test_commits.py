@@ -1,4 +1,4 @@
-"""The group committer (``kafka_ingest.commits.GroupCommitter``): background, bounded,
+"""The group committer (``kafka_ingest.kafka.commits.GroupCommitter``): background, bounded,
 newest-wins commits to a consumer group, never a reason to fail or to hang.
 
 Most tests commit through :class:`~fakes.FakeConsumer` (whose commits can fail) or
@@ -21,9 +21,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from fakes import FakeConsumer
 
-from kafka_ingest import commits
-from kafka_ingest.clients import KafkaClients
-from kafka_ingest.commits import GroupCommitter
+from kafka_ingest.kafka import commits
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.commits import GroupCommitter
 
 TOPIC = "orders"
 GROUP = "kafka-ingest.orders"

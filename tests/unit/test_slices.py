@@ -1,4 +1,4 @@
-"""The slice engine (``kafka_ingest.slices.run_slice``) against fakes at its ports.
+"""The slice engine (``kafka_ingest.engine.slices.run_slice``) against fakes at its ports.
 
 The real engine, the real ingest and replay writers, the real validation and DLQ
 bookkeeping run here; only Kafka's clients and the Postgres session are fakes
@@ -30,9 +30,10 @@ import psycopg
 import pytest
 from fakes import Event, Events, FakeClients, FakeConsumer, FakeDatabase, FakeProducer, Msg
 
-from kafka_ingest import slices
 from kafka_ingest.config import DlqHeaderStyle, Pipeline
-from kafka_ingest.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
+from kafka_ingest.engine import slices
+from kafka_ingest.engine.ingest import ingest_range
+from kafka_ingest.engine.replay import replay_range
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -40,9 +41,8 @@ from kafka_ingest.errors import (
     FencedError,
     OffsetOutOfRange,
 )
-from kafka_ingest.ingest import ingest_range
+from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.replay import replay_range
 
 PARTITION = 2
 N = 10  # the slice is [0, N)

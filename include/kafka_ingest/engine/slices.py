@@ -17,7 +17,7 @@ and replay is passed in: a :class:`SliceSpec` (names, the group, whether it comm
    moved by compare-and-set (exactly one row, or roll back: the fence against a zombie
    run), the audit row, COMMIT (a dry run rolls back instead);
 5. after the COMMIT, the chunk's offset is **posted to the consumer group** for lag
-   tools (:mod:`kafka_ingest.commits`: in the background, newest wins, never a reason
+   tools (:mod:`kafka_ingest.kafka.commits`: in the background, newest wins, never a reason
    to fail or to wait; the stored offset is the truth).
 
 Three threads, each started and joined by :func:`run_slice`, for chunks 1, 2, 3::
@@ -55,7 +55,6 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import (
     CopyEncoder,
@@ -66,8 +65,9 @@ from kafka_ingest.db import (
     translate_errors,
 )
 from kafka_ingest.errors import OffsetOutOfRange
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import Chunk, read_range, watermarks
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.reader import Chunk, read_range, watermarks
 from kafka_ingest.records import ChunkCounts
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """Ingest: what one chunk of a source topic writes, and the run around it.
 
-A chunk's transaction (run by :mod:`kafka_ingest.slices`): the valid rows upserted (rows
+A chunk's transaction (run by :mod:`kafka_ingest.engine.slices`): the valid rows upserted (rows
 Postgres rejects are isolated and join the dead letters), the dead letters produced to
 the DLQ topic with every delivery report checked, then recorded in ``dead_letters``, and
 the counts reconciled against what was read and against the table. Live runs and
 backfills both write chunks this way; they differ in the range (planned by
-:mod:`kafka_ingest.planning`), in whether the cursor moves (backfills never), and in
+:mod:`kafka_ingest.engine.planning`), in whether the cursor moves (backfills never), and in
 what a poison pill already in ``dead_letters`` becomes: a backfill neither produces nor
 records it again (it is counted as ``known_dead``), while a live run re-reading a chunk
 after a crash produces it again (at-least-once into the DLQ, as documented).
@@ -28,18 +28,18 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import CopyEncoder, Database, UnitOfWork, UpsertResult
-from kafka_ingest.dlq import DeadLetter, produce_dead_letters
+from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
+from kafka_ingest.engine.planning import PlanTarget, plan
+from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
 from kafka_ingest.errors import ReconciliationError
-from kafka_ingest.planning import PlanTarget, plan
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.dlq import DeadLetter, produce_dead_letters
+from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.reader import Chunk
 from kafka_ingest.records import ChunkCounts
 from kafka_ingest.requests import LiveRun, RangeRequest, request_key
-from kafka_ingest.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
-from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ consumer never has a commit pending, so its own ``close()`` is immediate.
 A commit the cluster answers with an error is retried (``attempts`` in all, with a short
 back-off) unless a newer offset is posted meanwhile; one not answered within the
 consumer's ``socket.timeout.ms`` is not retried. Either way the next post, or the next
-live run's re-sync (:mod:`kafka_ingest.planning`), catches the group up.
+live run's re-sync (:mod:`kafka_ingest.engine.planning`), catches the group up.
 """
 
 from __future__ import annotations
