@@ -85,9 +85,12 @@ class KafkaIngestHook(KafkaBaseHook):
         """Commit ``offsets`` to ``group_id``; whether the group has them (waits at most
         ``socket.timeout.ms``; see :mod:`kafka_ingest.kafka.commits`)."""
         group = self.clients.committer(group_id)
-        for partition, offset in offsets.items():
-            group.post(topic, partition, offset)
-        return group.close()
+        try:
+            for partition, offset in offsets.items():
+                group.post(topic, partition, offset)
+        finally:
+            complete = group.close()
+        return complete
 
 
 def postgres_database(conn_id: str) -> Database:

@@ -220,6 +220,10 @@ class FakeConsumer:
         self.succeeded += [o for _, _, o in committed]
         self.events += [("kafka_commit", o) for _, _, o in committed]
 
+    def poll(self, timeout: float = -1) -> None:
+        """Serves callbacks (librdkafka's logs); this consumer has no events of its own."""
+        self._check_open()
+
     def committed_offsets(self) -> list[int]:
         """The offsets this consumer committed successfully, in order."""
         return list(self.succeeded)

@@ -156,7 +156,11 @@ def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_i
                                  initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_ingest_range_dict, pipeline, r, clients, db, run_id)
                        for r in ranges]
-            reports = [f.result() for f in futures]
+            try:
+                reports = [f.result() for f in futures]
+            except BaseException:  # a slice failed, or an interrupt: start no other one
+                pool.shutdown(cancel_futures=True)
+                raise
     else:
         reports = [_ingest_range_dict(pipeline, r, clients, db, run_id) for r in ranges]
     return {"run_id": run_id, **summarize(reports)}
@@ -167,9 +171,10 @@ def die_with_parent(parent_pid: int) -> None:
 
     A worker orphaned by a SIGKILLed parent (an OOM kill, a supervisor's time-out) would
     finish its slice as a writer nobody owns, or wait on its task pipe for good. Linux's
-    parent-death signal ends it with its parent (the pool starts workers from the thread
-    that submits, which lives as long as the parent); elsewhere, or if the parent is
-    already gone, the worker exits at once.
+    parent-death signal ends it with its parent. The signal comes when the *thread* that
+    started the worker ends: Python 3.11's pool (spawn, no ``max_tasks_per_child``) starts
+    its workers in ``submit``, so from the thread that runs :func:`run_ingest`, which must
+    be the parent's main thread. If the parent is already gone, the worker exits at once.
     """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)

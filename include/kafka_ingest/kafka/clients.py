@@ -13,8 +13,8 @@ wait for a group commit by ``socket.timeout.ms`` too (see :mod:`kafka_ingest.kaf
 librdkafka's own would wait forever for a coordinator that does not answer).
 
 librdkafka's log lines go through Python logging, to the ``kafka_ingest.librdkafka``
-logger at their own level (unless the connection names a ``logger`` of its own), served
-when the client is polled: never raw ``%4|...`` lines on stderr.
+logger at their own level (unless the connection names a ``logger`` of its own, by name),
+served when the client is polled: never raw ``%4|...`` lines on stderr.
 """
 
 from __future__ import annotations
@@ -105,6 +105,8 @@ class KafkaClients:
         if not config.get("bootstrap.servers"):
             raise ValueError("the Kafka config needs 'bootstrap.servers'")
         self.config = dict(config)
+        if isinstance(self.config.get("logger"), str):  # a connection's JSON can only name one
+            self.config["logger"] = logging.getLogger(self.config["logger"])
         overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
                       and config[k] != FORCED_CONSUMER[k]}
         if overridden:
