@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import socket
 import subprocess
@@ -231,6 +232,8 @@ def test_a_broker_that_is_down_fails_within_the_socket_timeout(
     # librdkafka logs each failed connection attempt (about twenty a second): once is enough
     logged = [line.split(" ", 2)[-1] for line in result.stderr.splitlines()]
     assert len(logged) == len(set(logged)), result.stderr[-3000:]
+    # ... and through Python logging, never as librdkafka's own "%3|1796...|FAIL|" lines
+    assert not re.search(r"^%\d\|", result.stderr, re.MULTILINE), result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args", [RUN, BACKFILL, REPLAY, LAG, RESET])
