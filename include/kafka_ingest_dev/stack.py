@@ -665,7 +665,8 @@ def _await_coordinators(s: Settings) -> None:
     quiet = logging.getLogger(f"{__name__}.ready")  # librdkafka's retries, not shown
     common: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": quiet}
     deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
-    created = AdminClient(common).create_topics([NewTopic(READY_TOPIC, 1, 1)])
+    admin = AdminClient(common)  # kept: a destroyed client fails its futures
+    created = admin.create_topics([NewTopic(READY_TOPIC, 1, 1)])
     try:
         created[READY_TOPIC].result(_KAFKA_START_TIMEOUT_S)
     except KafkaException as exc:
