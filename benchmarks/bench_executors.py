@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import yaml
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import parse_pipelines
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample

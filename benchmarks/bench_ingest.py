@@ -61,12 +61,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
 from kafka_ingest.db import Database, RowsRepository
+from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import read_range
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.reader import read_range
-from kafka_ingest.validate import validate_chunk
 from kafka_ingest_dev import databases
 
 # peers.py imports this module by name; run as a script (or as a spawned child's
@@ -217,7 +217,7 @@ def child_naive(t: Target, table: str) -> dict[str, Any]:
 
 def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
     """The project: plan_run + ingest_range per range, one after another."""
-    from kafka_ingest.ingest import ingest_range, plan_run, summarize
+    from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
@@ -234,7 +234,7 @@ def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> di
 def child_project_range(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
                         rng: dict[str, Any], barrier: Any) -> dict[str, Any]:
     """One mapped task: ingest_range of one planned range, started with its siblings."""
-    from kafka_ingest.ingest import ingest_range
+    from kafka_ingest.engine.ingest import ingest_range
 
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
@@ -390,7 +390,7 @@ def fresh_database(admin_dsn: str) -> AbstractContextManager[str]:
 @contextmanager
 def fresh_topics(clients: KafkaClients, tag: str, partitions: int) -> Iterator[tuple[str, str]]:
     """A random source topic and DLQ topic, deleted (with the bench's groups) on exit."""
-    from kafka_ingest.topics import ensure_topics
+    from kafka_ingest.kafka.topics import ensure_topics
 
     source, dlq = f"bench-{tag}", f"bench-{tag}-dlq"
     ensure_topics(clients, {source: partitions, dlq: partitions})
@@ -485,7 +485,7 @@ def measure_project(b: Bench, rep: int) -> Measure:
 
 def measure_parallel(b: Bench, rep: int) -> Measure:
     """Plan in this process (a few ms), then one child per range, released together."""
-    from kafka_ingest.ingest import plan_run, summarize
+    from kafka_ingest.engine.ingest import plan_run, summarize
 
     name = f"bench_parallel_{rep}"
     make_table(b.dsn, name)
@@ -691,7 +691,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
             topics: tuple[str, str]) -> Bench:
     """Produce the sample once; every path reads this same data."""
-    from kafka_ingest.reader import partitions_of, watermarks
+    from kafka_ingest.kafka.reader import partitions_of, watermarks
     from kafka_ingest_dev.samples import produce_sample
 
     source, dlq = topics

@@ -47,10 +47,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.contracts import get_contract
-from kafka_ingest.reader import partitions_of, read_range, watermarks
-from kafka_ingest.validate import validate_chunk
+from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import partitions_of, read_range, watermarks
 
 CONNECT_DIR = Path(__file__).resolve().parent / "connect"
 POM = CONNECT_DIR / "pom.xml"
@@ -312,7 +312,7 @@ def produce_connect_topic(clients: KafkaClients, doc: tuple[str, dict[str, Any]]
                           *, count: int, partitions: int, tag: str) -> dict[str, Any]:
     """The sample ``produce_sample`` wrote (same generator, tag, seed, keys, partitions),
     each value as :func:`connect_value`; returns what to expect."""
-    from kafka_ingest.topics import ensure_topics
+    from kafka_ingest.kafka.topics import ensure_topics
     from kafka_ingest_dev.samples import sample_stream
 
     ensure_topics(clients, {topic: partitions})

@@ -16,8 +16,8 @@ from typing import Any
 from airflow.sdk import DAG, dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
+from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.replay import plan_replay, replay_range, summarize_replay
 from kafka_ingest.requests import ReplayForm, ReplayRequest, replay_request
 from kafka_ingest_hook import (
     KafkaIngestHook,

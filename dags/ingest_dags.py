@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import DAG, CronDataIntervalTimetable, dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
-from kafka_ingest.ingest import ingest_range, plan_run, summarize
+from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import IngestForm, RangeRequest, ingest_request
 from kafka_ingest_hook import (

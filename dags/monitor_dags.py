@@ -2,7 +2,7 @@
 
 One task per pipeline, ``check_<pipeline>``: the lag (Kafka's watermarks against the stored
 offsets), the DLQ rate, the freshness of live chunks and the parked dead letters, judged
-by the pipeline's ``alerts`` rules (``kafka_ingest.monitor``); each check is recorded in
+by the pipeline's ``alerts`` rules (``kafka_ingest.ops.monitor``); each check is recorded in
 ``monitor_checks`` (lag growth is judged over the recorded checks). On a breach the
 pipeline's notifiers are called (webhooks, Airflow notifiers), then the task fails
 without retry, naming the pipeline, the rule and the figures, so Airflow's own failure
@@ -19,7 +19,7 @@ from typing import Any
 from airflow.sdk import dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
-from kafka_ingest.status import check_pipeline
+from kafka_ingest.ops.status import check_pipeline
 from kafka_ingest_hook import (
     KafkaIngestHook,
     alert_on_breaches,

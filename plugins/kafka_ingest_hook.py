@@ -3,7 +3,7 @@ monitor's alerting (notifiers, failing the task).
 
 ``KafkaIngestHook`` subclasses the Kafka provider's ``KafkaBaseHook`` and overrides only
 ``_get_client``: the connection's extra (the librdkafka dict) becomes a
-:class:`kafka_ingest.reader.KafkaClients`, which forces ``enable.auto.commit=false``,
+:class:`kafka_ingest.kafka.reader.KafkaClients`, which forces ``enable.auto.commit=false``,
 ``enable.auto.offset.store=false`` and ``auto.offset.reset=error`` whatever the connection
 says. It never uses ``KafkaConsumerHook.get_consumer()``: that subscribes; we assign.
 
@@ -24,12 +24,12 @@ from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook, BaseNotifier, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.errors import PermanentError
-from kafka_ingest.monitor import Breach, post_webhook, redact_url
-from kafka_ingest.reader import offsets_for_time, read_range, watermarks
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import offsets_for_time, read_range, watermarks
+from kafka_ingest.ops.monitor import Breach, post_webhook, redact_url
 from kafka_ingest.requests import form_fields
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,14 @@ class KafkaIngestHook(KafkaBaseHook):
 
     def commit_offsets(self, group_id: str, topic: str, offsets: dict[int, int]) -> bool:
         """Commit ``offsets`` to ``group_id``; whether the group has them (waits at most
-        ``socket.timeout.ms``; see :mod:`kafka_ingest.commits`)."""
+        ``socket.timeout.ms``; see :mod:`kafka_ingest.kafka.commits`)."""
         group = self.clients.committer(group_id)
-        for partition, offset in offsets.items():
-            group.post(topic, partition, offset)
-        return group.close()
+        try:
+            for partition, offset in offsets.items():
+                group.post(topic, partition, offset)
+        finally:
+            complete = group.close()
+        return complete
 
 
 def postgres_database(conn_id: str) -> Database:

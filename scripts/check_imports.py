@@ -30,6 +30,19 @@ LAYERING: tuple[tuple[str, str, str], ...] = (
     ("kafka_ingest", "kafka_ingest_dev", "runtime code must not use development tooling"),
     ("kafka_ingest", "airflow", "the core is plain Python; Airflow lives in dags/ and plugins/"),
 )
+#: The runtime package's rooms, top floor first (DESIGN §1). A module imports only from its
+#: own room or from a lower floor: never up, never sideways (so the Kafka side and the
+#: Postgres side meet only in the engine). The package's ``__init__`` (its re-exports)
+#: stands above them all; a module in no room is reported, so a new one gets a place.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("kafka_ingest.cli",),
+    ("kafka_ingest.engine",),
+    ("kafka_ingest.requests", "kafka_ingest.decode", "kafka_ingest.ops"),
+    ("kafka_ingest.ranges", "kafka_ingest.kafka", "kafka_ingest.db"),
+    ("kafka_ingest.config",),
+    ("kafka_ingest.contracts", "kafka_ingest.errors", "kafka_ingest.records"),
+)
+FLOORED_PACKAGE = "kafka_ingest"
 DYNAMIC_IMPORTERS = frozenset({"import_module", "__import__"})
 
 
@@ -187,6 +200,30 @@ def layering_violations(graph: Graph) -> list[str]:
             and f"{imp.target}.".startswith(f"{banned}.")]
 
 
+def room_of(module: str) -> tuple[str, int] | None:
+    """The room of ``module`` and its floor (0 is the top), if it has one."""
+    for floor, rooms in enumerate(FLOORS):
+        for room in rooms:
+            if f"{module}.".startswith(f"{room}."):
+                return room, floor
+    return None
+
+
+def floor_violations(graph: Graph) -> list[str]:
+    """Modules of the floored package in no room, and imports up or sideways (``FLOORS``)."""
+    problems = [f"{name} is in no room of FLOORS; give it one"
+                for name in sorted(graph.modules)
+                if name.startswith(f"{FLOORED_PACKAGE}.") and room_of(name) is None]
+    for imp in graph.imports:
+        src, dst = room_of(imp.source), room_of(imp.target)
+        if src is None or dst is None or src[0] == dst[0] or dst[1] > src[1]:
+            continue
+        way = "up" if dst[1] < src[1] else "sideways"
+        problems.append(f"{imp.where}: {imp.source} imports {imp.target}: {src[0]} (floor "
+                        f"{src[1]}) must not import {way} into {dst[0]} (floor {dst[1]})")
+    return problems
+
+
 def unresolved(graph: Graph) -> list[str]:
     """Imports of a module of these packages that does not exist (a half-done move)."""
     return [f"{imp.where}: {imp.source} imports {imp.target}, which is not a module"
@@ -197,7 +234,8 @@ def unresolved(graph: Graph) -> list[str]:
 def check(root: Path, graph: Graph | None = None) -> list[str]:
     """Every problem of the tree under ``root`` (the ``include/`` directory), one per line."""
     graph = graph or build_graph(root)
-    return graph.errors + unresolved(graph) + find_cycles(graph) + layering_violations(graph)
+    return (graph.errors + unresolved(graph) + find_cycles(graph) + layering_violations(graph)
+            + floor_violations(graph))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -108,7 +108,7 @@ def kafka_config(stack_env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def clients(kafka_config: dict[str, Any]) -> Any:
-    from kafka_ingest.clients import KafkaClients
+    from kafka_ingest.kafka.clients import KafkaClients
 
     return KafkaClients(kafka_config)
 
@@ -130,7 +130,7 @@ def db(pg_dsn: str) -> Any:
 @pytest.fixture
 def topics(clients: Any) -> Iterator[Callable[..., str]]:
     """``topics(partitions=3)`` creates a randomly named topic; all are deleted after."""
-    from kafka_ingest.topics import ensure_topics
+    from kafka_ingest.kafka.topics import ensure_topics
 
     made: list[str] = []
 

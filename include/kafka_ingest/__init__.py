@@ -6,12 +6,12 @@ queue, and one slice engine that ingest, backfill and replay share. Airflow DAGs
 Kafka hook and the ``kafka-ingest`` CLI are thin wiring over it.
 """
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, get_pipeline, load_pipelines
 from kafka_ingest.contracts import REGISTRY, Contract, get_contract
 from kafka_ingest.db import Database, UnitOfWork, migrate
-from kafka_ingest.dlq import DeadLetter
 from kafka_ingest.errors import DataError, IngestError, PermanentError, TransientError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.ranges import Mode, OffsetRange
 
 __all__ = [

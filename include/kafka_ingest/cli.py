@@ -30,11 +30,12 @@ from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from typing import Any
 
-from kafka_ingest.backfill import require_window, run_backfill
-from kafka_ingest.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.config import get_pipeline, load_pipelines, pool_import_document
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
+from kafka_ingest.engine.backfill import require_window, run_backfill
+from kafka_ingest.engine.ingest import run_ingest
+from kafka_ingest.engine.replay import run_replay
 from kafka_ingest.errors import (
     IngestError,
     PrivilegeMissing,
@@ -42,12 +43,11 @@ from kafka_ingest.errors import (
     TopicMissing,
     TriggerParamsError,
 )
-from kafka_ingest.ingest import run_ingest
-from kafka_ingest.reader import partitions_of, watermarks
-from kafka_ingest.replay import run_replay
+from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
+from kafka_ingest.kafka.reader import partitions_of, watermarks
+from kafka_ingest.kafka.topics import create_pipeline_topics, request_timeout_s
+from kafka_ingest.ops.status import lag, pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
-from kafka_ingest.status import lag, pipeline_status, status_rows
-from kafka_ingest.topics import create_pipeline_topics, request_timeout_s
 
 log = logging.getLogger("kafka_ingest")
 

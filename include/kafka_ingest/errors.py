@@ -38,7 +38,7 @@
 
 Retry policy is the class: the Airflow adapter fails at once on ``PermanentError`` and
 lets every other error propagate for Airflow's retries. Library errors are mapped onto
-this tree where the library is used: Kafka's in :mod:`kafka_ingest.clients`, psycopg's in
+this tree where the library is used: Kafka's in :mod:`kafka_ingest.kafka.clients`, psycopg's in
 :mod:`kafka_ingest.db.connection`. Bad configuration is not an IngestError: it raises
 ``ValueError`` when it is loaded.
 

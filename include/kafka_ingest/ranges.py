@@ -1,7 +1,7 @@
 """Planning bounded offset ranges: from the stored cursor, explicit offsets, or a time window.
 
 Pure functions over watermarks and stored offsets; the I/O that feeds them lives in
-:mod:`kafka_ingest.planning`. Every range is half-open, ``[start, end)``.
+:mod:`kafka_ingest.engine.planning`. Every range is half-open, ``[start, end)``.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class ChunkCounts:
 
     Every message read is exactly one of inserted, duplicates, stale, dead-lettered,
     known dead (a backfill met a poison pill already dead-lettered earlier: neither
-    produced nor recorded again) or tombstones; :func:`kafka_ingest.ingest.reconcile`
+    produced nor recorded again) or tombstones; :func:`kafka_ingest.engine.ingest.reconcile`
     checks that they add up.
     """
 

@@ -31,8 +31,8 @@ from pydantic import (
     model_validator,
 )
 
-from kafka_ingest.dlq import DeadLetter
 from kafka_ingest.errors import KNOWN_ERROR_CLASSES, TriggerParamsError
+from kafka_ingest.kafka.dlq import DeadLetter
 
 # --------------------------------------------------------------------------- requests
 

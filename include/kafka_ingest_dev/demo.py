@@ -24,8 +24,8 @@ from psycopg import sql
 from kafka_ingest.cli import database, kafka_clients, new_run_id, print_table
 from kafka_ingest.config import get_pipeline
 from kafka_ingest.db import Database, migrate
-from kafka_ingest.ingest import run_ingest
-from kafka_ingest.status import lag
+from kafka_ingest.engine.ingest import run_ingest
+from kafka_ingest.ops.status import lag
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.samples import produce_sample
 
@@ -78,7 +78,7 @@ def report_line(line: str, pipeline: str) -> str | None:
     slice wrote it, the run's sums (the report task prints them as a dict) through
     :func:`sums_text`, anything else ``None``."""
     if " live: read " in line:
-        text = line.split("[kafka_ingest.slices]", maxsplit=1)[0]
+        text = line.split("[kafka_ingest.engine.slices]", maxsplit=1)[0]
         return text[text.find(pipeline):].strip()[:240]
     start = line.find(f"{pipeline}: {{")
     if start < 0:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
-from kafka_ingest.topics import ensure_topics
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.topics import ensure_topics
 
 
 @dataclass(frozen=True)

@@ -643,6 +643,63 @@ def _await_kafka(s: Settings, pid: int, node: KafkaNode | None = None) -> None:
     )
 
 
+def _await_cluster(s: Settings, *, fresh: bool) -> None:
+    """Every node listed as a live broker; on a node just started, its coordinators."""
+    if s.brokers > 1:
+        _await_brokers(s, [n.node_id for n in s.nodes])
+    if fresh:
+        _await_coordinators(s)
+
+
+#: Where the stack proves its coordinators work, then leaves no trace but this topic.
+READY_TOPIC = "kafka-ingest-stack-ready"
+
+
+def _await_coordinators(s: Settings) -> None:
+    """Poll until a new broker's coordinators serve clients: an idempotent producer gets
+    its producer id (delivers a record) and a group commit lands. Until then librdkafka
+    logs "Coordinator load in progress: retrying" for every client a newcomer starts."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    quiet = logging.getLogger(f"{__name__}.ready")  # librdkafka's retries, not shown
+    common: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": quiet}
+    deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
+    admin = AdminClient(common)  # kept: a destroyed client fails its futures
+    created = admin.create_topics([NewTopic(READY_TOPIC, 1, 1)])
+    try:
+        created[READY_TOPIC].result(_KAFKA_START_TIMEOUT_S)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise StackError(f"could not create {READY_TOPIC} on {s.bootstrap_servers}: "
+                             f"{exc}") from exc
+    producer = Producer({**common, "enable.idempotence": True, "acks": "all",
+                         "message.timeout.ms": int(_KAFKA_START_TIMEOUT_S * 1000)})
+    delivered: list[Any] = []
+    producer.produce(READY_TOPIC, b"ready", on_delivery=lambda err, _m: delivered.append(err))
+    while not delivered and time.monotonic() < deadline:
+        producer.poll(_POLL_S)
+    if delivered != [None]:
+        raise StackError(f"Kafka on {s.bootstrap_servers} did not take an idempotent "
+                         f"producer's record within {_KAFKA_START_TIMEOUT_S:.0f} s: "
+                         f"{delivered or 'no delivery report'}")
+    consumer = Consumer({**common, "group.id": READY_TOPIC, "enable.auto.commit": False})
+    try:
+        while True:
+            try:
+                consumer.commit(offsets=[TopicPartition(READY_TOPIC, 0, 1)],
+                                asynchronous=False)
+                return
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise StackError(f"Kafka's group coordinator on {s.bootstrap_servers} "
+                                     f"did not take a commit within "
+                                     f"{_KAFKA_START_TIMEOUT_S:.0f} s: {exc}") from exc
+                time.sleep(_POLL_S)
+    finally:
+        consumer.close()
+
+
 def _await_brokers(s: Settings, node_ids: list[int]) -> None:
     """Poll until the cluster's metadata lists every one of ``node_ids`` as a live broker."""
     from confluent_kafka import KafkaException
@@ -1276,8 +1333,7 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             _await_kafka(s, kafka_pid, node)
             emit(_started(_node_name(s, node), node.bootstrap, kafka_pid, kafka_started,
                           kafka_since))
-        if s.brokers > 1:
-            _await_brokers(s, [n.node_id for n in s.nodes])
+        _await_cluster(s, fresh=any(started for _, _, started in launch.result()))
         if s.faults:
             emit(_ensure_toxiproxy(s))
         _install_kafka_tools(s, binary("java", "a Java 17+ runtime"), _fetch_kafka_jars(s))

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_ingest import ingest, slices
 from kafka_ingest.db import RowsRepository, UnitOfWork
+from kafka_ingest.engine import ingest, slices
 
-#: The slice engine's own marks (:data:`kafka_ingest.slices.CHUNK_HOOK`).
+#: The slice engine's own marks (:data:`kafka_ingest.engine.slices.CHUNK_HOOK`).
 HOOK_STAGES = ("validated", "upserted", "dlq_produced", "db_committed", "kafka_committed")
 STEPS = (*HOOK_STAGES,
          "copy",         # half way through the COPY into the staging table

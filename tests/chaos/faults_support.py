@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from fault_injection import Injector
 from helpers_ingest import Expected, expected_from_sample, run
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
 from kafka_ingest.db import Database
-from kafka_ingest.slices import SliceReport
-from kafka_ingest.topics import create_pipeline_topics
+from kafka_ingest.engine.slices import SliceReport
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import create_database, drop_database
 from kafka_ingest_dev.faults import Toxiproxy

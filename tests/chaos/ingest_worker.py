@@ -1,13 +1,13 @@
 """A worker the crash-safety tests run as a subprocess: one ``kafka-ingest run``, then SIGKILL.
 
-It runs ``kafka_ingest.ingest.run_ingest`` (the code path of ``kafka-ingest run`` and the
+It runs ``kafka_ingest.engine.ingest.run_ingest`` (the code path of ``kafka-ingest run`` and the
 DAG) for the pipeline named on the command line; the pipeline comes from the YAML file in
 ``KAFKA_INGEST_PIPELINES``, Kafka from ``KAFKA_BOOTSTRAP_SERVERS``, Postgres from
 ``KAFKA_INGEST_PG_DSN``. It kills itself with SIGKILL (no cleanup, no ``finally``, like
 the OOM killer or a lost node) at the ``CHAOS_KILL_NTH``-th time it reaches
 ``CHAOS_KILL_STAGE``:
 
-- a stage of :data:`kafka_ingest.slices.CHUNK_HOOK` ("validated", "upserted",
+- a stage of :data:`kafka_ingest.engine.slices.CHUNK_HOOK` ("validated", "upserted",
   "dlq_produced", "db_committed", "kafka_committed");
 - ``copy``: in the middle of the COPY into the staging table, half the rows sent.
 
@@ -24,10 +24,10 @@ import signal
 import sys
 from typing import Any
 
-from kafka_ingest import ingest, slices
 from kafka_ingest.cli import database, kafka_clients
 from kafka_ingest.config import get_pipeline
 from kafka_ingest.db import RowsRepository
+from kafka_ingest.engine import ingest, slices
 
 STAGE = os.environ["CHAOS_KILL_STAGE"]
 NTH = int(os.environ.get("CHAOS_KILL_NTH", "1"))

@@ -46,11 +46,11 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import ingest
-from kafka_ingest.clients import FORCED_PRODUCER, KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
+from kafka_ingest.engine import ingest
 from kafka_ingest.errors import DatabaseUnavailable, DeliveryFailed, TransientError
+from kafka_ingest.kafka.clients import FORCED_PRODUCER, KafkaClients
 from kafka_ingest_dev import stack
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.faults]

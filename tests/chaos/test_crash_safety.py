@@ -35,10 +35,10 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import slices
-from kafka_ingest.clients import KafkaClients
+from kafka_ingest.engine import slices
+from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.errors import TransientError
-from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.samples import produce_sample
 

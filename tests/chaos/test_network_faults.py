@@ -48,7 +48,6 @@ from faults_support import (
 )
 from helpers_ingest import assert_invariants, run, stored_offsets
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
 from kafka_ingest.db.connection import DEFAULT_REPLY_TIMEOUT_S, REPLY_TIMEOUT_ENV
@@ -59,6 +58,7 @@ from kafka_ingest.errors import (
     KafkaUnavailable,
     TransientError,
 )
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.faults import BOTH, DOWNSTREAM

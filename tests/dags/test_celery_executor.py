@@ -33,7 +33,7 @@ import psycopg
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
-from kafka_ingest.topics import ensure_topics
+from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest_dev.demo import run_dag
 from tests.conftest import dag_env, last_task_state
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from kafka_ingest.reader import committed_offsets
+from kafka_ingest.kafka.reader import committed_offsets
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest
 
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest.db import Database
-from kafka_ingest.monitor import Breach
+from kafka_ingest.ops.monitor import Breach
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import dag_env, last_task_state

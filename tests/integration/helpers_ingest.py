@@ -19,12 +19,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
-from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.engine.slices import SliceReport
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import RangeRequest
-from kafka_ingest.slices import SliceReport
 from kafka_ingest_dev.samples import sample_stream
 
 #: (partition, offset) -> the record as the broker holds it
@@ -73,7 +73,8 @@ def expected_from_sample(pipeline: Pipeline, sample: Mapping[str, Any], *, count
 
 def run(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str | None = None,
         request: RangeRequest | None = None) -> list[SliceReport]:
-    """One run exactly as ``kafka_ingest.ingest.run_ingest`` chains it: plan, then each range."""
+    """One run exactly as ``kafka_ingest.engine.ingest.run_ingest`` chains it: plan, then
+    each range."""
     run_id = run_id or f"test__{uuid.uuid4().hex[:8]}"
     ranges = plan_run(pipeline, clients, db, run_id=run_id, request=request)
     return [ingest_range(pipeline, r, clients, db, run_id=run_id) for r in ranges]

@@ -19,8 +19,8 @@ import pytest
 
 from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
+from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.errors import TriggerParamsError
-from kafka_ingest.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.requests import (
     OffsetWindow,
     RangeRequest,

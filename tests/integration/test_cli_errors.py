@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,10 +27,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
 from kafka_ingest.db import grant_runtime
-from kafka_ingest.topics import ensure_topics
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
@@ -231,6 +232,8 @@ def test_a_broker_that_is_down_fails_within_the_socket_timeout(
     # librdkafka logs each failed connection attempt (about twenty a second): once is enough
     logged = [line.split(" ", 2)[-1] for line in result.stderr.splitlines()]
     assert len(logged) == len(set(logged)), result.stderr[-3000:]
+    # ... and through Python logging, never as librdkafka's own "%3|1796...|FAIL|" lines
+    assert not re.search(r"^%\d\|", result.stderr, re.MULTILINE), result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args", [RUN, BACKFILL, REPLAY, LAG, RESET])

@@ -34,8 +34,8 @@ from helpers_ingest import (
     total,
 )
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap
+from kafka_ingest.engine.ingest import ingest_range, plan_run, run_ingest
 from kafka_ingest.errors import (
     DeliveryFailed,
     OffsetGapError,
@@ -43,7 +43,7 @@ from kafka_ingest.errors import (
     TopicMissing,
     TransientError,
 )
-from kafka_ingest.ingest import ingest_range, plan_run, run_ingest
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import OffsetWindow
 from kafka_ingest_dev.samples import produce_sample, sample_stream
 

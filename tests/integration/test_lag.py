@@ -23,10 +23,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
-from kafka_ingest.ingest import plan_run
-from kafka_ingest.replay import replay_group, run_replay
+from kafka_ingest.engine.ingest import plan_run
+from kafka_ingest.engine.replay import replay_group, run_replay
+from kafka_ingest.ops.status import lag
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
-from kafka_ingest.status import lag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 from tests.integration.helpers_ingest import (
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
 PER_PARTITION = 10
-PLANNING = "kafka_ingest.planning"
+PLANNING = "kafka_ingest.engine.planning"
 
 
 def set_group_offset(kafka_config: dict[str, Any], group_id: str, topic: str,

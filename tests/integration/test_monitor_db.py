@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
-from kafka_ingest.monitor import check
-from kafka_ingest.status import pipeline_status
+from kafka_ingest.ops.monitor import check
+from kafka_ingest.ops.status import pipeline_status
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 from tests.integration.helpers_ingest import run
@@ -35,7 +35,7 @@ def pipeline(name: str = "p1", **alerts: Any) -> Pipeline:
 
 
 def lag_rows(*lags: int, group: tuple[int | None, ...] | None = None) -> list[dict[str, Any]]:
-    """Rows shaped like ``kafka_ingest.status.lag``'s (only what the rules read)."""
+    """Rows shaped like ``kafka_ingest.ops.status.lag``'s (only what the rules read)."""
     groups = group if group is not None else lags
     return [{"partition": p, "lag": lag, "group_lag": g}
             for p, (lag, g) in enumerate(zip(lags, groups, strict=True))]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kafka_ingest.ingest import ingest_range, plan_run
-from kafka_ingest.reader import read_range, watermarks
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.kafka.reader import read_range, watermarks
 from tests.integration.helpers_ingest import metric, stored_offsets, table_ids
 
 pytestmark = pytest.mark.integration

@@ -20,13 +20,13 @@ import pytest
 
 from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
-from kafka_ingest.ingest import ingest_range, plan_run, summarize
-from kafka_ingest.reader import watermarks
-from kafka_ingest.replay import (
+from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
+from kafka_ingest.engine.replay import (
     plan_replay,
     replay_range,
     summarize_replay,
 )
+from kafka_ingest.kafka.reader import watermarks
 from kafka_ingest.requests import (
     LiveRun,
     OffsetWindow,

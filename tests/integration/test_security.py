@@ -24,11 +24,11 @@ from helpers_ingest import assert_invariants, expected_from_sample, read_topic
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline, load_pipelines
 from kafka_ingest.db import Database, grant_runtime
+from kafka_ingest.engine.ingest import plan_run
 from kafka_ingest.errors import DatabaseRefused, KafkaRefused, PermanentError
-from kafka_ingest.ingest import plan_run
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev import stack, tls
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.demo import run_dag

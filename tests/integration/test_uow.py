@@ -26,14 +26,15 @@ from helpers_ingest import (
     table_ids,
 )
 
-from kafka_ingest import ingest, slices
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.db import (
     CopyEncoder,
     Database,
     OffsetsRepository,
     UnitOfWork,
 )
+from kafka_ingest.engine import ingest, slices
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.engine.slices import SliceReport
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -41,10 +42,9 @@ from kafka_ingest.errors import (
     FencedError,
     TransientError,
 )
-from kafka_ingest.ingest import ingest_range, plan_run
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.records import Row
 from kafka_ingest.requests import OffsetWindow
-from kafka_ingest.slices import SliceReport
 
 pytestmark = pytest.mark.integration
 

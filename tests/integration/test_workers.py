@@ -15,7 +15,7 @@ import psutil
 import pytest
 from helpers_ingest import assert_invariants, expected_from_sample, run
 
-from kafka_ingest.clients import KafkaClients
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
 

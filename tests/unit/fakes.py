@@ -10,8 +10,8 @@ produced. No call is scripted or expected.
   be told to fail, ``close``, and ``RuntimeError("Consumer closed")`` after it).
 - :class:`FakeProducer`: the DLQ producer; delivery reports are served on ``poll`` and
   ``flush`` through the ``on_delivery`` callbacks, and can be made to fail or never come.
-- :class:`FakeClients`: :class:`kafka_ingest.clients.KafkaClients`' methods; its
-  ``committer`` is the real :class:`kafka_ingest.commits.GroupCommitter`, committing
+- :class:`FakeClients`: :class:`kafka_ingest.kafka.clients.KafkaClients`' methods; its
+  ``committer`` is the real :class:`kafka_ingest.kafka.commits.GroupCommitter`, committing
   through fake consumers of its own (as the real one does).
 - :class:`FakeDatabase`: what :class:`kafka_ingest.db.Database` opens for a slice:
   :class:`FakeSession` (advisory locks, the stored cursor, units of work) and
@@ -62,11 +62,11 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kafka_ingest.commits import GroupCommitter
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.db import RunRecord, UpsertResult
-from kafka_ingest.dlq import CONNECT, PREFIX, DeadLetter
 from kafka_ingest.errors import DatabaseUnavailable, FencedError, RejectedByDatabase
+from kafka_ingest.kafka.commits import GroupCommitter
+from kafka_ingest.kafka.dlq import CONNECT, PREFIX, DeadLetter
 from kafka_ingest.records import Position, Row
 
 TOPIC = "orders"
@@ -220,6 +220,10 @@ class FakeConsumer:
         self.succeeded += [o for _, _, o in committed]
         self.events += [("kafka_commit", o) for _, _, o in committed]
 
+    def poll(self, timeout: float = -1) -> None:
+        """Serves callbacks (librdkafka's logs); this consumer has no events of its own."""
+        self._check_open()
+
     def committed_offsets(self) -> list[int]:
         """The offsets this consumer committed successfully, in order."""
         return list(self.succeeded)
@@ -307,7 +311,7 @@ class FakeProducer:
 
 
 class FakeClients:
-    """:class:`kafka_ingest.clients.KafkaClients` for a slice: a new consumer from
+    """:class:`kafka_ingest.kafka.clients.KafkaClients` for a slice: a new consumer from
     ``consumer_factory`` per call (a rerun reads the same log afresh), one producer, and
     the real group committer over consumers of its own (``commit_consumers``)."""
 

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError
 from fakes import PARTITION, TOPIC, FakeConsumer, Msg
 
 from kafka_ingest.errors import IngestError, KafkaUnavailable, OffsetGapError, TransientError
-from kafka_ingest.reader import Chunk, read_range
+from kafka_ingest.kafka.reader import Chunk, read_range
 
 
 def msgs(offsets: Iterable[int]) -> list[Msg]:

@@ -1,4 +1,4 @@
-"""The group committer (``kafka_ingest.commits.GroupCommitter``): background, bounded,
+"""The group committer (``kafka_ingest.kafka.commits.GroupCommitter``): background, bounded,
 newest-wins commits to a consumer group, never a reason to fail or to hang.
 
 Most tests commit through :class:`~fakes.FakeConsumer` (whose commits can fail) or
@@ -21,9 +21,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from fakes import FakeConsumer
 
-from kafka_ingest import commits
-from kafka_ingest.clients import KafkaClients
-from kafka_ingest.commits import GroupCommitter
+from kafka_ingest.kafka import commits
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.commits import GroupCommitter
 
 TOPIC = "orders"
 GROUP = "kafka-ingest.orders"
@@ -61,6 +61,9 @@ class _HeldConsumer:
         self.release.wait()
         self.pending -= 1
         self.committed.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    def poll(self, timeout: float = -1) -> None:
+        pass
 
     def close(self) -> None:
         self.closed_while_pending = self.pending > 0
@@ -234,6 +237,61 @@ def _raise_task_timeout(_signum: int, _frame: Any) -> None:
     raise _TaskTimeout("Timeout, PID: 1")
 
 
+def test_a_commit_waiting_for_a_coordinator_is_not_retried(sleeps: list[float]) -> None:
+    # librdkafka's "waiting for coordinator" (_WAIT_COORD) after session.timeout.ms: a
+    # retry would only wait as long again.
+    class NoCoordinator(FakeConsumer):
+        def commit(self, offsets: list[TopicPartition] | None = None,
+                   asynchronous: bool = True) -> None:
+            self.commits.append(([], asynchronous))
+            raise KafkaException(KafkaError(KafkaError._WAIT_COORD, "Waiting for coordinator"))
+
+    consumer = NoCoordinator([])
+    group = committer_of(consumer)
+    group.post(TOPIC, 3, 42)
+    assert group.close() is False
+    assert len(consumer.commits) == 1 and sleeps == []
+
+
+def test_close_returns_after_the_commit_is_marked_and_the_consumer_closed() -> None:
+    # The owner's return means the committer is done: its mark (the crash tests kill at
+    # it) was made and its consumer closed, nothing of it left running.
+    consumer = FakeConsumer([])
+    marks: list[bool] = []
+
+    def slow_mark() -> None:
+        time.sleep(0.2)
+        marks.append(consumer.closed)
+
+    group = committer_of(consumer, on_commit=slow_mark)
+    group.post(TOPIC, 3, 42)
+    assert group.close() is True
+    assert marks == [False] and consumer.closed
+    assert not any(t.name == f"group-commit-{GROUP}" for t in threading.enumerate())
+
+
+def test_a_committer_whose_thread_died_says_so_and_costs_no_wait(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A bug in the thread (here the mark raising) must not turn every later close() into
+    # a full time-out with a false "not answered", nor hang a post.
+    consumer = FakeConsumer([])
+
+    def broken_mark() -> None:
+        raise RuntimeError("a bug")
+
+    group = committer_of(consumer, timeout_s=30.0, on_commit=broken_mark)
+    group.post(TOPIC, 3, 42)
+    deadline = time.monotonic() + 10
+    while "the committer stopped" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    group.post(TOPIC, 3, 43)  # dropped, not waited for
+    started = time.monotonic()
+    assert group.close() is False
+    assert time.monotonic() - started < 2.0
+    assert "not answered" not in caplog.text
+    assert consumer.closed
+
+
 def test_a_consumer_that_cannot_be_made_is_logged_not_raised(
         caplog: pytest.LogCaptureFixture) -> None:
     def broken() -> Any:
@@ -249,10 +307,11 @@ def test_a_consumer_that_cannot_be_made_is_logged_not_raised(
 
 
 def test_a_group_nobody_answers_costs_the_owner_socket_timeout_and_no_hang() -> None:
-    # librdkafka's synchronous commit to a cluster that never answers waits forever (and
-    # a consumer with it pending waits forever in close()). The owner waits at most
-    # socket.timeout.ms, its reading consumer closes at once, and so does the process.
-    clients = KafkaClients({**NOWHERE, "socket.timeout.ms": 500})
+    # librdkafka's synchronous commit with no coordinator waits session.timeout.ms (45 s by
+    # default), and a consumer with it pending waits as long in close(). The owner waits
+    # at most socket.timeout.ms and its reading consumer closes at once; the commit's
+    # thread gives up when librdkafka does (_WAIT_COORD: not retried) and then ends.
+    clients = KafkaClients({**NOWHERE, "socket.timeout.ms": 500, "session.timeout.ms": 1500})
     reading = clients.consumer(GROUP)
     group = clients.committer(GROUP)
     assert group.timeout_s == 0.5
@@ -263,6 +322,9 @@ def test_a_group_nobody_answers_costs_the_owner_socket_timeout_and_no_hang() -> 
     started = time.monotonic()
     reading.close()
     assert time.monotonic() - started < 2.0
+    (thread,) = [t for t in threading.enumerate() if t.name == f"group-commit-{GROUP}"]
+    thread.join(30)  # session.timeout.ms and a margin: one try, no retry
+    assert not thread.is_alive()
 
 
 def _consumer_in_a_spawned_worker(clients: KafkaClients) -> str:

@@ -1,7 +1,7 @@
 """Contracts are strict: what Postgres would reject never passes validation.
 
 Each case feeds raw JSON bytes to ``model_validate_json`` (the hot path of validation) and,
-for failures, checks the data error :func:`kafka_ingest.validate.classify` derives.
+for failures, checks the data error :func:`kafka_ingest.decode.validate.classify` derives.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from kafka_ingest.contracts import (
     get_contract,
     json_schema,
 )
+from kafka_ingest.decode.validate import classify
 from kafka_ingest.errors import ContractViolation, DataError, UnknownVersion
-from kafka_ingest.validate import classify
 
 METRIC: dict[str, Any] = {
     "event_id": "m-1",

@@ -23,7 +23,7 @@ SUMS_LINE = (
 SLICE_LINE = (
     "2026-12-01T09:21:01.653419Z [info     ] telemetry_metrics src-f21c4eef4d[0] [0, 207) "
     "live: read 207, inserted 199, duplicates 1, stale 0, dead-lettered 7, already "
-    "dead-lettered 0, tombstones 0, lag after 0, 0.05s [kafka_ingest.slices] "
+    "dead-lettered 0, tombstones 0, lag after 0, 0.05s [kafka_ingest.engine.slices] "
     "loc=slices.py:227")
 
 

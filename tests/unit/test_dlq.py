@@ -16,7 +16,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kafka_ingest.config import DlqHeaderStyle
-from kafka_ingest.dlq import (
+from kafka_ingest.errors import DeliveryFailed, KafkaRefused
+from kafka_ingest.kafka.dlq import (
     CONNECT,
     DETAIL_MAX,
     PREFIX,
@@ -25,7 +26,6 @@ from kafka_ingest.dlq import (
     parse_dlq_message,
     produce_dead_letters,
 )
-from kafka_ingest.errors import DeliveryFailed, KafkaRefused
 
 NATIVE_FIELDS = ["topic", "partition", "offset", "timestamp", "pipeline", "contract",
                  "error_class", "error_detail", "attempts", "first_failed_at"]

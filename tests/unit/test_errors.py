@@ -15,7 +15,6 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kafka_ingest import errors
-from kafka_ingest.clients import map_kafka_error
 from kafka_ingest.db import Database, map_psycopg_error
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
@@ -45,6 +44,7 @@ from kafka_ingest.errors import (
     Undecodable,
     UnknownVersion,
 )
+from kafka_ingest.kafka.clients import map_kafka_error
 
 # --------------------------------------------------------------------------- the tree
 

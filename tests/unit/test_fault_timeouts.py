@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import DlqHeaderStyle
 from kafka_ingest.db import Database
 from kafka_ingest.db.connection import (
@@ -19,8 +18,9 @@ from kafka_ingest.db.connection import (
     REPLY_TIMEOUT_ENV,
     reply_timeout_from_env,
 )
-from kafka_ingest.dlq import DEFAULT_DELIVERY_WAIT_S, DeadLetter, produce_dead_letters
 from kafka_ingest.errors import DeliveryFailed, SettingsError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.dlq import DEFAULT_DELIVERY_WAIT_S, DeadLetter, produce_dead_letters
 
 # Nothing listens on port 1: a client of it never reaches a broker. Its log goes nowhere.
 NOWHERE = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}

@@ -162,13 +162,13 @@ def test_a_self_import_is_a_cycle(tmp_path: Path) -> None:
 def test_the_runtime_package_importing_dev_tooling_is_a_violation(tmp_path: Path) -> None:
     root = make_tree(tmp_path, {
         "kafka_ingest/__init__.py": "",
-        "kafka_ingest/core.py": "def f():\n    import kafka_ingest_dev.fixtures\n",
-        "kafka_ingest_dev/__init__.py": "from kafka_ingest import core\n",  # allowed way round
+        "kafka_ingest/cli.py": "def f():\n    import kafka_ingest_dev.fixtures\n",
+        "kafka_ingest_dev/__init__.py": "from kafka_ingest import cli\n",  # allowed way round
         "kafka_ingest_dev/fixtures.py": "",
     })
     problems = checker.check(root)
     assert len(problems) == 1
-    assert problems[0].startswith("include/kafka_ingest/core.py:2: kafka_ingest.core imports "
+    assert problems[0].startswith("include/kafka_ingest/cli.py:2: kafka_ingest.cli imports "
                                   "kafka_ingest_dev.fixtures")
 
 
@@ -211,3 +211,38 @@ def test_main_exit_status_and_summary(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("cycle: pkg -> pkg.a -> pkg")
     assert out[-1] == "import graph: 2 modules, 2 edges, 1 problem(s)"
+
+
+# --- floors: arrows point down only ---------------------------------------------------------
+
+
+def test_the_real_tree_keeps_to_its_floors() -> None:
+    assert checker.floor_violations(checker.build_graph(ROOT / "include")) == []
+
+
+def test_an_import_up_sideways_or_from_a_module_in_no_room_is_reported(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {
+        "kafka_ingest/__init__.py": "from kafka_ingest.engine import slices\n",  # re-exports
+        "kafka_ingest/engine/__init__.py": "",
+        "kafka_ingest/engine/slices.py": "from kafka_ingest.kafka import reader\n",  # down
+        "kafka_ingest/kafka/__init__.py": "",
+        "kafka_ingest/kafka/reader.py": """\
+            from kafka_ingest.kafka import dlq
+            def f():
+                from kafka_ingest.db import upsert
+            """,
+        "kafka_ingest/kafka/dlq.py": "from kafka_ingest.errors import X\n",
+        "kafka_ingest/db/__init__.py": "",
+        "kafka_ingest/db/upsert.py": "import kafka_ingest.engine.slices\n",
+        "kafka_ingest/errors.py": "X = 1\n",
+        "kafka_ingest/stray.py": "",
+    })
+    assert checker.floor_violations(checker.build_graph(root)) == [
+        "kafka_ingest.stray is in no room of FLOORS; give it one",
+        "include/kafka_ingest/db/upsert.py:1: kafka_ingest.db.upsert imports "
+        "kafka_ingest.engine.slices: kafka_ingest.db (floor 3) must not import up into "
+        "kafka_ingest.engine (floor 1)",
+        "include/kafka_ingest/kafka/reader.py:3: kafka_ingest.kafka.reader imports "
+        "kafka_ingest.db.upsert: kafka_ingest.kafka (floor 3) must not import sideways into "
+        "kafka_ingest.db (floor 3)",
+    ]

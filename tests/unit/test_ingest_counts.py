@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from kafka_ingest.engine.ingest import reconcile, summarize
+from kafka_ingest.engine.slices import SliceReport
 from kafka_ingest.errors import IngestError, ReconciliationError
-from kafka_ingest.ingest import reconcile, summarize
 from kafka_ingest.records import ChunkCounts
-from kafka_ingest.slices import SliceReport
 
 COUNTS = {"inserted": 6, "duplicates": 2, "stale": 1, "dead_lettered": 3, "known_dead": 0,
           "tombstones": 1}
@@ -72,7 +72,7 @@ def test_summarize_accepts_partial_dicts() -> None:
 
 
 def test_a_dry_run_replay_with_nothing_to_read_still_says_dry_run() -> None:
-    from kafka_ingest.replay import summarize_replay
+    from kafka_ingest.engine.replay import summarize_replay
 
     assert summarize_replay([], dry_run=True)["dry_run"] is True
     assert summarize_replay([{"dry_run": True, "read": 1}])["dry_run"] is True

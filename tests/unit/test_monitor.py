@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kafka_ingest.config import Alerts, NotifierClass, Pipeline, parse_pipelines
-from kafka_ingest.monitor import Breach, Figures, evaluate, post_webhook, redact_url
+from kafka_ingest.ops.monitor import Breach, Figures, evaluate, post_webhook, redact_url
 
 BODY: dict[str, Any] = {
     "topic": "t-in",

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from kafka_ingest.config import DlqHeaderStyle, Pipeline
-from kafka_ingest.dlq import PREFIX, DeadLetter, headers_for
-from kafka_ingest.replay import _letter_of
+from kafka_ingest.engine.replay import _letter_of
+from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for
 
 
 def _record(message: Any, pipeline: Pipeline, **header_args: Any) -> Any:

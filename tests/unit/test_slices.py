@@ -1,4 +1,4 @@
-"""The slice engine (``kafka_ingest.slices.run_slice``) against fakes at its ports.
+"""The slice engine (``kafka_ingest.engine.slices.run_slice``) against fakes at its ports.
 
 The real engine, the real ingest and replay writers, the real validation and DLQ
 bookkeeping run here; only Kafka's clients and the Postgres session are fakes
@@ -30,9 +30,10 @@ import psycopg
 import pytest
 from fakes import Event, Events, FakeClients, FakeConsumer, FakeDatabase, FakeProducer, Msg
 
-from kafka_ingest import slices
 from kafka_ingest.config import DlqHeaderStyle, Pipeline
-from kafka_ingest.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
+from kafka_ingest.engine import ingest, slices
+from kafka_ingest.engine.ingest import ingest_range
+from kafka_ingest.engine.replay import replay_range
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -40,9 +41,8 @@ from kafka_ingest.errors import (
     FencedError,
     OffsetOutOfRange,
 )
-from kafka_ingest.ingest import ingest_range
+from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.replay import replay_range
 
 PARTITION = 2
 N = 10  # the slice is [0, N)
@@ -201,11 +201,16 @@ def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waitin
     # unanswered. The slice must end within the group's time-out, leave no thread of its
     # own waiting, release its lock and connection, and never close the consumer whose
     # commit is pending (librdkafka would wait in close() forever).
-    release = threading.Event()
-    w = held_world(pipeline, release, commit_timeout_s=0.5)
+    release, committing = threading.Event(), threading.Event()
+    w = held_world(pipeline, release, commit_timeout_s=0.5, started=committing)
     main = threading.main_thread().ident
     assert main is not None
-    w.db.inject(2, stage, lambda: signal.pthread_kill(main, signal.SIGALRM))
+
+    def interrupt() -> None:  # once chunk 1's group commit is on its way
+        assert committing.wait(10)
+        signal.pthread_kill(main, signal.SIGALRM)
+
+    w.db.inject(2, stage, interrupt)
     previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
     started = time.monotonic()
     try:
@@ -226,6 +231,45 @@ def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waitin
     assert held.closed and not held.closed_while_pending
 
 
+def test_an_interrupt_while_the_slice_waits_for_its_writer_never_unlocks_under_a_transaction(
+        pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Preparing chunk 3 fails while chunk 2's transaction is still running; the slice then
+    # waits for that transaction before releasing its lock and connection, and an
+    # interrupt in that wait (Airflow's time-out) must not cut it short: unlocking or
+    # closing the connection under a running transaction frees the partition too early.
+    commit_started = threading.Event()
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def slow_commit() -> None:  # chunk 2's COMMIT, interrupted while the slice waits for it
+        commit_started.set()
+        time.sleep(0.3)  # the main thread has failed its prepare and waits in the writer
+        signal.pthread_kill(main, signal.SIGALRM)
+        time.sleep(0.3)
+
+    w = World(pipeline)
+    w.db.inject(2, "commit", slow_commit)
+    real_prepare = ingest.IngestWriter.prepare
+
+    def failing_prepare(self: Any, chunk: Any, encoder: Any) -> Any:
+        if chunk.start == 6:
+            assert commit_started.wait(10)
+            raise RuntimeError("prepare failed")
+        return real_prepare(self, chunk, encoder)
+
+    monkeypatch.setattr(ingest.IngestWriter, "prepare", failing_prepare)
+    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
+    try:
+        with pytest.raises(_TaskTimeout):
+            w.ingest()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    committed = w.events.index(("db_commit", 2, 3, 6))
+    assert committed < w.events.index(("unlock", "telemetry_metrics", PARTITION))
+    assert committed < w.events.index(("session_close",))
+    assert w.stored() == 6
+
+
 # --------------------------------------------------------------------------- 2. the lock
 
 
@@ -233,14 +277,17 @@ class _HeldCommits(FakeConsumer):
     """A commit consumer whose commits return only once ``release`` is set (a slow or
     silent coordinator); records whether it was closed with a commit pending."""
 
-    def __init__(self, *args: Any, release: threading.Event, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, release: threading.Event, started: threading.Event,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.release = release
+        self.started = started
         self.pending = 0
         self.closed_while_pending = False
 
     def commit(self, *args: Any, **kwargs: Any) -> None:
         self.pending += 1
+        self.started.set()
         self.release.wait(30)
         self.pending -= 1
         super().commit(*args, **kwargs)
@@ -251,11 +298,16 @@ class _HeldCommits(FakeConsumer):
 
 
 def held_world(pipeline: Pipeline, release: threading.Event, *,
-               commit_timeout_s: float = 5.0) -> World:
+               commit_timeout_s: float = 5.0,
+               started: threading.Event | None = None) -> World:
+    """A world whose group commits are held until ``release`` (``started``: set when the
+    first one is on its way)."""
     w = World(pipeline)
     w.clients.commit_timeout_s = commit_timeout_s
+    started = started or threading.Event()
     w.clients.commit_consumer_factory = lambda: _HeldCommits(
-        w.log, topic=w.topic, partition=w.partition, events=w.events, release=release)
+        w.log, topic=w.topic, partition=w.partition, events=w.events, release=release,
+        started=started)
     return w
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from kafka_ingest.cli import main
-from kafka_ingest.dlq import DeadLetter
 from kafka_ingest.errors import KNOWN_ERROR_CLASSES, TriggerParamsError
+from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.requests import (
     LiveRun,
     OffsetWindow,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kafka_ingest.config import OnTombstone, Pipeline
-from kafka_ingest.dlq import DeadLetter, ReplayedMessage
+from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
 from kafka_ingest.errors import DataError
-from kafka_ingest.validate import DETAIL_MAX, validate_chunk
+from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
 from kafka_ingest_dev.samples import make_event, poison_pills
 
 PIPELINES = ["telemetry_metrics", "orders_created"]

@@ -10,6 +10,7 @@ rejects is isolated by bisecting the chunk (in savepoints) and returned for the 
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -25,8 +26,9 @@ from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED, Row
 
 #: What a single row can make Postgres or the encoder refuse (a value out of the column's
 #: range or encoding, a constraint): the chunk is bisected and the row dead-lettered.
+#: (``struct.error``: an int past its column's width, in psycopg's pure-Python dumpers.)
 ROW_REFUSALS: tuple[type[Exception], ...] = (psycopg.DataError, psycopg.IntegrityError,
-                                             UnicodeEncodeError, OverflowError)
+                                             UnicodeEncodeError, OverflowError, struct.error)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from kafka_ingest.config import OnTombstone, Pipeline
 from kafka_ingest.contracts.base import sink_getter
-from kafka_ingest.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.errors import (
     ContractViolation,
     DataError,
@@ -24,6 +23,7 @@ from kafka_ingest.errors import (
     Undecodable,
     UnknownVersion,
 )
+from kafka_ingest.kafka.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.records import MessageLike, Row, kafka_timestamp_ms
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kafka_ingest.clients import REFUSED_CODES
 from kafka_ingest.config import DlqHeaderStyle
 from kafka_ingest.errors import DeliveryFailed, KafkaRefused
+from kafka_ingest.kafka.clients import REFUSED_CODES
 
 log = logging.getLogger(__name__)
 
 PREFIX = "kafka-ingest."
 DEFAULT_MAX_DLQ_BYTES = 900_000  # under the broker's default message.max.bytes (1 MiB)
 #: How long to wait for the delivery reports when the producer does not say its
-#: ``message.timeout.ms`` (producers from :class:`~kafka_ingest.clients.KafkaClients` do).
+#: ``message.timeout.ms`` (producers from :class:`~kafka_ingest.kafka.clients.KafkaClients` do).
 DEFAULT_DELIVERY_WAIT_S = 30.0
 #: Beyond ``message.timeout.ms``: librdkafka reports a message that timed out on its next
 #: timeout scan (about a second), so the wait ends after every verdict is in.

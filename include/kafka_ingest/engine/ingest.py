@@ -1,11 +1,11 @@
 """Ingest: what one chunk of a source topic writes, and the run around it.
 
-A chunk's transaction (run by :mod:`kafka_ingest.slices`): the valid rows upserted (rows
+A chunk's transaction (run by :mod:`kafka_ingest.engine.slices`): the valid rows upserted (rows
 Postgres rejects are isolated and join the dead letters), the dead letters produced to
 the DLQ topic with every delivery report checked, then recorded in ``dead_letters``, and
 the counts reconciled against what was read and against the table. Live runs and
 backfills both write chunks this way; they differ in the range (planned by
-:mod:`kafka_ingest.planning`), in whether the cursor moves (backfills never), and in
+:mod:`kafka_ingest.engine.planning`), in whether the cursor moves (backfills never), and in
 what a poison pill already in ``dead_letters`` becomes: a backfill neither produces nor
 records it again (it is counted as ``known_dead``), while a live run re-reading a chunk
 after a crash produces it again (at-least-once into the DLQ, as documented).
@@ -28,18 +28,18 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import CopyEncoder, Database, UnitOfWork, UpsertResult
-from kafka_ingest.dlq import DeadLetter, produce_dead_letters
+from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
+from kafka_ingest.engine.planning import PlanTarget, plan
+from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
 from kafka_ingest.errors import ReconciliationError
-from kafka_ingest.planning import PlanTarget, plan
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.dlq import DeadLetter, produce_dead_letters
+from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.reader import Chunk
 from kafka_ingest.records import ChunkCounts
 from kafka_ingest.requests import LiveRun, RangeRequest, request_key
-from kafka_ingest.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
-from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,11 @@ def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_i
                                  initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_ingest_range_dict, pipeline, r, clients, db, run_id)
                        for r in ranges]
-            reports = [f.result() for f in futures]
+            try:
+                reports = [f.result() for f in futures]
+            except BaseException:  # a slice failed, or an interrupt: start no other one
+                pool.shutdown(cancel_futures=True)
+                raise
     else:
         reports = [_ingest_range_dict(pipeline, r, clients, db, run_id) for r in ranges]
     return {"run_id": run_id, **summarize(reports)}
@@ -167,9 +171,10 @@ def die_with_parent(parent_pid: int) -> None:
 
     A worker orphaned by a SIGKILLed parent (an OOM kill, a supervisor's time-out) would
     finish its slice as a writer nobody owns, or wait on its task pipe for good. Linux's
-    parent-death signal ends it with its parent (the pool starts workers from the thread
-    that submits, which lives as long as the parent); elsewhere, or if the parent is
-    already gone, the worker exits at once.
+    parent-death signal ends it with its parent. The signal comes when the *thread* that
+    started the worker ends: Python 3.11's pool (spawn, no ``max_tasks_per_child``) starts
+    its workers in ``submit``, so from the thread that runs :func:`run_ingest`, which must
+    be the parent's main thread. If the parent is already gone, the worker exits at once.
     """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
+from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.errors import TriggerParamsError
-from kafka_ingest.ingest import run_ingest
+from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import LiveRun, RangeRequest
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from psycopg import sql
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository
 from kafka_ingest.errors import IngestError
-from kafka_ingest.monitor import CheckResult, Figures, check
-from kafka_ingest.reader import committed_offsets, partitions_of, watermarks
-from kafka_ingest.topics import request_timeout_s
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import committed_offsets, partitions_of, watermarks
+from kafka_ingest.kafka.topics import request_timeout_s
+from kafka_ingest.ops.monitor import CheckResult, Figures, check
 
 
 def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
@@ -80,7 +80,7 @@ def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, A
 
 def check_pipeline(pipeline: Pipeline, clients: KafkaClients, db: Database) -> CheckResult:
     """The monitor DAG's check of one pipeline: its lag (Kafka's watermarks against the
-    stored offsets), the rules of :mod:`kafka_ingest.monitor`, and the check recorded in
+    stored offsets), the rules of :mod:`kafka_ingest.ops.monitor`, and the check recorded in
     ``monitor_checks`` (committed)."""
     rows = lag(pipeline, clients, db)
     with db.session() as conn:

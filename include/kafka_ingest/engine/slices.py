@@ -17,7 +17,7 @@ and replay is passed in: a :class:`SliceSpec` (names, the group, whether it comm
    moved by compare-and-set (exactly one row, or roll back: the fence against a zombie
    run), the audit row, COMMIT (a dry run rolls back instead);
 5. after the COMMIT, the chunk's offset is **posted to the consumer group** for lag
-   tools (:mod:`kafka_ingest.commits`: in the background, newest wins, never a reason
+   tools (:mod:`kafka_ingest.kafka.commits`: in the background, newest wins, never a reason
    to fail or to wait; the stored offset is the truth).
 
 Three threads, each started and joined by :func:`run_slice`, for chunks 1, 2, 3::
@@ -55,7 +55,6 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import (
     CopyEncoder,
@@ -66,8 +65,9 @@ from kafka_ingest.db import (
     translate_errors,
 )
 from kafka_ingest.errors import OffsetOutOfRange
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import Chunk, read_range, watermarks
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.reader import Chunk, read_range, watermarks
 from kafka_ingest.records import ChunkCounts
 
 log = logging.getLogger(__name__)
@@ -183,15 +183,15 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                                    rng.end, str(rng.mode), dry_run=not spec.commits,
                                    moves_cursor=moves)
     with ExitStack() as owned:  # what the slice opens, closed in reverse, even on error
+        # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
+        # psycopg error: in the steps and in the clean-up alike.
+        owned.enter_context(translate_errors(str(rng.mode)))
         consumer = owned.enter_context(closing(clients.consumer(spec.group_id)))
         producer = clients.producer() if writer.needs_producer else None
         if producer is not None:
             owned.callback(producer.flush, 5)
         session = owned.enter_context(closing(db.open_slice()))
         encoder = session.copy_encoder(pipeline)
-        # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
-        # psycopg error.
-        owned.enter_context(translate_errors(str(rng.mode)))
         start, group = rng.start, None
         if moves:
             session.lock(spec.lock_name, rng.partition)
@@ -265,19 +265,37 @@ class _Writer:
         if self._in_flight is None:
             return None
         chunk, future = self._in_flight
+        self._wait(chunk, future)
         self._in_flight = None
+        result, seconds = future.result()
+        return _Committed(chunk, result, seconds)
+
+    def _wait(self, chunk: Chunk, future: Future[tuple[ChunkResult, float]]) -> None:
         while not wait([future], timeout=self.NAG_S).done:
             log.warning("%s[%d]: still waiting for the transaction of chunk [%d, %d)",
                         chunk.topic, chunk.partition, chunk.start, chunk.end)
-        result, seconds = future.result()
-        return _Committed(chunk, result, seconds)
 
     def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._pool.shutdown(wait=True)
+        # The transaction in flight is waited for even through an interrupt (Airflow's
+        # time-out raising here, twice): the slice's lock and connection are released
+        # after this block, never under a transaction still running. The wait is bounded
+        # by the transaction's own time-outs; the first interrupt is raised after it. (It
+        # waits on the future: a thread join cut short by an exception marks a thread that
+        # still runs as stopped, in Python 3.11, so joining again would not wait.)
+        interrupted: BaseException | None = None
+        while self._in_flight is not None:
+            try:
+                self._wait(*self._in_flight)
+                self._in_flight = None
+            except BaseException as caught:
+                interrupted = interrupted or caught
+        self._pool.shutdown(wait=interrupted is None)
+        if interrupted is not None:
+            raise interrupted
 
 
 @dataclass(frozen=True)

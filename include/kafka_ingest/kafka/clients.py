@@ -9,12 +9,12 @@ SASL, time-outs, ...) reaches the client unchanged.
 Every wait on the cluster is bounded by a librdkafka time-out of the config: requests by
 ``socket.timeout.ms`` (default here 10 s), a dead letter's delivery by
 ``message.timeout.ms`` (alias ``delivery.timeout.ms``; default here 30 s), and a
-wait for a group commit by ``socket.timeout.ms`` too (see :mod:`kafka_ingest.commits`:
+wait for a group commit by ``socket.timeout.ms`` too (see :mod:`kafka_ingest.kafka.commits`:
 librdkafka's own would wait forever for a coordinator that does not answer).
 
 librdkafka's log lines go through Python logging, to the ``kafka_ingest.librdkafka``
-logger at their own level (unless the connection names a ``logger`` of its own), served
-when the client is polled: never raw ``%4|...`` lines on stderr.
+logger at their own level (unless the connection names a ``logger`` of its own, by name),
+served when the client is polled: never raw ``%4|...`` lines on stderr.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from kafka_ingest.commits import GroupCommitter
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, OffsetOutOfRange
+from kafka_ingest.kafka.commits import GroupCommitter
 
 log = logging.getLogger(__name__)
 #: Where librdkafka's own log lines go (see the module docstring).
@@ -105,6 +105,8 @@ class KafkaClients:
         if not config.get("bootstrap.servers"):
             raise ValueError("the Kafka config needs 'bootstrap.servers'")
         self.config = dict(config)
+        if isinstance(self.config.get("logger"), str):  # a connection's JSON can only name one
+            self.config["logger"] = logging.getLogger(self.config["logger"])
         overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
                       and config[k] != FORCED_CONSUMER[k]}
         if overridden:
@@ -132,7 +134,7 @@ class KafkaClients:
 
     def committer(self, group_id: str, *,
                   on_commit: Callable[[], None] | None = None) -> GroupCommitter:
-        """Background, bounded commits to ``group_id`` (see :mod:`kafka_ingest.commits`);
+        """Background, bounded commits to ``group_id`` (see :mod:`kafka_ingest.kafka.commits`);
         each wait for them at most ``socket.timeout.ms``."""
         timeout_s = _seconds(self._consumer_config(group_id), "socket.timeout.ms",
                              default_ms=60_000)

@@ -28,7 +28,6 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
 from kafka_ingest.db import (
     Database,
@@ -38,6 +37,14 @@ from kafka_ingest.db import (
     PlansRepository,
 )
 from kafka_ingest.errors import KafkaRefused, KafkaUnavailable
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import (
+    committed_offsets,
+    offsets_for_time,
+    partitions_of,
+    watermarks,
+)
+from kafka_ingest.kafka.topics import request_timeout_s
 from kafka_ingest.ranges import (
     Mode,
     OffsetRange,
@@ -47,14 +54,7 @@ from kafka_ingest.ranges import (
     plan_live,
     start_offset,
 )
-from kafka_ingest.reader import (
-    committed_offsets,
-    offsets_for_time,
-    partitions_of,
-    watermarks,
-)
 from kafka_ingest.requests import LiveRun, OffsetWindow, RangeRequest, TimeWindow
-from kafka_ingest.topics import request_timeout_s
 
 log = logging.getLogger(__name__)
 

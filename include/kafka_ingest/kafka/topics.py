@@ -5,9 +5,9 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
-from kafka_ingest.clients import CONSUMER_DEFAULTS, KafkaClients, map_kafka_error
 from kafka_ingest.config import Pipeline
 from kafka_ingest.errors import SettingsError
+from kafka_ingest.kafka.clients import CONSUMER_DEFAULTS, KafkaClients, map_kafka_error
 
 
 def request_timeout_s(clients: KafkaClients) -> float:

@@ -12,7 +12,7 @@ planned by the one planner and run by the one slice engine:
   does a replay with filters (it would skip the letters it filtered out) or a dry run.
 
 Each DLQ record's ORIGINAL bytes are validated as if they were the source message
-(:class:`~kafka_ingest.dlq.ReplayedMessage`), so a recovered row's provenance is the
+(:class:`~kafka_ingest.kafka.dlq.ReplayedMessage`), so a recovered row's provenance is the
 original source topic, partition and offset, and they go through the same idempotent
 upsert as ingestion. Passing letters are marked ``recovered`` in ``dead_letters``; the
 others stay ``parked`` with the latest reason and one more attempt. Nothing is produced
@@ -34,18 +34,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kafka_ingest.clients import KafkaClients
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
 from kafka_ingest.db import CopyEncoder, Database, UnitOfWork
-from kafka_ingest.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
+from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
+from kafka_ingest.engine.planning import PlanTarget, plan
+from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, run_slice
 from kafka_ingest.errors import ReconciliationError
-from kafka_ingest.planning import PlanTarget, plan
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
+from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.reader import Chunk
 from kafka_ingest.records import ChunkCounts, Position
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
-from kafka_ingest.slices import ChunkResult, SliceReport, SliceSpec, run_slice
-from kafka_ingest.validate import ValidationResult, dead_letter, validate_chunk
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 No ``subscribe()`` anywhere, so no consumer-group rebalance: each task assigns exactly
 its partition at exactly its start offset and stops at the planned end. The group id is
-used only to commit offsets (after the database commit, by :mod:`kafka_ingest.commits`)
-so lag tools see them. The clients come from :class:`kafka_ingest.clients.KafkaClients`.
+used only to commit offsets (after the database commit, by :mod:`kafka_ingest.kafka.commits`)
+so lag tools see them. The clients come from :class:`kafka_ingest.kafka.clients.KafkaClients`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kafka_ingest.clients import map_kafka_error
 from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, TopicMissing
+from kafka_ingest.kafka.clients import map_kafka_error
 
 log = logging.getLogger(__name__)
 

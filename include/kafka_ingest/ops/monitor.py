@@ -15,7 +15,7 @@ a figure strictly above its limit breaches it:
 - ``max_parked``: dead letters still parked (not recovered by a replay).
 
 Two halves, so the decision is tested without services: :func:`gather` reads the figures
-(the lag rows of :func:`kafka_ingest.status.lag`, ``ingest_runs``, ``dead_letters`` and the
+(the lag rows of :func:`kafka_ingest.ops.status.lag`, ``ingest_runs``, ``dead_letters`` and the
 monitor's own past checks in ``monitor_checks``) and :func:`evaluate` is pure: figures in,
 breaches out. :func:`check` does both and records the check, because lag growth needs
 memory across checks. Notifying and failing the Airflow task are the monitor DAG's
@@ -201,7 +201,7 @@ def _one(conn: Any, query: str, args: Sequence[Any]) -> Any:
 
 def gather(pipeline: Pipeline, lag_rows: Sequence[Mapping[str, Any]] | None,
            conn: Any) -> Figures:
-    """The figures of ``pipeline``: ``lag_rows`` from :func:`kafka_ingest.status.lag`
+    """The figures of ``pipeline``: ``lag_rows`` from :func:`kafka_ingest.ops.status.lag`
     (``None``: not known), the rest read on ``conn``; this check's total ends the
     history. Reads only."""
     name, alerts = pipeline.name, pipeline.alerts
