@@ -794,3 +794,24 @@ def test_a_live_slice_re_reading_a_known_poison_pill_dead_letters_it_again(
     assert (report.dead_lettered, report.known_dead) == (1, 0)
     assert len(w.producer.delivered) == 2
     assert w.db.dead_letters[(pipeline.name, pipeline.topic, PARTITION, POISON_AT)].attempts == 2
+
+
+def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(
+        pipeline: Pipeline) -> None:
+    # The writer thread must get the GIL back quickly from the validating main thread
+    # (slices.SWITCH_INTERVAL_S); the process's own setting is back once the slice ends,
+    # also when it fails.
+    import sys
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    w = World(pipeline)
+    w.db.inject(1, "upsert", lambda: seen.append(sys.getswitchinterval()))
+    w.ingest()
+    assert seen == [min(before, slices.SWITCH_INTERVAL_S)]
+    assert sys.getswitchinterval() == before
+    w.db.inject(5, "upsert", RuntimeError("boom"))
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 0)
+    with pytest.raises(RuntimeError):
+        w.ingest()
+    assert sys.getswitchinterval() == before
