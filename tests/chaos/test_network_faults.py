@@ -21,7 +21,6 @@ import gc
 import json
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -62,6 +61,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.faults import BOTH, DOWNSTREAM
+from tests.interrupts import TaskTimeout, task_timeout_after
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.faults]
 
@@ -368,15 +368,9 @@ def test_a_group_commit_to_a_silent_coordinator_gives_up_within_socket_timeout(
 
     interrupted = clients.committer(pipeline.group_id)
     interrupted.post(pipeline.topic, 0, 11)
-    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
     started = time.monotonic()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(_TaskTimeout):
-            interrupted.close()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with task_timeout_after(0.5), pytest.raises(TaskTimeout):
+        interrupted.close()
     interrupted_after = time.monotonic() - started
     started = time.monotonic()
     consumer.close()
@@ -389,12 +383,6 @@ def test_a_group_commit_to_a_silent_coordinator_gives_up_within_socket_timeout(
     assert closed < 2.0
 
 
-class _TaskTimeout(Exception):
-    """What Airflow's ``execution_timeout`` raises from its SIGALRM handler."""
-
-
-def _raise_task_timeout(_signum: int, _frame: Any) -> None:
-    raise _TaskTimeout("Timeout, PID: 1")
 
 
 def test_connecting_to_a_black_holed_postgres_fails_within_connect_timeout(

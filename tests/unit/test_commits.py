@@ -12,7 +12,6 @@ does not exist.
 from __future__ import annotations
 
 import multiprocessing
-import signal
 import threading
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from fakes import FakeConsumer
 from kafka_ingest.kafka import commits
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.commits import GroupCommitter
+from tests.interrupts import TaskTimeout, task_timeout_after
 
 TOPIC = "orders"
 GROUP = "kafka-ingest.orders"
@@ -213,15 +213,9 @@ def test_an_interrupt_during_the_wait_leaves_the_commit_to_its_thread() -> None:
     group = committer_of(consumer, timeout_s=30.0)
     group.post(TOPIC, 3, 10)
     assert consumer.started.wait(5)
-    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
     started = time.monotonic()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        with pytest.raises(_TaskTimeout):
-            group.close()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with task_timeout_after(0.3), pytest.raises(TaskTimeout):
+        group.close()
     assert time.monotonic() - started < 3.0
     assert not consumer.closed.is_set()
     consumer.release.set()
@@ -229,12 +223,6 @@ def test_an_interrupt_during_the_wait_leaves_the_commit_to_its_thread() -> None:
     assert consumer.closed_while_pending is False
 
 
-class _TaskTimeout(Exception):
-    """What Airflow's ``execution_timeout`` raises (``AirflowTaskTimeout``)."""
-
-
-def _raise_task_timeout(_signum: int, _frame: Any) -> None:
-    raise _TaskTimeout("Timeout, PID: 1")
 
 
 def test_a_commit_waiting_for_a_coordinator_is_not_retried(sleeps: list[float]) -> None:

@@ -43,6 +43,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
+from tests.interrupts import TaskTimeout, task_timeout_on_sigalrm
 
 PARTITION = 2
 N = 10  # the slice is [0, N)
@@ -184,12 +185,6 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     assert w.ev.of("rollback") == []
 
 
-class _TaskTimeout(Exception):
-    """What Airflow's ``execution_timeout`` raises from its SIGALRM handler."""
-
-
-def _raise_task_timeout(_signum: int, _frame: Any) -> None:
-    raise _TaskTimeout("Timeout, PID: 1")
 
 
 @pytest.mark.parametrize("stage", ["upsert", "dead_letters", "advance", "commit", "committed"])
@@ -211,14 +206,12 @@ def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waitin
         signal.pthread_kill(main, signal.SIGALRM)
 
     w.db.inject(2, stage, interrupt)
-    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
     started = time.monotonic()
     try:
-        with pytest.raises(_TaskTimeout):
+        with task_timeout_on_sigalrm(), pytest.raises(TaskTimeout):
             w.ingest()
         took = time.monotonic() - started
     finally:
-        signal.signal(signal.SIGALRM, previous)
         release.set()
     assert took < w.clients.commit_timeout_s + 5.0
     assert w.db.held_locks() == {}
@@ -258,12 +251,8 @@ def test_an_interrupt_while_the_slice_waits_for_its_writer_never_unlocks_under_a
         return real_prepare(self, chunk, encoder)
 
     monkeypatch.setattr(ingest.IngestWriter, "prepare", failing_prepare)
-    previous = signal.signal(signal.SIGALRM, _raise_task_timeout)
-    try:
-        with pytest.raises(_TaskTimeout):
-            w.ingest()
-    finally:
-        signal.signal(signal.SIGALRM, previous)
+    with task_timeout_on_sigalrm(), pytest.raises(TaskTimeout):
+        w.ingest()
     committed = w.events.index(("db_commit", 2, 3, 6))
     assert committed < w.events.index(("unlock", "telemetry_metrics", PARTITION))
     assert committed < w.events.index(("session_close",))
