@@ -45,7 +45,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
-from kafka_ingest.kafka.topics import create_pipeline_topics, request_timeout_s
+from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest.ops.status import lag, pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
 
@@ -269,7 +269,7 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
     """Move a partition's stored offset by hand, under its advisory lock."""
     pipeline = get_pipeline(args.pipeline)
     clients = kafka_clients()
-    wait_s = request_timeout_s(clients)  # a cluster out of reach fails after its time-out
+    wait_s = clients.request_timeout_s  # a cluster out of reach fails after its time-out
     consumer = clients.consumer(pipeline.group_id)
     try:
         parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)

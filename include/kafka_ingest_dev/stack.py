@@ -651,6 +651,12 @@ def _await_cluster(s: Settings, *, fresh: bool) -> None:
         _await_coordinators(s)
 
 
+#: librdkafka's lines while the coordinators load: the retries the wait expects, not shown
+#: (a wait that fails says why in its StackError).
+_READY_LOG = logging.getLogger(f"{__name__}.ready")
+_READY_LOG.addHandler(logging.NullHandler())
+_READY_LOG.propagate = False
+
 #: Where the stack proves its coordinators work, then leaves no trace but this topic.
 READY_TOPIC = "kafka-ingest-stack-ready"
 
@@ -662,8 +668,7 @@ def _await_coordinators(s: Settings) -> None:
     from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    quiet = logging.getLogger(f"{__name__}.ready")  # librdkafka's retries, not shown
-    common: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": quiet}
+    common: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "logger": _READY_LOG}
     deadline = time.monotonic() + _KAFKA_START_TIMEOUT_S
     admin = AdminClient(common)  # kept: a destroyed client fails its futures
     created = admin.create_topics([NewTopic(READY_TOPIC, 1, 1)])

@@ -44,7 +44,6 @@ from kafka_ingest.kafka.reader import (
     partitions_of,
     watermarks,
 )
-from kafka_ingest.kafka.topics import request_timeout_s
 from kafka_ingest.ranges import (
     Mode,
     OffsetRange,
@@ -93,7 +92,7 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
-        wait_s = request_timeout_s(clients)  # a cluster out of reach fails after this
+        wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
         consumer = clients.consumer(target.group_id)
         try:
             ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id,

@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, OffsetOutOfRange
+from kafka_ingest.errors import (
+    IngestError,
+    KafkaRefused,
+    KafkaUnavailable,
+    OffsetOutOfRange,
+    SettingsError,
+)
 from kafka_ingest.kafka.commits import GroupCommitter
 
 log = logging.getLogger(__name__)
@@ -132,14 +138,28 @@ class KafkaClients:
         consumer.refusals = refusals
         return consumer
 
+    @property
+    def request_timeout_s(self) -> float:
+        """How long one request to the cluster may wait, in seconds: the config's
+        ``socket.timeout.ms`` (the consumers' default when unset).
+
+        A command's metadata and watermark requests, and a wait for the group commits,
+        take this long at most, so a cluster that cannot be reached fails the command after
+        the time-out its config chose, not after a longer one of the command's own.
+        """
+        raw = self.config.get("socket.timeout.ms", CONSUMER_DEFAULTS["socket.timeout.ms"])
+        try:
+            return float(raw) / 1000.0
+        except (TypeError, ValueError):
+            raise SettingsError(f"the Kafka config's socket.timeout.ms is {raw!r}, not a "
+                                "number of milliseconds") from None
+
     def committer(self, group_id: str, *,
                   on_commit: Callable[[], None] | None = None) -> GroupCommitter:
         """Background, bounded commits to ``group_id`` (see :mod:`kafka_ingest.kafka.commits`);
-        each wait for them at most ``socket.timeout.ms``."""
-        timeout_s = _seconds(self._consumer_config(group_id), "socket.timeout.ms",
-                             default_ms=60_000)
+        each wait for them at most :attr:`request_timeout_s`."""
         return GroupCommitter(lambda: self.consumer(group_id), group_id,
-                              timeout_s=timeout_s, on_commit=on_commit)
+                              timeout_s=self.request_timeout_s, on_commit=on_commit)
 
     def producer(self) -> Producer:
         conf = {**PRODUCER_DEFAULTS, "logger": LIBRDKAFKA_LOG,

@@ -6,36 +6,19 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.errors import SettingsError
-from kafka_ingest.kafka.clients import CONSUMER_DEFAULTS, KafkaClients, map_kafka_error
-
-
-def request_timeout_s(clients: KafkaClients) -> float:
-    """How long one request to the cluster may wait, in seconds: the config's
-    ``socket.timeout.ms`` (the consumers' default when unset).
-
-    A command's metadata and watermark requests wait this long, so a cluster that cannot
-    be reached fails the command after the time-out its config chose, not after a longer
-    one of the command's own.
-    """
-    raw = clients.config.get("socket.timeout.ms", CONSUMER_DEFAULTS["socket.timeout.ms"])
-    try:
-        return float(raw) / 1000.0
-    except (TypeError, ValueError):
-        raise SettingsError(f"the Kafka config's socket.timeout.ms is {raw!r}, not a number "
-                            "of milliseconds") from None
+from kafka_ingest.kafka.clients import KafkaClients, map_kafka_error
 
 
 def ensure_topics(clients: KafkaClients, topics: dict[str, int], *, replication_factor: int = 1,
                   config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics (name -> partitions); return the ones created.
 
-    Listing the topics waits at most :func:`request_timeout_s`; creating them, ``timeout_s``
-    (the brokers' own operation, which may take longer than one request).
+    Listing the topics waits at most the clients' ``request_timeout_s``; creating them,
+    ``timeout_s`` (the brokers' own operation, which may take longer than one request).
     """
     admin = clients.admin()
     try:
-        existing = set(admin.list_topics(timeout=request_timeout_s(clients)).topics)
+        existing = set(admin.list_topics(timeout=clients.request_timeout_s).topics)
     except KafkaException as exc:
         raise map_kafka_error("list topics", exc) from exc
     wanted = [NewTopic(t, num_partitions=n, replication_factor=replication_factor,

@@ -17,7 +17,6 @@ from kafka_ingest.db import Database, OffsetsRepository
 from kafka_ingest.errors import IngestError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import committed_offsets, partitions_of, watermarks
-from kafka_ingest.kafka.topics import request_timeout_s
 from kafka_ingest.ops.monitor import CheckResult, Figures, check
 
 
@@ -31,7 +30,7 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     differ after a kill between the database commit and the Kafka commit, until the next
     live run re-syncs the group to the stored offset.
     """
-    wait_s = request_timeout_s(clients)  # a cluster out of reach fails after its time-out
+    wait_s = clients.request_timeout_s  # a cluster out of reach fails after its time-out
     consumer = clients.consumer(pipeline.group_id)
     try:
         parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)
