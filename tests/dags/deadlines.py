@@ -65,17 +65,22 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
         slice    = execution_timeout                    a try ends by then, whatever it does
                  + sum for n = 1..retries of            each retry Airflow allows
                      (retry_delay_n + execution_timeout)  waits out its delay, then ends too
-        first    = slice; from_kill: the same with the first execution_timeout replaced by
-                   heartbeat_timeout + detection_interval  (a killed try goes silent and the
-                   scheduler fails it that long after its last heartbeat, at the latest)
+        first    = slice; from_kill: the longer of
+                   - slice with the first execution_timeout replaced by heartbeat_timeout
+                     + detection_interval (a killed try goes silent and the scheduler fails
+                     it that long after its last heartbeat, at the latest), and
+                   - task_queued_timeout + its check interval + slice (a slice whose Celery
+                     message the killed worker had reserved, not started: it stays queued
+                     until the scheduler requeues it)
         retry_delay_n = min(max_retry_delay, 2 x retry_delay x backoff^(n-1))
         waves    = ceil(slices / min(max_active_tis_per_dagrun, pool size, parallelism))
 
     ``execution_timeout`` and the retries come from the DAG's ``default_args``
     (:func:`kafka_ingest_hook.dag_default_args`), so DAG tests give their pipelines a
     short ``task_timeout_minutes``. The Celery test's kill (20 s heartbeat time-out checked
-    every 2 s, retries 2, 10 s delay doubling, 1 min time-out): 22 + (20 + 60) + (40 + 60)
-    + 60 = 262 s.
+    every 2 s, retries 2, 10 s delay doubling, 1 min time-out, a queued task requeued after
+    30 s checked every 5): max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) +
+    (40 + 60)) + 60 = 335 s.
     """
     from kafka_ingest_hook import dag_default_args, slice_task_args
 
@@ -85,8 +90,11 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
     slice_s = timeout + retries
     first = slice_s
     if from_kill:
-        first = retries + setting(settings, "scheduler", "task_instance_heartbeat_timeout") \
+        silent = retries + setting(settings, "scheduler", "task_instance_heartbeat_timeout") \
             + setting(settings, "scheduler", "task_instance_heartbeat_timeout_detection_interval")
+        lost = setting(settings, "scheduler", "task_queued_timeout") \
+            + setting(settings, "scheduler", "task_queued_timeout_check_interval") + slice_s
+        first = max(silent, lost)
     task = slice_task_args(pipeline)
     at_once = min(task["max_active_tis_per_dagrun"],
                   airflow_pools({pipeline.name: pipeline}).get(task["pool"], slices),

@@ -56,10 +56,15 @@ WORKERS = 2
 PARTITIONS = 3
 #: Airflow notices a task whose heartbeat stopped after this many seconds (default 300),
 #: checking every two; live tasks heartbeat every 5 s ([workers] min_heartbeat_interval).
-#: The waits' deadlines follow from these (tests.dags.deadlines).
+#: A task whose Celery message went down with a killed worker before it started (each
+#: worker reserves the next message while it runs one) stays queued until the scheduler's
+#: queued time-out requeues it (default 600 s, checked every 120). The waits' deadlines
+#: follow from these (tests.dags.deadlines).
 SCHEDULER = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "30",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
 }
 # (pipeline key, events, poison rounds, overrides)
 CASES = {

@@ -11,10 +11,13 @@ import pytest
 from kafka_ingest.config import parse_pipelines
 from tests.dags.deadlines import MARGIN_S, parse_deadline_s, retry_delay_s, run_deadline_s
 
-#: The Celery test's services: 20 s heartbeat time-out checked every 2 s, 4 task slots.
+#: The Celery test's services: 20 s heartbeat time-out checked every 2 s, a queued task
+#: requeued after 30 s checked every 5, 4 task slots.
 SERVICES = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "30",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
     "AIRFLOW__CORE__PARALLELISM": "4",
     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
     "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "50",
@@ -33,8 +36,11 @@ def _pipeline(**overrides: Any) -> Any:
     ({"retries": 0}, {}, 60 + MARGIN_S),
     # a pool of one slot runs 3 slices one after another
     ({"retries": 0, "pool": "one", "pool_slots": 1}, {}, 3 * 60 + MARGIN_S),
-    # the kill: noticed 20 + 2 s after, then 2 retries of up to 20 and 40 s delay + 1 min
-    ({"retries": 2}, {"from_kill": True}, 22 + (20 + 60) + (40 + 60) + MARGIN_S),
+    # the kill: the longer of the killed try (noticed 20 + 2 s after, then 2 retries of up
+    # to 20 and 40 s delay + 1 min each) and a slice whose message the killed worker had
+    # reserved (requeued after 30 + 5 s, then a whole slice: 1 min and the same retries)
+    ({"retries": 2}, {"from_kill": True},
+     max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) + (40 + 60)) + MARGIN_S),
     # two runs one after another (a backfill of two intervals), one retry each
     ({"retries": 1}, {"runs": 2}, 2 * (60 + (20 + 60) + MARGIN_S)),
 ])
