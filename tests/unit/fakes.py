@@ -442,10 +442,10 @@ class FakeDatabase:
     def offset(self, pipeline: str, topic: str, partition: int) -> int | None:
         return self.offsets.get((pipeline, topic, partition))
 
-    def held_locks(self) -> dict[tuple[str, int], tuple[int, int]]:
-        """(name, partition) -> (session-level count, transaction-level count)."""
+    def held_locks(self) -> dict[tuple[str, int], int]:
+        """(name, partition) -> how many times its holder took it (session locks nest)."""
         with self.state:
-            return {k: (v[1], v[2]) for k, v in self._locks.items()}
+            return {k: v[1] for k, v in self._locks.items()}
 
     # ------------------------------------------------------------------ the port
 
@@ -463,7 +463,7 @@ class FakeDatabase:
                     raise fault.action
                 fault.action()
 
-    def _acquire(self, session: FakeSession, name: str, partition: int, kind: int) -> None:
+    def _acquire(self, session: FakeSession, name: str, partition: int) -> None:
         key = (name, partition)
         deadline = time.monotonic() + self.lock_timeout_s
         with self._lock_changed:
@@ -474,26 +474,26 @@ class FakeDatabase:
                         "advisory lock", f"{name}[{partition}] is being written by another "
                         f"run for over {self.lock_timeout_s}s")
                 self._lock_changed.wait(left)
-            held = self._locks.setdefault(key, [session, 0, 0])
-            held[kind] += 1
+            held = self._locks.setdefault(key, [session, 0])
+            held[1] += 1
 
-    def _release(self, session: FakeSession, key: tuple[str, int], kind: int,
-                 *, every: bool = False) -> bool:
+    def _release(self, session: FakeSession, key: tuple[str, int], *,
+                 every: bool = False) -> bool:
         with self._lock_changed:
             held = self._locks.get(key)
-            if held is None or held[0] is not session or held[kind] == 0:
+            if held is None or held[0] is not session:
                 return False
-            held[kind] = 0 if every else held[kind] - 1
-            if held[1] == 0 and held[2] == 0:
+            held[1] = 0 if every else held[1] - 1
+            if held[1] == 0:
                 del self._locks[key]
                 self._lock_changed.notify_all()
             return True
 
-    def _release_all(self, session: FakeSession, kind: int) -> None:
+    def _release_all(self, session: FakeSession) -> None:
         with self.state:
             keys = [k for k, v in self._locks.items() if v[0] is session]
         for key in keys:
-            self._release(session, key, kind, every=True)
+            self._release(session, key, every=True)
 
 
 class FakeSession:
@@ -513,13 +513,13 @@ class FakeSession:
 
     def lock(self, name: str, partition: int) -> None:
         self._check_open()
-        self.db._acquire(self, name, partition, 1)
+        self.db._acquire(self, name, partition)
         self.db.events.append(("lock", name, partition))
 
     def unlock(self, name: str, partition: int) -> None:
         if self.closed:  # a closed connection released its locks already
             return
-        self.db._release(self, (name, partition), 1)
+        self.db._release(self, (name, partition))
         self.db.events.append(("unlock", name, partition))
 
     def cursor(self, pipeline: str, topic: str, partition: int) -> int | None:
@@ -548,7 +548,7 @@ class FakeSession:
             return
         if self.current is not None:  # the server rolls back an open transaction
             self.current._end("rollback")
-        self.db._release_all(self, 1)
+        self.db._release_all(self)
         self.closed = True
         self.db.events.append(("session_close",))
 
