@@ -20,19 +20,27 @@ Commands of installed extensions (the development tooling's ``stack``, ``demo`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from typing import Any
 
-from kafka_ingest.config import get_pipeline, load_pipelines, pool_import_document
+from kafka_ingest.config import (
+    Pipeline,
+    get_pipeline,
+    load_declared_contracts,
+    load_pipelines,
+    pool_import_document,
+)
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
+from kafka_ingest.db.tables import TablePlan, apply_tables, plan_tables, runtime_tables
 from kafka_ingest.engine.backfill import require_window, run_backfill
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.engine.replay import run_replay
@@ -143,16 +151,82 @@ def grant_target(given: str | None) -> tuple[str | None, str]:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     role, source = grant_target(args.grant_to)
-    tables = [p.table for p in load_pipelines().values()] if role else []
+    with _as_owner(), admin_database(args.dsn).session() as conn:
+        applied = migrate(conn)
+        granted = _grant(conn, role, load_pipelines().values())
+    print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    _print_grants(role, source, granted)
+    return 0
+
+
+@contextlib.contextmanager
+def _as_owner() -> Iterator[None]:
     try:
-        with admin_database(args.dsn).session() as conn:
-            applied = migrate(conn)
-            granted = grant_runtime(conn, role, tables) if role else []
+        yield
     except PrivilegeMissing as exc:  # the grant advice does not apply to the owner's job
         raise PrivilegeMissing(exc.role, exc.detail, on=exc.on, fix=(
             "migrations run as the schema's owner: point KAFKA_INGEST_PG_ADMIN_DSN (or "
             "--dsn) at that role")) from exc
-    print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+
+
+def _grant(conn: Any, role: str | None, pipelines: Iterable[Pipeline]) -> list[str]:
+    if not role:
+        return []
+    tables, deleting = runtime_tables(pipelines)
+    return grant_runtime(conn, role, tables, deleting=deleting)
+
+
+def _chosen(names: Sequence[str]) -> list[Pipeline]:
+    pipelines = load_pipelines()
+    unknown = sorted(set(names) - set(pipelines))
+    if unknown:
+        raise ValueError(f"unknown pipeline(s) {', '.join(unknown)}; defined: "
+                         f"{', '.join(sorted(pipelines))}")
+    return [pipelines[n] for n in (names or sorted(pipelines))]
+
+
+def _print_plan(plan: TablePlan) -> None:
+    if not plan.changes and not plan.drift:
+        print(f"-- {plan.pipeline}: up to date")
+        return
+    for change in plan.changes:
+        print(f"-- {plan.pipeline}: {change.why}\n{change.statement};")
+    for note in plan.notes:
+        print(f"-- note: {note}")
+    for problem in plan.drift:
+        print(f"-- DRIFT (not changed by the planner): {problem}")
+
+
+def cmd_schema_plan(args: argparse.Namespace) -> int:
+    """The DDL each pipeline's tables need, and the drift nothing may fix on its own."""
+    with admin_database(args.dsn).session() as conn:
+        plans = [plan_tables(conn, p) for p in _chosen(args.pipelines)]
+    for plan in plans:
+        _print_plan(plan)
+    return 2 if any(p.drift for p in plans) else 0
+
+
+def cmd_schema_apply(args: argparse.Namespace) -> int:
+    """Apply the plans as the migrating role, each in a transaction, recorded."""
+    role, source = grant_target(args.grant_to)
+    chosen = _chosen(args.pipelines)
+    with _as_owner(), admin_database(args.dsn).session() as conn:
+        migrate(conn)
+        for pipeline in chosen:
+            plan = apply_tables(conn, pipeline)
+            for change in plan.changes:
+                print(f"applied ({pipeline.name}): {change.why}: "
+                      f"{' '.join(change.statement.split())}")
+            for note in plan.notes:
+                print(f"note ({pipeline.name}): {note}")
+            if not plan.changes:
+                print(f"{pipeline.name}: up to date")
+        granted = _grant(conn, role, chosen)
+    _print_grants(role, source, granted)
+    return 0
+
+
+def _print_grants(role: str | None, source: str, granted: list[str]) -> None:
     if role:
         print(f"granted {role!r} (from {source}) the runtime privileges:")
         for line in granted:
@@ -160,7 +234,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print(f"no runtime role granted (neither --grant-to nor {GRANT_TO_ENV} names one): "
               "the pipelines must run as this role or one granted otherwise")
-    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -299,13 +372,7 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
-    pipelines = load_pipelines()
-    unknown = sorted(set(args.pipelines) - set(pipelines))
-    if unknown:
-        raise ValueError(f"unknown pipeline(s) {', '.join(unknown)}; defined: "
-                         f"{', '.join(sorted(pipelines))}")
-    chosen = [pipelines[n] for n in (args.pipelines or sorted(pipelines))]
-    created, existed = create_pipeline_topics(kafka_clients(), chosen)
+    created, existed = create_pipeline_topics(kafka_clients(), _chosen(args.pipelines))
     for topic in created:
         print(f"created {topic}")
     for topic in existed:
@@ -318,8 +385,8 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return _print_json(pool_import_document(load_pipelines()))
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
-    return _print_json(json_schema(args.event_type, args.version))
+def cmd_schema_show(args: argparse.Namespace) -> int:
+    return _print_json(json_schema(args.event_type, args.version, load_declared_contracts()))
 
 
 # --------------------------------------------------------------------------- parser
@@ -399,10 +466,24 @@ def _add_inspection_commands(sub: Any) -> None:
                        "`airflow pools import`)")
     p.set_defaults(func=cmd_pools)
 
-    p = sub.add_parser("schema", help="print a contract's JSON Schema")
+    p = sub.add_parser("schema", help="contracts and the tables made from them")
+    schema_sub = p.add_subparsers(dest="schema_command", required=True)
+    p = schema_sub.add_parser("show", help="print a contract's JSON Schema")
     p.add_argument("event_type")
     p.add_argument("version", type=int)
-    p.set_defaults(func=cmd_schema)
+    p.set_defaults(func=cmd_schema_show)
+    for name, func, doc in (
+            ("plan", cmd_schema_plan, "print the DDL the pipelines' tables need (all by "
+             "default) and any drift; exit 2 when there is drift"),
+            ("apply", cmd_schema_apply, "apply that DDL as the migrating role, recorded in "
+             "schema_changes, then grant the runtime role")):
+        p = schema_sub.add_parser(name, help=doc)
+        p.add_argument("pipelines", nargs="*", metavar="PIPELINE")
+        p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
+        if name == "apply":
+            p.add_argument("--grant-to", metavar="ROLE", help="the runtime role to grant "
+                           f"(default: ${GRANT_TO_ENV})")
+        p.set_defaults(func=func)
 
 
 def build_parser() -> argparse.ArgumentParser:

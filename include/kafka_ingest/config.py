@@ -22,12 +22,21 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from kafka_ingest.contracts import Contract, get_contract
+from kafka_ingest.contracts import REGISTRY, Contract, get_contract
+from kafka_ingest.contracts.columns import Column, contract_columns
+from kafka_ingest.contracts.declared import (
+    RESERVED_COLUMNS,
+    ContractSpec,
+    build_versions,
+    declared_model,
+)
 
 DEFAULT_PIPELINES_FILE = Path(__file__).resolve().parent.parent / "pipelines.yaml"
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
@@ -55,10 +64,29 @@ class OnOffsetGap(StrEnum):
 
 
 class OnTombstone(StrEnum):
-    """What to do with a record whose value is null."""
+    """What to do with a record whose value is null. ``delete``: the record key's row is
+    deleted (``latest`` pipelines keyed by the record key, in log order)."""
 
     SKIP = "skip"
     DEAD_LETTER = "dead_letter"
+    DELETE = "delete"
+
+
+class KeyFormat(StrEnum):
+    """How the record key is read: UTF-8 text, or JSON (a string or integer, or one
+    ``field`` of a JSON object)."""
+
+    STRING = "string"
+    JSON = "json"
+
+
+class KeyType(StrEnum):
+    TEXT = "text"
+    BIGINT = "bigint"
+
+
+#: The order of a pipeline's log: ``upsert.order_by`` may name it instead of a field.
+LOG_ORDER = "source_offset"
 
 
 class UpsertMode(StrEnum):
@@ -88,9 +116,11 @@ class ContractRef(_Strict):
 
 class Upsert(_Strict):
     mode: UpsertMode = UpsertMode.APPEND
-    #: ``latest`` only: the entity key column (the table's primary key).
+    #: ``latest`` only: the entity key column (the table's primary key): a field of the
+    #: contract, or the ``record_key`` column.
     key: str | None = None
-    #: ``latest`` only: the event-time column that orders versions of an entity.
+    #: ``latest`` only: the event-time column that orders versions of an entity, or
+    #: ``source_offset``: the log's order (what a compacted topic means by "latest").
     order_by: str = "timestamp"
 
     @model_validator(mode="after")
@@ -100,6 +130,57 @@ class Upsert(_Strict):
         if self.mode is UpsertMode.APPEND and self.key:
             raise ValueError("upsert.key is only used with upsert.mode 'latest'")
         return self
+
+
+class RecordKey(_Strict):
+    """The record key as a column (Kafka Connect's ``pk.mode=record_key``)."""
+
+    column: Annotated[str, Field(pattern=_NAME)]
+    format: KeyFormat = KeyFormat.STRING
+    #: ``json`` only: the key is a JSON object and this field of it is the value.
+    field: str | None = None
+    type: KeyType = KeyType.TEXT
+    max_length: Annotated[int, Field(ge=1, le=10_000)] = 128
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RecordKey:
+        if self.field is not None and self.format is not KeyFormat.JSON:
+            raise ValueError("record_key.field picks a field of a JSON key: set format: json")
+        if self.type is KeyType.BIGINT and self.format is not KeyFormat.JSON:
+            raise ValueError("a bigint record key is read from JSON: set format: json")
+        return self
+
+    def as_column(self) -> Column:
+        ddl = "bigint" if self.type is KeyType.BIGINT else f"character varying({self.max_length})"
+        copy = "int8" if self.type is KeyType.BIGINT else "text"
+        return Column(name=self.column, ddl=ddl, copy_type=copy, nullable=False)
+
+
+class HeaderColumn(_Strict):
+    """A record header as a text column (UTF-8, no NUL, at most ``max_length``)."""
+
+    column: Annotated[str, Field(pattern=_NAME)]
+    max_length: Annotated[int, Field(ge=1, le=10_000)] = 256
+    #: A record without the header is a dead letter; otherwise its column is NULL.
+    required: bool = False
+
+    def as_column(self) -> Column:
+        return Column(name=self.column, ddl=f"character varying({self.max_length})",
+                      copy_type="text", nullable=not self.required)
+
+
+class Partitioning(_Strict):
+    """The target table is partitioned by range of a timestamp column (declarative
+    partitioning). Its partitions are the operator's (e.g. pg_partman's): a row no
+    partition takes is dead-lettered as ``rejected_by_database`` and can be replayed once
+    the partition exists."""
+
+    column: Annotated[str, Field(pattern=_NAME)]
+
+
+def _header_column(value: Any) -> Any:
+    """``trace-id: trace_id`` is short for ``trace-id: {column: trace_id}``."""
+    return {"column": value} if isinstance(value, str) else value
 
 
 class NotifierClass(_Strict):
@@ -195,6 +276,16 @@ class Pipeline(_Strict):
     start_policy: StartPolicy = StartPolicy.EARLIEST
     on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
     on_tombstone: OnTombstone = OnTombstone.SKIP
+    #: The record key as a column, and headers as columns (header name -> column).
+    record_key: RecordKey | None = None
+    headers: dict[Annotated[str, Field(min_length=1, max_length=255)], HeaderColumn] = {}
+    #: The target table partitioned by range of a timestamp column.
+    partition_by: Partitioning | None = None
+    #: At plan time, create a missing table / add the columns a new optional field needs
+    #: (the role running the pipeline must be allowed to; ``kafka-ingest schema apply``
+    #: does it as the migrating role instead).
+    auto_create: bool = False
+    auto_evolve: bool = False
     max_message_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 262_144
     dlq_header_style: DlqHeaderStyle = DlqHeaderStyle.BOTH
     upsert: Upsert = Upsert()
@@ -228,36 +319,133 @@ class Pipeline(_Strict):
     #: Topic settings for both, e.g. ``{min.insync.replicas: "2"}``.
     topic_config: dict[str, str] = {}
 
+    _model: type[Contract] = PrivateAttr()
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: _header_column(v) for k, v in value.items()}
+        return value
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """A declared contract travels as its declaration (``run --workers`` pickles the
+        pipeline into other processes, where its model class does not exist by name)."""
+        state = super().__getstate__()
+        model = self._model
+        if model.DECLARATION is not None:
+            private = dict(state["__pydantic_private__"])
+            private["_model"] = (model.EVENT_TYPE, model.VERSION, model.DECLARATION)
+            state["__pydantic_private__"] = private
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        declared = state["__pydantic_private__"]["_model"]
+        if isinstance(declared, tuple):
+            private = dict(state["__pydantic_private__"])
+            private["_model"] = declared_model(*declared)
+            state = {**state, "__pydantic_private__": private}
+        super().__setstate__(state)
+
     @model_validator(mode="after")
-    def _check(self) -> Pipeline:
-        get_contract(self.contract.event_type, self.contract.version)  # ValueError if unknown
+    def _check(self, info: ValidationInfo) -> Pipeline:
+        declared = (info.context or {}).get("contracts")
+        self._model = get_contract(self.contract.event_type, self.contract.version, declared)
         if self.dlq_topic == self.topic:
             raise ValueError("dlq_topic must differ from topic")
+        self._check_columns()
         if self.upsert.mode is UpsertMode.LATEST:
             self._check_latest_columns()
+        self._check_tombstones()
+        self._check_partitioning()
         if self.pool_slots is not None and self.pool is None:
             raise ValueError("pool_slots is the size of the pipeline's pool: set pool too")
         return self
 
+    def _check_columns(self) -> None:
+        seen = set(self.contract_column_names)
+        for column in self.message_columns:
+            if column.name in seen or column.name in RESERVED_COLUMNS:
+                raise ValueError(f"column {column.name!r} (from the record key or a header) "
+                                 "is already a column of the contract or of every table")
+            seen.add(column.name)
+
     def _check_latest_columns(self) -> None:
         """The entity key and the ordering column must exist and never be null: a null
         compares as unknown, so the newest version of an entity could not be told."""
+        key_column = self.record_key.column if self.record_key else None
         for role, column in (("key", self.upsert.key), ("order_by", self.upsert.order_by)):
-            if column not in self.columns:
+            if (role, column) in (("key", key_column), ("order_by", LOG_ORDER)):
+                continue
+            if column not in self.contract_column_names:
                 raise ValueError(f"upsert.{role} {column!r} is not a column of the contract "
-                                 f"({', '.join(self.columns)})")
+                                 f"({', '.join(self.column_names)})")
             field = self.model.model_fields.get(column or "")
             if field is None or not field.is_required():
                 raise ValueError(f"upsert.{role} {column!r} must be a required field of the "
                                  "contract (it may not be missing or null)")
 
-    @cached_property
+    def _check_tombstones(self) -> None:
+        if self.on_tombstone is not OnTombstone.DELETE:
+            return
+        if (self.upsert.mode is not UpsertMode.LATEST or self.record_key is None
+                or self.upsert.key != self.record_key.column):
+            raise ValueError("on_tombstone 'delete' needs upsert.mode 'latest' keyed by the "
+                             "record key (record_key.column = upsert.key): a tombstone "
+                             "carries nothing but its key")
+        if self.upsert.order_by != LOG_ORDER:
+            raise ValueError(f"on_tombstone 'delete' needs upsert.order_by {LOG_ORDER!r}: a "
+                             "tombstone has no event time, so an update and a delete of a "
+                             "key can only be ordered by their place in the log")
+
+    def _check_partitioning(self) -> None:
+        if self.partition_by is None:
+            return
+        if self.upsert.mode is UpsertMode.LATEST:
+            raise ValueError("partition_by is for append pipelines: a latest-state table "
+                             "would have to move a key's row between partitions")
+        column = next((c for c in self.sink_columns if c.name == self.partition_by.column),
+                      None)
+        if column is None or column.ddl != "timestamp with time zone" or column.nullable:
+            raise ValueError(f"partition_by.column {self.partition_by.column!r} must be a "
+                             "required timestamptz field of the contract")
+
+    @property
     def model(self) -> type[Contract]:
-        return get_contract(self.contract.event_type, self.contract.version)
+        return self._model
+
+    @property
+    def contract_column_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.model.SINK_COLUMNS)
+
+    @property
+    def message_columns(self) -> tuple[Column, ...]:
+        """The columns filled from the record key and headers, in row order (after the
+        contract's)."""
+        key = (self.record_key.as_column(),) if self.record_key else ()
+        return (*key, *(h.as_column() for h in self.headers.values()))
+
+    @cached_property
+    def sink_columns(self) -> tuple[Column, ...]:
+        """The columns a row fills, in row order (the provenance columns follow)."""
+        return (*contract_columns(self.model), *self.message_columns)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.sink_columns)
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.model.SINK_COLUMNS)
+        return self.column_names
+
+    @property
+    def conflict_columns(self) -> tuple[str, ...]:
+        """The target table's primary key: what ``ON CONFLICT`` names."""
+        if self.upsert.mode is UpsertMode.LATEST:
+            return (self.upsert.key or "",)
+        if self.partition_by is not None:
+            return ("event_id", self.partition_by.column)
+        return ("event_id",)
 
     @property
     def asset_uri(self) -> str:
@@ -276,6 +464,27 @@ def _format_error(where: str, exc: ValidationError) -> str:
         msg = "unknown key (check its spelling)" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"{where}.{loc}: {msg}")
     return "; ".join(lines)
+
+
+def declared_contracts(document: Any, *, source: str) -> dict[str, type[Contract]]:
+    """Every version of every contract under the file's ``contracts`` key, by registry
+    key (see :mod:`kafka_ingest.contracts.declared`)."""
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ValueError(f"{source}: 'contracts' must be a mapping of event type -> contract")
+    found: dict[str, type[Contract]] = {}
+    for event_type, body in document.items():
+        where = f"contracts.{event_type}"
+        if not isinstance(event_type, str) or not re.fullmatch(_NAME, event_type):
+            raise ValueError(f"{source}: {where}: an event type is lower case, digits and _")
+        try:
+            spec = ContractSpec.model_validate(body)
+        except ValidationError as exc:
+            raise ValueError(f"{source}: {_format_error(where, exc)}") from None
+        for model in build_versions(event_type, spec):
+            found[model.key()] = model
+    return found
 
 
 def _merge(defaults: dict[str, Any], body: dict[str, Any], name: str) -> dict[str, Any]:
@@ -316,9 +525,15 @@ def pool_import_document(pipelines: Mapping[str, Pipeline]) -> dict[str, dict[st
 
 
 def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, Pipeline]:
-    """Validate a loaded YAML document ``{pipelines: {name: {...}}}``."""
-    if not isinstance(document, dict) or set(document) - {"pipelines", "defaults"}:
-        raise ValueError(f"{source}: top level must be a mapping with 'pipelines' (and 'defaults')")
+    """Validate a loaded YAML document ``{pipelines: {name: {...}}}`` (with ``defaults``
+    and declared ``contracts``)."""
+    if not isinstance(document, dict) or set(document) - {"pipelines", "defaults", "contracts"}:
+        raise ValueError(f"{source}: top level must be a mapping with 'pipelines' (and "
+                         "'defaults', 'contracts')")
+    contracts = declared_contracts(document.get("contracts"), source=source)
+    if clash := sorted(set(contracts) & set(REGISTRY)):
+        raise ValueError(f"{source}: contracts {', '.join(clash)} are declared here and written "
+                         "in Python: rename the declared event type")
     defaults = document.get("defaults") or {}
     entries = document.get("pipelines") or {}
     if not isinstance(entries, dict) or not isinstance(defaults, dict):
@@ -328,7 +543,8 @@ def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, 
         if not isinstance(body, dict):
             raise ValueError(f"{source}: pipelines.{name} must be a mapping")
         try:
-            pipelines[name] = Pipeline.model_validate(_merge(defaults, body, name))
+            pipelines[name] = Pipeline.model_validate(_merge(defaults, body, name),
+                                                      context={"contracts": contracts})
         except ValidationError as exc:
             raise ValueError(f"{source}: {_format_error(f'pipelines.{name}', exc)}") from None
         except ValueError as exc:
@@ -355,16 +571,27 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem}{where}"
 
 
-def load_pipelines(path: Path | str | None = None) -> dict[str, Pipeline]:
-    """Load and validate the pipelines file."""
+def _load_document(path: Path | str | None) -> tuple[Any, Path]:
     file = Path(path) if path else pipelines_file()
     try:
-        document = yaml.safe_load(file.read_text(encoding="utf-8"))
+        return yaml.safe_load(file.read_text(encoding="utf-8")), file
     except OSError as exc:
         raise ValueError(f"cannot read pipelines file {file}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{file}: not valid YAML: {_yaml_problem(exc)}") from None
+
+
+def load_pipelines(path: Path | str | None = None) -> dict[str, Pipeline]:
+    """Load and validate the pipelines file."""
+    document, file = _load_document(path)
     return parse_pipelines(document, source=str(file))
+
+
+def load_declared_contracts(path: Path | str | None = None) -> dict[str, type[Contract]]:
+    """The contracts the pipelines file declares, by registry key."""
+    document, file = _load_document(path)
+    body = document.get("contracts") if isinstance(document, dict) else None
+    return declared_contracts(body, source=str(file))
 
 
 def get_pipeline(name: str, path: Path | str | None = None) -> Pipeline:

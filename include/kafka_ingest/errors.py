@@ -27,6 +27,9 @@
     │   │                         them): run the migrations, or grant USAGE on the schema
     │   ├── PrivilegeMissing      the role may not use a table, sequence, the schema, or
     │   │                         TEMPORARY on the database: grant the runtime privileges
+    │   ├── SchemaDrift           the target table does not match the contract (a column
+    │   │                         missing, a type too narrow, a NOT NULL the contract may
+    │   │                         leave empty): `kafka-ingest schema apply`, or the fix named
     │   └── TopicMissing          a source or dead-letter topic does not exist
     └── DataError                 dead-letter the message, the batch goes on
         ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
@@ -34,6 +37,10 @@
         ├── ContractViolation     fails the Pydantic contract
         ├── UnknownVersion        a contract version this pipeline does not accept
         ├── TooLarge              over the pipeline's max_message_bytes
+        ├── BadKey                the record key the pipeline reads a column from is
+        │                         missing, not UTF-8 / JSON, or out of its bounds
+        ├── BadHeader             a header mapped to a column is not UTF-8 text that fits
+        │                         (or is missing, when required)
         └── RejectedByDatabase    passed the contract, Postgres still refused it
 
 Retry policy is the class: the Airflow adapter fails at once on ``PermanentError`` and
@@ -259,6 +266,19 @@ class PrivilegeMissing(PermanentError):
         super().__init__(f"Postgres denied {who} a privilege: {detail}; {self.fix}")
 
 
+class SchemaDrift(PermanentError):
+    """The pipeline's table cannot take its rows as it is; found before any data moves."""
+
+    def __init__(self, pipeline: str, drift: list[str], missing: list[str]) -> None:
+        self.pipeline, self.drift, self.missing = pipeline, drift, missing
+        parts = list(drift)
+        if missing:
+            parts.append("needs " + "; ".join(missing) + ": run `kafka-ingest schema apply "
+                         f"{pipeline}` as the migrating role (or set auto_create/auto_evolve)")
+        super().__init__(f"pipeline {pipeline}: the target table does not match the "
+                         f"contract: {' | '.join(parts)}")
+
+
 class TopicMissing(PermanentError, ValueError):
     """A topic the pipeline reads or writes does not exist (topics are not auto-created)."""
 
@@ -306,6 +326,14 @@ class TooLarge(DataError):
     error_class = "too_large"
 
 
+class BadKey(DataError):
+    error_class = "bad_key"
+
+
+class BadHeader(DataError):
+    error_class = "bad_header"
+
+
 class RejectedByDatabase(DataError):
     error_class = "rejected_by_database"
 
@@ -316,6 +344,8 @@ DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     ContractViolation,
     UnknownVersion,
     TooLarge,
+    BadKey,
+    BadHeader,
     RejectedByDatabase,
 )
 #: Error classes a dead letter can carry (``data_error`` is a dead-lettered tombstone).

@@ -27,6 +27,17 @@ class MessageLike(Protocol):
     def key(self) -> bytes | None: ...
     def value(self) -> bytes | None: ...
     def timestamp(self) -> tuple[int, int]: ...
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+
+
+class Tombstone(NamedTuple):
+    """A null-valued record of a pipeline that deletes: its key's row goes, unless the
+    table holds a newer version (by log order)."""
+
+    key: Any
+    topic: str
+    partition: int
+    offset: int
 
 
 def kafka_timestamp_ms(message: MessageLike) -> int | None:
@@ -110,6 +121,8 @@ class ChunkCounts:
     known_dead: int = 0
     tombstones: int = 0
     bytes: int = 0
+    #: Rows the tombstones deleted (informational: each tombstone is one of ``tombstones``).
+    deleted: int = 0
 
     def add(self, other: ChunkCounts) -> None:
         for f in fields(ChunkCounts):
@@ -131,6 +144,7 @@ __all__ = [
     "Position",
     "Provenance",
     "Row",
+    "Tombstone",
     "kafka_timestamp_ms",
     "ms_to_datetime",
 ]

@@ -18,6 +18,8 @@ from kafka_ingest import errors
 from kafka_ingest.db import Database, map_psycopg_error
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
+    BadHeader,
+    BadKey,
     CommitOutcomeUnknown,
     ContractViolation,
     DatabaseRefused,
@@ -35,6 +37,7 @@ from kafka_ingest.errors import (
     PrivilegeMissing,
     ReconciliationError,
     RejectedByDatabase,
+    SchemaDrift,
     SchemaMissing,
     SettingsError,
     TooLarge,
@@ -87,7 +90,7 @@ def test_every_error_of_the_package_is_on_exactly_one_branch() -> None:
 def test_every_data_error_has_a_distinct_class_name() -> None:
     names = [c.error_class for c in DATA_ERROR_CLASSES]
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
-                     "too_large", "rejected_by_database"]
+                     "too_large", "bad_key", "bad_header", "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 
@@ -129,12 +132,15 @@ ONE_OF_EACH: list[IngestError] = [
     SchemaMissing('relation "ingest_runs" does not exist'),
     PrivilegeMissing("app", "permission denied for table run_plans", on="table run_plans"),
     TopicMissing("t", "source topic"),
+    SchemaDrift("p", ["p.x is integer, but the contract needs bigint"], ["column y is missing"]),
     DataError("tombstone"),
     Undecodable("not UTF-8"),
     NotAnObject("an array"),
     ContractViolation("metric_value: finite"),
     UnknownVersion("version 9"),
     TooLarge("300000 bytes"),
+    BadKey("the record has no key"),
+    BadHeader("header 'trace-id' is not UTF-8"),
     RejectedByDatabase("NUL"),
 ]
 

@@ -51,7 +51,8 @@ def test_summarize_sums_the_mapped_results() -> None:
     ])
     assert summary == {
         "read": 400, "inserted": 368, "duplicates": 4, "stale": 5, "dead_lettered": 20,
-        "known_dead": 2, "tombstones": 1, "bytes": 48_000, "seconds": 3.75, "partitions": 3,
+        "known_dead": 2, "tombstones": 1, "deleted": 0, "bytes": 48_000, "seconds": 3.75,
+        "partitions": 3,
         "lag_after": 7, "dlq_rate": 0.05,
     }
 

@@ -1,11 +1,13 @@
 """Event contracts and their registry.
 
-Adding a contract: write the model in a module of its family, register it below, add a
-migration for its table. Keys are ``<event_type>.v<version>``; pipelines name one.
+A contract is written in Python (a module of its family, registered below) or declared in
+the pipelines file (:mod:`~kafka_ingest.contracts.declared`); either way it is a
+:class:`Contract` subclass. Keys are ``<event_type>.v<version>``; pipelines name one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kafka_ingest.contracts.base import Contract
@@ -17,19 +19,22 @@ REGISTRY: dict[str, type[Contract]] = {
 }
 
 
-def get_contract(event_type: str, version: int) -> type[Contract]:
-    """The contract model for ``event_type`` at ``version``; ``ValueError`` if unknown."""
+def get_contract(event_type: str, version: int,
+                 declared: Mapping[str, type[Contract]] | None = None) -> type[Contract]:
+    """The contract model for ``event_type`` at ``version``, written in Python or among
+    ``declared`` (a pipelines file's); ``ValueError`` if unknown."""
     key = f"{event_type}.v{version}"
-    try:
-        return REGISTRY[key]
-    except KeyError:
-        known = ", ".join(sorted(REGISTRY))
-        raise ValueError(f"unknown contract {key!r}; registered: {known}") from None
+    found = REGISTRY.get(key) or (declared or {}).get(key)
+    if found is None:
+        known = ", ".join(sorted({*REGISTRY, *(declared or {})}))
+        raise ValueError(f"unknown contract {key!r}; registered: {known}")
+    return found
 
 
-def json_schema(event_type: str, version: int) -> dict[str, Any]:
+def json_schema(event_type: str, version: int,
+                declared: Mapping[str, type[Contract]] | None = None) -> dict[str, Any]:
     """The JSON Schema of one contract (for producers, docs and schema registries)."""
-    model = get_contract(event_type, version)
+    model = get_contract(event_type, version, declared)
     schema = model.model_json_schema(mode="validation")
     schema["$id"] = f"urn:kafka-ingest:contract:{model.key()}"
     return schema

@@ -33,9 +33,10 @@ EPOCH_MAX = 253_402_300_799.0
 EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
 
 
-def short_text(max_length: int) -> Any:
-    """A non-empty string of at most ``max_length`` characters, without NUL."""
-    return Annotated[str, StringConstraints(min_length=1, max_length=max_length, pattern=NO_NUL)]
+def short_text(max_length: int, *, min_length: int = 1) -> Any:
+    """A string of ``min_length`` (1: non-empty) to ``max_length`` characters, without NUL."""
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length,
+                                            pattern=NO_NUL)]
 
 
 class Contract(BaseModel):
@@ -57,6 +58,10 @@ class Contract(BaseModel):
     #: travels in, SQL that turns it into the column's type with ``{}`` for the value).
     #: Postgres does in C what Python would do per message (e.g. epoch -> timestamptz).
     STAGED: ClassVar[dict[str, tuple[str, str]]] = {}
+    #: Built from a declaration in the pipelines file (:mod:`~kafka_ingest.contracts.declared`).
+    DECLARED: ClassVar[bool] = False
+    #: A declared contract's declaration, as JSON (None for a hand-written one).
+    DECLARATION: ClassVar[str | None] = None
 
     event_id: EventId
     version: int = Field(default=1, ge=1)
@@ -66,7 +71,6 @@ class Contract(BaseModel):
         ``STAGED`` column's value before Postgres converts it)."""
         values: tuple[Any, ...] = sink_getter(type(self))(self)
         return values
-
 
     @classmethod
     def key(cls) -> str:

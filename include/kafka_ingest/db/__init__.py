@@ -23,12 +23,13 @@ from kafka_ingest.db.repositories import (
 from kafka_ingest.db.schema import grant_runtime, migrate
 from kafka_ingest.db.session import SliceSession
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import CopyEncoder, RowsRepository, UpsertResult
+from kafka_ingest.db.upsert import CopyEncoder, DeleteResult, RowsRepository, UpsertResult
 
 __all__ = [
     "CopyEncoder",
     "Database",
     "DeadLettersRepository",
+    "DeleteResult",
     "GapsRepository",
     "OffsetsRepository",
     "PinnedRange",

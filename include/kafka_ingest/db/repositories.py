@@ -158,11 +158,11 @@ class RunsRepository:
         self.conn.execute(
             "INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition, start_offset,"
             " end_offset, read, inserted, duplicates, stale, dead_lettered, known_dead,"
-            " tombstones, bytes, seconds)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " tombstones, deleted, bytes, seconds)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (r.pipeline, r.run_id, r.mode, r.topic, r.partition, r.start_offset, r.end_offset,
              c.read, c.inserted, c.duplicates, c.stale, c.dead_lettered, c.known_dead,
-             c.tombstones, c.bytes, r.seconds),
+             c.tombstones, c.deleted, c.bytes, r.seconds),
         )
 
 

@@ -28,14 +28,14 @@ RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
 #: On the pipelines' target tables: the upsert reads, inserts and (``latest``) updates.
 TARGET_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 
-_MIGRATION_LOCK = 7_431_002_211  # pg_advisory_xact_lock key: one migrator at a time
+MIGRATION_LOCK = 7_431_002_211  # pg_advisory_xact_lock key: one migrator at a time
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[str]:
     """Apply the pending migrations in order, each in its own transaction. Idempotent."""
     applied: list[str] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -57,13 +57,16 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
     return applied
 
 
-def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str]) -> list[str]:
+def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str], *,
+                  deleting: Iterable[str] = ()) -> list[str]:
     """Grant ``role`` what the pipelines need, and nothing more; idempotent. Returns what
     was granted, one ``"<privileges> on <object>"`` line each.
 
     CONNECT and TEMPORARY on this database (staging tables are temporary), USAGE on the
     schema and the audit sequences, the DML of :data:`RUNTIME_PRIVILEGES` and
-    :data:`TARGET_PRIVILEGES`. Run it as the owner after the migrations. A role that does
+    :data:`TARGET_PRIVILEGES`; on the ``deleting`` tables (of pipelines that delete on
+    tombstones, and their marker tables) DELETE as well. Run it as the owner after the
+    migrations and the tables (``schema apply``). A role that does
     not exist is a :class:`SettingsError` naming it (not Postgres's "role does not exist"
     from the middle of the grants).
     """
@@ -88,6 +91,8 @@ def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str
         grant(("USAGE",), "ALL SEQUENCES IN SCHEMA public")
         for table, privileges in RUNTIME_PRIVILEGES.items():
             grant(privileges, "TABLE", table)
-        for table in sorted(set(tables)):
-            grant(TARGET_PRIVILEGES, "TABLE", table)
+        deletes = set(deleting)
+        for table in sorted(set(tables) | deletes):
+            grant((*TARGET_PRIVILEGES, "DELETE") if table in deletes else TARGET_PRIVILEGES,
+                  "TABLE", table)
     return granted

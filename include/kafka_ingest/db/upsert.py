@@ -5,6 +5,18 @@ are dropped, and ``INSERT ... SELECT ... ON CONFLICT`` moves them into the targe
 ``DO NOTHING`` on ``event_id`` for append pipelines, ``DO UPDATE ... WHERE`` older for
 ``latest`` pipelines. The outcome is then checked against the table. A row Postgres
 rejects is isolated by bisecting the chunk (in savepoints) and returned for the DLQ.
+
+Deletes (``on_tombstone: delete``, ``latest`` pipelines keyed by the record key, in log
+order): after the chunk's upsert, a tombstone of key K at offset o deletes K's row if the
+row is older (``source_offset`` < o) and leaves a *deletion marker* (K, o) in the
+pipeline's ``<table>_tombstones`` table. The upsert treats a marker like a stored version:
+an event of K older than the marker is stale, so a replay or a backfill of older offsets
+cannot resurrect the row; a newer event wins and removes the marker. A key therefore has a
+row or a marker, never both, and a marker lives exactly as long as its key stays deleted:
+a backfill may re-read any range the topic still holds, at any time (compaction keeps
+older records until its cleaner runs, and ``delete.retention.ms`` only bounds how long the
+*tombstone* stays), so no shorter lifetime is safe. Markers cost one small row per deleted
+key: the key space the compacted topic itself holds.
 """
 
 from __future__ import annotations
@@ -20,9 +32,10 @@ import psycopg
 from psycopg import sql
 from psycopg.copy import FileWriter
 
-from kafka_ingest.config import Pipeline, UpsertMode
+from kafka_ingest.config import LOG_ORDER, Pipeline, UpsertMode
+from kafka_ingest.db.tables import marker_table, row_columns
 from kafka_ingest.errors import RejectedByDatabase
-from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED, Row
+from kafka_ingest.records import Row, Tombstone
 
 #: What a single row can make Postgres or the encoder refuse (a value out of the column's
 #: range or encoding, a constraint): the chunk is bisected and the row dead-lettered.
@@ -44,12 +57,19 @@ class UpsertResult:
     missing: int = 0
 
 
+@dataclass(frozen=True)
+class DeleteResult:
+    """What one chunk's tombstones did: rows deleted, and tombstones whose key the table
+    holds neither a marker for (at least as new) nor a newer row after them: must be 0."""
+
+    deleted: int
+    missing: int = 0
+
+
 def _copied_types(pipeline: Pipeline) -> list[str]:
     """The types of the staging columns a row fills, in row order: a column Postgres
-    converts (``STAGED``) travels as its raw type."""
-    staged = {**pipeline.model.STAGED, **PROVENANCE_STAGED}
-    return [staged[name][0] if name in staged else t
-            for name, t in (*pipeline.model.SINK_COLUMNS, *PROVENANCE_COLUMNS)]
+    converts travels as its raw type."""
+    return [c.copy_type for c in row_columns(pipeline)]
 
 
 class CopyEncoder:
@@ -95,22 +115,25 @@ class RowsRepository:
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
         self.conn = conn
         self.pipeline = pipeline
-        cols = (*pipeline.model.SINK_COLUMNS, *PROVENANCE_COLUMNS)
+        cols = row_columns(pipeline)
         #: The table's columns, and the staging table's definition of each: a column that
-        #: Postgres converts (``STAGED``) is generated from a raw column the row fills.
-        self.columns = [name for name, _ in cols]
-        staged = {**pipeline.model.STAGED, **PROVENANCE_STAGED}
-        self.copied = [f"raw_{name}" if name in staged else name for name, _ in cols]
+        #: Postgres converts is generated from a raw column the row fills.
+        self.columns = [c.name for c in cols]
+        self.copied = [f"raw_{c.name}" if c.convert else c.name for c in cols]
         self.types = _copied_types(pipeline)
         self._event_id = itemgetter(self.columns.index("event_id"))
         self._stage_columns = [
-            sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(t)) if raw == name else
+            sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(c.copy_type))
+            if c.convert is None else
             sql.SQL("{raw} {t}, {name} {final} GENERATED ALWAYS AS ({expr}) STORED").format(
-                raw=sql.Identifier(raw), t=sql.SQL(t), name=sql.Identifier(name),
-                final=sql.SQL(final), expr=sql.SQL(staged[name][1]).format(sql.Identifier(raw)))
-            for (name, final), raw, t in zip(cols, self.copied, self.types, strict=True)]
+                raw=sql.Identifier(raw), t=sql.SQL(c.copy_type), name=sql.Identifier(c.name),
+                final=sql.SQL(c.ddl), expr=sql.SQL(c.convert).format(sql.Identifier(raw)))
+            for c, raw in zip(cols, self.copied, strict=True)]
         self.table = sql.Identifier(pipeline.table)
         self.stage = sql.Identifier(f"stage_{pipeline.table}")
+        marker = marker_table(pipeline)
+        self.marker = sql.Identifier(marker) if marker else None
+        self._conflict = sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns))
         self._stage_ready = False
 
     def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
@@ -186,8 +209,8 @@ class RowsRepository:
             sql.SQL(
                 "INSERT INTO {t} ({c}) SELECT DISTINCT ON (event_id) {c} FROM {s}"
                 " ORDER BY event_id, source_topic, source_partition, source_offset"
-                " ON CONFLICT (event_id) DO NOTHING"
-            ).format(t=self.table, c=cols, s=self.stage)
+                " ON CONFLICT ({k}) DO NOTHING"
+            ).format(t=self.table, c=cols, s=self.stage, k=self._conflict)
         )
         inserted = cur.rowcount
         # Every staged row not inserted is a duplicate (in the chunk, or already stored).
@@ -221,16 +244,28 @@ class RowsRepository:
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
             for c in self.columns if c != self.pipeline.upsert.key
         )
-        fmt = {"t": self.table, "s": self.stage, "k": key, "o": order, "c": cols, "u": updates}
+        # A deletion marker counts as a stored version of its key (see the module doc).
+        marked = sql.SQL("") if self.marker is None else sql.SQL(
+            " OR EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}"
+            " AND s.source_offset <= m.source_offset)").format(m=self.marker, k=key)
+        unmarked = sql.SQL("") if self.marker is None else sql.SQL(
+            " AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = {s}.{k}"
+            " AND {s}.source_offset <= m.source_offset)").format(
+                m=self.marker, k=key, s=self.stage)
+        # The CTE below holds source_offset already: the log order needs no second copy.
+        o_staged = (sql.SQL("") if self.pipeline.upsert.order_by == LOG_ORDER
+                    else sql.SQL(", {}").format(order))
+        fmt = {"t": self.table, "s": self.stage, "k": key, "o": order, "c": cols, "u": updates,
+               "marked": marked, "unmarked": unmarked, "o_staged": o_staged}
         # Classify each staged row before writing. "copy" 1 is the copy of an event the
         # INSERT below would pick (same event => same key and time; the highest offset wins).
         row = self.conn.execute(sql.SQL(
-            "WITH s AS (SELECT event_id, {k}, {o}, source_offset, row_number() OVER"
+            "WITH s AS (SELECT event_id, {k}{o_staged}, source_offset, row_number() OVER"
             " (PARTITION BY event_id ORDER BY source_offset DESC, source_partition DESC) AS copy"
             " FROM {s}), f AS (SELECT s.copy, EXISTS (SELECT 1 FROM {t} x"
-            " WHERE x.event_id = s.event_id) AS stored, EXISTS (SELECT 1 FROM {t} y"
+            " WHERE x.event_id = s.event_id) AS stored, (EXISTS (SELECT 1 FROM {t} y"
             " WHERE y.{k} = s.{k} AND (s.{o}, s.source_offset) <= (y.{o}, y.source_offset))"
-            " AS older FROM s)"
+            "{marked}) AS older FROM s)"
             " SELECT count(*) FILTER (WHERE copy > 1),"
             " count(*) FILTER (WHERE copy = 1 AND stored),"
             " count(*) FILTER (WHERE copy = 1 AND NOT stored AND older) FROM f"
@@ -240,7 +275,7 @@ class RowsRepository:
             "INSERT INTO {t} ({c}) SELECT DISTINCT ON ({k}) {c} FROM {s}"
             # A replay of the stored event is a duplicate (counted above), not a newer
             # version: its later source_offset must not rewrite the row nor count twice.
-            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id)"
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id){unmarked}"
             " ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC"
             " ON CONFLICT ({k}) DO UPDATE SET {u}, ingested_at = now()"
             " WHERE ({t}.{o}, {t}.source_offset) < (EXCLUDED.{o}, EXCLUDED.source_offset)"
@@ -250,10 +285,45 @@ class RowsRepository:
         superseded = n - inserted - dup_in_chunk - dup_stored - stale_stored
         # The outcome, checked against the table: each staged event is stored, or its entity
         # holds a version at least as new.
+        if self.marker is not None and inserted:  # a newer version of a deleted key is back
+            self.conn.execute(sql.SQL(
+                "DELETE FROM {m} m USING {s} WHERE m.{k} = {s}.{k}"
+                " AND m.source_offset < {s}.source_offset").format(**fmt, m=self.marker))
         missing = self._missing(
             "SELECT count(*) FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} x"
             " WHERE x.{k} = s.{k} AND (x.event_id = s.event_id"
-            " OR (x.{o}, x.source_offset) >= (s.{o}, s.source_offset)))",
-            {"k": key, "o": order})
+            " OR (x.{o}, x.source_offset) >= (s.{o}, s.source_offset))) AND NOT (false{marked})",
+            {"k": key, "o": order, "marked": marked})
         return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [],
                             missing)
+
+    def delete(self, tombstones: Sequence[Tombstone]) -> DeleteResult:
+        """Apply a chunk's tombstones after its upsert (see the module doc): delete each
+        key's row when it is older, and remember the deletion in a marker."""
+        if not tombstones or self.marker is None:
+            return DeleteResult(0)
+        key_column = next(c for c in self.pipeline.sink_columns
+                          if c.name == self.pipeline.upsert.key)
+        fmt = {"t": self.table, "m": self.marker, "k": sql.Identifier(key_column.name),
+               "kt": sql.SQL(key_column.copy_type)}
+        params = ([t.key for t in tombstones], [t.partition for t in tombstones],
+                  [t.offset for t in tombstones])
+        # The newest tombstone per key (a key lives in one partition: offsets order it).
+        newest = sql.SQL(
+            "WITH d AS (SELECT DISTINCT ON (k) k, p, o FROM unnest(%s::{kt}[], %s::int4[],"
+            " %s::int8[]) AS u(k, p, o) ORDER BY k, o DESC)").format(**fmt)
+        deleted = self.conn.execute(sql.Composed([newest, sql.SQL(
+            " DELETE FROM {t} x USING d WHERE x.{k} = d.k AND x.source_offset < d.o"
+        ).format(**fmt)]), params).rowcount
+        self.conn.execute(sql.Composed([newest, sql.SQL(
+            " INSERT INTO {m} ({k}, source_partition, source_offset) SELECT k, p, o FROM d"
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = d.k AND x.source_offset > d.o)"
+            " ON CONFLICT ({k}) DO UPDATE SET source_partition = EXCLUDED.source_partition,"
+            " source_offset = EXCLUDED.source_offset, deleted_at = now()"
+            " WHERE {m}.source_offset < EXCLUDED.source_offset").format(**fmt)]), params)
+        # The outcome: each key ends deleted at least as late, or with a newer row.
+        row = self.conn.execute(sql.Composed([newest, sql.SQL(
+            " SELECT count(*) FROM d WHERE NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = d.k"
+            " AND m.source_offset >= d.o) AND NOT EXISTS (SELECT 1 FROM {t} x"
+            " WHERE x.{k} = d.k AND x.source_offset > d.o)").format(**fmt)]), params).fetchone()
+        return DeleteResult(deleted, int(row[0]) if row else 0)

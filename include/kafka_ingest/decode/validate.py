@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from kafka_ingest.config import OnTombstone, Pipeline
 from kafka_ingest.contracts.base import sink_getter
+from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
     DataError,
@@ -24,7 +25,7 @@ from kafka_ingest.errors import (
     UnknownVersion,
 )
 from kafka_ingest.kafka.dlq import DETAIL_MAX, DeadLetter
-from kafka_ingest.records import MessageLike, Row, kafka_timestamp_ms
+from kafka_ingest.records import MessageLike, Row, Tombstone, kafka_timestamp_ms
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
@@ -39,6 +40,8 @@ class ValidationResult:
     #: The rows as a binary ``COPY`` payload, when encoded ahead of the transaction.
     encoded: bytes | None = None
     tombstones: int = 0
+    #: ``on_tombstone: delete``: the tombstones, each a delete of its key's row.
+    deletes: list[Tombstone] = field(default_factory=list)
     read: int = 0
     bytes: int = 0  # (named like the type: fields that use the type come before it)
 
@@ -50,7 +53,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
     parse = model.__pydantic_validator__.validate_json
     columns = sink_getter(model)
     max_bytes = pipeline.max_message_bytes
-    dead_tombstones = pipeline.on_tombstone is OnTombstone.DEAD_LETTER
+    extra = column_reader(pipeline)  # the key and header columns; None: there are none
     result = ValidationResult()
     rows_append = result.rows.append
     read = size = 0
@@ -58,10 +61,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
         read += 1
         value = msg.value()
         if value is None:
-            if dead_tombstones:
-                result.dead.append(dead_letter(msg, pipeline, DataError("tombstone (null value)")))
-            else:
-                result.tombstones += 1
+            _tombstone(msg, pipeline, result)
             continue
         n = len(value)
         size += n
@@ -71,14 +71,36 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
             continue
         try:
             event = parse(value)
+            more = () if extra is None else extra(msg)
         except ValidationError as exc:
             result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
             continue
+        except DataError as exc:  # the record key or a header cannot fill its column
+            result.dead.append(dead_letter(msg, pipeline, exc))
+            continue
         # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
-        rows_append(Row((*columns(event), msg.topic(), msg.partition(), msg.offset(),
+        rows_append(Row((*columns(event), *more, msg.topic(), msg.partition(), msg.offset(),
                          msg.key(), kafka_timestamp_ms(msg))))
     result.read, result.bytes = read, size
     return result
+
+
+def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult) -> None:
+    """A null value: skipped (counted), dead-lettered, or a delete of its key's row."""
+    rule = pipeline.on_tombstone
+    if rule is OnTombstone.DELETE and pipeline.record_key is not None:
+        try:
+            key = key_value(pipeline.record_key, msg.key())
+        except DataError as exc:
+            result.dead.append(dead_letter(msg, pipeline, exc))
+            return
+        result.deletes.append(Tombstone(key, msg.topic() or pipeline.topic,
+                                        msg.partition() or 0, msg.offset() or 0))
+        result.tombstones += 1
+    elif rule is OnTombstone.DEAD_LETTER:
+        result.dead.append(dead_letter(msg, pipeline, DataError("tombstone (null value)")))
+    else:
+        result.tombstones += 1
 
 
 def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadLetter:
@@ -88,12 +110,19 @@ def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadL
         source_offset=msg.offset() or 0,
         key=msg.key(),
         value=msg.value(),
+        headers=_original_headers(msg),
         timestamp_ms=kafka_timestamp_ms(msg),
         error_class=error.error_class,
         error_detail=error.detail[:DETAIL_MAX],
         contract=pipeline.model.key(),
         dlq_topic=pipeline.dlq_topic,
     )
+
+
+def _original_headers(msg: MessageLike) -> tuple[tuple[str, bytes | None], ...]:
+    """The record's own headers, kept in its dead letter (a replay reads its header
+    columns from them)."""
+    return tuple(msg.headers() or ())
 
 
 def classify(value: bytes, exc: ValidationError) -> DataError:

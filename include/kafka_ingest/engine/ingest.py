@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db import CopyEncoder, Database, UnitOfWork, UpsertResult
+from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork, UpsertResult
 from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The sums a run's report carries (besides partitions, lag and the DLQ rate).
 SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead",
-          "tombstones", "bytes")
+          "tombstones", "deleted", "bytes")
 
 
 def ingest_target(pipeline: Pipeline) -> PlanTarget:
@@ -86,6 +86,7 @@ class IngestWriter:
               producer: Any) -> ChunkResult:
         pipeline = self.pipeline
         up = uow.rows.upsert(prepared.rows, encoded=prepared.encoded)
+        deletes = uow.rows.delete(prepared.deletes) if prepared.deletes else DeleteResult(0)
         at("upserted")
         dead = prepared.dead + _rejected_letters(pipeline, chunk, up)
         dead, known = _known_letters(uow, pipeline, dead) if self.backfill else (dead, 0)
@@ -96,8 +97,9 @@ class IngestWriter:
         counts = ChunkCounts(read=prepared.read, inserted=up.inserted,
                              duplicates=up.duplicates, stale=up.stale,
                              dead_lettered=len(dead), known_dead=known,
-                             tombstones=prepared.tombstones, bytes=prepared.bytes)
-        reconcile(chunk.partition, counts, missing=up.missing)
+                             tombstones=prepared.tombstones, deleted=deletes.deleted,
+                             bytes=prepared.bytes)
+        reconcile(chunk.partition, counts, missing=up.missing + deletes.missing)
         return ChunkResult(counts)
 
 

@@ -36,6 +36,7 @@ from kafka_ingest.db import (
     PinnedRange,
     PlansRepository,
 )
+from kafka_ingest.db.tables import apply_tables, check_table
 from kafka_ingest.errors import KafkaRefused, KafkaUnavailable
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import (
@@ -92,6 +93,7 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
+        ensure_table(conn, pipeline)  # drift fails the run here, before any data moves
         wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
         consumer = clients.consumer(target.group_id)
         try:
@@ -110,6 +112,20 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
         log.info("planned %s[%d] [%d, %d) %s%s: %d messages", r.topic, r.partition, r.start,
                  r.end, r.mode, " (moves the cursor)" if r.moves_cursor else "", r.size)
     return ranges
+
+
+def ensure_table(conn: Any, pipeline: Pipeline) -> None:
+    """Check the target table against the contract; :class:`SchemaDrift` names what does
+    not match. A pipeline with ``auto_create``/``auto_evolve`` gets the changes the check
+    allows applied instead (by the role it runs as, which must be allowed to)."""
+    try:
+        plan = check_table(conn, pipeline)
+    finally:
+        conn.rollback()  # the catalog reads end their transaction
+    if plan.changes:
+        for change in apply_tables(conn, pipeline).changes:
+            log.warning("%s: applied %s: %s", pipeline.name, change.why,
+                        " ".join(change.statement.split()))
 
 
 def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,

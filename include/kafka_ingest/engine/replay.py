@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
-from kafka_ingest.db import CopyEncoder, Database, UnitOfWork
+from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork
 from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, run_slice
@@ -162,15 +162,19 @@ class ReplayWriter:
         """Upsert the rows that now pass; return (recovered, still parked, counts)."""
         rows = [r for r in result.rows if r.source.position in eligible]
         dead = [d for d in result.dead if d.source in eligible]
+        deletes = [t for t in result.deletes if (t.topic, t.partition, t.offset) in eligible]
         up = uow.rows.upsert(rows)
-        if up.missing:  # rolled back with the chunk's transaction
+        removed = uow.rows.delete(deletes) if deletes else DeleteResult(0)
+        if up.missing or removed.missing:  # rolled back with the chunk's transaction
             raise ReconciliationError(chunk.partition, len(eligible),
-                                      {"recovered": len(rows)}, missing=up.missing)
+                                      {"recovered": len(rows) + len(deletes)},
+                                      missing=up.missing + removed.missing)
         rejected = {row.source.position: reason for row, reason in up.rejected}
         dead += [dead_letter(ReplayedMessage(eligible[pos]), self.pipeline, reason)
                  for pos, reason in rejected.items()]
         recovered = [eligible[r.source.position] for r in rows
                      if r.source.position not in rejected]
+        recovered += [eligible[(t.topic, t.partition, t.offset)] for t in deletes]
         for d in recovered:
             outcomes[("recovered", d.error_class)] += 1
         parked = []
@@ -180,12 +184,12 @@ class ReplayWriter:
                                   first_failed_at=old.first_failed_at,
                                   dlq_partition=old.dlq_partition, dlq_offset=old.dlq_offset))
             outcomes[("still_parked", new.error_class)] += 1
-        tombstones = len(eligible) - len(rows) - (len(dead) - len(rejected))
+        tombstones = len(eligible) - len(rows) - len(deletes) - (len(dead) - len(rejected))
         if tombstones:
             outcomes[("tombstone", "data_error")] += tombstones
         counts = ChunkCounts(read=len(chunk.messages), inserted=up.inserted,
                              duplicates=up.duplicates, stale=up.stale,
-                             dead_lettered=len(parked))
+                             dead_lettered=len(parked), deleted=removed.deleted)
         return recovered, parked, counts
 
 

@@ -170,8 +170,9 @@ class SliceReport(ChunkCounts):
             return head + "".join(f", {k} {v}" for k, v in self.outcomes.items())
         return (f"{head}, inserted {self.inserted}, duplicates {self.duplicates}, stale "
                 f"{self.stale}, dead-lettered {self.dead_lettered}, already dead-lettered "
-                f"{self.known_dead}, tombstones {self.tombstones}, lag after {self.lag_after}, "
-                f"{self.seconds:.2f}s")
+                f"{self.known_dead}, tombstones {self.tombstones}"
+                f"{f' ({self.deleted} rows deleted)' if self.deleted else ''}, lag after "
+                f"{self.lag_after}, {self.seconds:.2f}s")
 
 
 def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,

@@ -10,7 +10,8 @@ original size; the batch never crashes on it. (The source still holds the whole 
 
 Headers come in our own names (``kafka-ingest.*``), in Kafka Connect's
 (``__connect.errors.*``, read by tools built for Connect DLQs, plus ours for the fields
-Connect has no name for), or both.
+Connect has no name for), or both; the source record's own headers come first, unchanged
+(as Kafka Connect keeps them), so a replay fills header columns from them.
 
 Delivery into the DLQ topic is at least once: a chunk whose transaction did not commit
 (a kill, a failure after its dead letters were delivered) is read again and its dead
@@ -75,6 +76,8 @@ class DeadLetter:
     # Where the record sits in the DLQ topic, when it was read from there.
     dlq_partition: int | None = None
     dlq_offset: int | None = None
+    #: The source record's own headers.
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
     @property
     def source(self) -> tuple[str, int, int]:
@@ -89,8 +92,9 @@ def letter_id(letter: DeadLetter, pipeline: str) -> str:
 
 def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
                 *, truncated_from: int | None = None,
-                key_truncated_from: int | None = None) -> list[tuple[str, bytes]]:
-    """The DLQ record's headers: ASCII keys, bytes values."""
+                key_truncated_from: int | None = None) -> list[tuple[str, bytes | None]]:
+    """The DLQ record's headers: the source record's own, then ours (ASCII keys, bytes
+    values)."""
     fields: dict[str, str] = {
         "topic": letter.source_topic,
         "partition": str(letter.source_partition),
@@ -104,7 +108,7 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
         "first_failed_at": letter.first_failed_at.isoformat(),
         "letter_id": letter_id(letter, pipeline),
     }
-    headers: list[tuple[str, bytes]] = []
+    headers: list[tuple[str, bytes | None]] = list(letter.headers)
     if style in (DlqHeaderStyle.NATIVE, DlqHeaderStyle.BOTH):
         headers += [(PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in fields.items()]
     if style in (DlqHeaderStyle.CONNECT, DlqHeaderStyle.BOTH):
@@ -184,11 +188,11 @@ _MAX_FUTURE_MS = 30 * 60 * 1000
 
 
 def _fit(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
-         max_dlq_bytes: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+         max_dlq_bytes: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
     """Key, value and headers of the DLQ record, cut to fit ``max_dlq_bytes`` in all."""
     key, value = letter.key, letter.value
     plain = headers_for(letter, pipeline, style, truncated_from=0, key_truncated_from=0)
-    budget = max_dlq_bytes - _RECORD_OVERHEAD - sum(len(k) + len(v) for k, v in plain)
+    budget = max_dlq_bytes - _RECORD_OVERHEAD - sum(len(k) + len(v or b"") for k, v in plain)
     key_cut = value_cut = None
     if key is not None and len(key) > budget // 4 and len(key) + len(value or b"") > budget:
         key, key_cut = key[: budget // 4], len(key)
@@ -238,6 +242,10 @@ def _report_failures(letters: Sequence[DeadLetter], reports: dict[int, tuple[Any
     return failures
 
 
+def _is_ours(name: str) -> bool:
+    return name.startswith((PREFIX, "__connect.errors."))
+
+
 def _header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in headers or ():
@@ -274,6 +282,7 @@ def parse_dlq_message(msg: Any) -> DeadLetter:
         attempts=int(h.get(PREFIX + "attempts", "1") or 1),
         dlq_partition=msg.partition(),
         dlq_offset=msg.offset(),
+        headers=tuple((k, v) for k, v in msg.headers() or () if not _is_ours(k)),
     )
     if first:
         letter = replace(letter, first_failed_at=datetime.fromisoformat(first))
@@ -304,3 +313,6 @@ class ReplayedMessage:
     def timestamp(self) -> tuple[int, int]:
         ts = self.letter.timestamp_ms
         return (0, -1) if ts is None else (1, ts)
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return list(self.letter.headers)

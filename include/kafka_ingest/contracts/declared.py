@@ -1,0 +1,319 @@
+"""Contracts declared in the pipelines file instead of written in Python.
+
+A declaration becomes the same :class:`~kafka_ingest.contracts.base.Contract` subclass a
+hand-written contract is, built from the same field helpers, so it is exactly as strict::
+
+    contracts:
+      account_balance:
+        version: 2                   # versions 1..2 are registered
+        fields:
+          account_id: {type: text, max_length: 64}
+          balance:    {type: numeric, precision: 14, scale: 2}
+          updated_at: {type: timestamptz, encoding: epoch_millis}
+          opened_on:  {type: date, required: false}
+          owner:      {type: uuid, required: false}
+          limits:     {type: jsonb, required: false}
+          tags:       {type: array, items: {type: text, max_length: 32}, max_items: 16,
+                       default: []}
+          nickName:   {type: text, max_length: 64, column: nick_name, since: 2,
+                       required: false}
+
+Every field is required unless it says ``required: false`` (then ``null`` when missing) or
+gives a ``default``. A field added by a later version (``since``) must be optional:
+evolution is additive. The YAML key is the payload's field name; ``column`` renames it
+for the table. Version N accepts payloads of versions 1..N, like a hand-written contract.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any
+from uuid import UUID
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    model_validator,
+)
+
+from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
+
+_NAME = r"^[a-z][a-z0-9_]{0,62}$"
+_PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+#: The widest ``varchar`` Postgres has.
+TEXT_MAX = 10_485_760
+#: Epoch milliseconds of :data:`EPOCH_MAX`.
+EPOCH_MS_MAX = int(EPOCH_MAX * 1000)
+#: The names a declared contract may not use for a column: the base contract's own fields
+#: and the provenance columns every table has.
+RESERVED_COLUMNS = frozenset({"event_id", "version", "source_topic", "source_partition",
+                              "source_offset", "kafka_key", "kafka_timestamp",
+                              "ingested_at"})
+
+
+class FieldType(StrEnum):
+    TEXT = "text"
+    SMALLINT = "smallint"
+    INTEGER = "integer"
+    BIGINT = "bigint"
+    FLOAT = "float"
+    NUMERIC = "numeric"
+    BOOLEAN = "boolean"
+    TIMESTAMPTZ = "timestamptz"
+    DATE = "date"
+    UUID = "uuid"
+    JSONB = "jsonb"
+    ARRAY = "array"
+
+
+class TimeEncoding(StrEnum):
+    """How a ``timestamptz`` arrives: ISO-8601 with an offset, or a number since the epoch."""
+
+    ISO8601 = "iso8601"
+    EPOCH_SECONDS = "epoch_seconds"
+    EPOCH_MILLIS = "epoch_millis"
+
+
+#: Integer widths: the bounds of the column and the type the value travels in.
+_INTS: dict[FieldType, tuple[int, int, str]] = {
+    FieldType.SMALLINT: (-(2**15), 2**15 - 1, "int2"),
+    FieldType.INTEGER: (-(2**31), 2**31 - 1, "int4"),
+    FieldType.BIGINT: (-(2**63), 2**63 - 1, "int8"),
+}
+#: The type each scalar travels in, where it is one name.
+_TRAVEL: dict[FieldType, str] = {
+    FieldType.TEXT: "text", FieldType.FLOAT: "float8", FieldType.NUMERIC: "numeric",
+    FieldType.BOOLEAN: "bool", FieldType.DATE: "date", FieldType.UUID: "uuid",
+    FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz",
+}
+_STAGED_TIME: dict[TimeEncoding, tuple[str, str]] = {
+    TimeEncoding.EPOCH_SECONDS: ("float8", "to_timestamp({})"),
+    TimeEncoding.EPOCH_MILLIS: ("int8", "to_timestamp({}::float8 / 1000)"),
+}
+#: Types whose Pydantic type takes no parameters.
+_PLAIN: dict[FieldType, Any] = {
+    FieldType.BOOLEAN: bool, FieldType.DATE: date, FieldType.UUID: UUID,
+    FieldType.JSONB: dict[str, Any] | list[Any],
+}
+_ONLY: dict[str, set[FieldType]] = {
+    "max_length": {FieldType.TEXT}, "min_length": {FieldType.TEXT},
+    "precision": {FieldType.NUMERIC}, "scale": {FieldType.NUMERIC},
+    "encoding": {FieldType.TIMESTAMPTZ}, "items": {FieldType.ARRAY},
+    "max_items": {FieldType.ARRAY},
+    "ge": {*_INTS, FieldType.FLOAT, FieldType.NUMERIC},
+    "le": {*_INTS, FieldType.FLOAT, FieldType.NUMERIC},
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FieldSpec(_Strict):
+    """One field of a declared contract (the YAML keys)."""
+
+    type: FieldType
+    max_length: Annotated[int, Field(ge=1, le=TEXT_MAX)] | None = None
+    min_length: Annotated[int, Field(ge=0)] = 1
+    precision: Annotated[int, Field(ge=1, le=1000)] | None = None
+    scale: Annotated[int, Field(ge=0, le=1000)] = 0
+    encoding: TimeEncoding = TimeEncoding.ISO8601
+    items: FieldSpec | None = None
+    max_items: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    ge: float | int | None = None
+    le: float | int | None = None
+    required: bool = True
+    default: Any = None
+    since: Annotated[int, Field(ge=1)] = 1
+    column: Annotated[str, Field(pattern=_NAME)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldSpec:
+        given = self.model_fields_set
+        for key, types in _ONLY.items():
+            if key in given and self.type not in types:
+                raise ValueError(f"{key!r} does not apply to type {self.type.value!r}")
+        if self.type is FieldType.TEXT and self.max_length is None:
+            raise ValueError("a text field needs max_length (Postgres' column and the "
+                             "contract's bound)")
+        if self.type is FieldType.NUMERIC and (self.precision is None
+                                               or self.scale > self.precision):
+            raise ValueError("a numeric field needs precision (all digits) and scale (digits "
+                             "after the point, at most precision)")
+        if self.type is FieldType.ARRAY:
+            if self.items is None or self.items.type in (FieldType.ARRAY, FieldType.JSONB):
+                raise ValueError("an array needs items: a scalar field type (not an array or "
+                                 "jsonb; keep nested structure in a jsonb field)")
+            if self.items.type is FieldType.TIMESTAMPTZ and \
+                    self.items.encoding is not TimeEncoding.ISO8601:
+                raise ValueError("an array of timestamps takes ISO-8601 items only")
+        if "default" in given and "required" in given and self.required:
+            raise ValueError("a field with a default is optional: drop 'required: true'")
+        return self
+
+    @property
+    def optional(self) -> bool:
+        return not self.required or "default" in self.model_fields_set
+
+    @property
+    def travel_type(self) -> str:
+        """The type the value travels in (before a ``STAGED`` conversion)."""
+        if self.type in _INTS:
+            return _INTS[self.type][2]
+        if self.type is FieldType.ARRAY:
+            return f"{self._items.final_type}[]"
+        if self.type is FieldType.TIMESTAMPTZ and self.encoding in _STAGED_TIME:
+            return _STAGED_TIME[self.encoding][0]
+        return _TRAVEL[self.type]
+
+    @property
+    def final_type(self) -> str:
+        """The column's type name (after a ``STAGED`` conversion)."""
+        if self.type is FieldType.TIMESTAMPTZ:
+            return "timestamptz"
+        return self.travel_type
+
+    @property
+    def _items(self) -> FieldSpec:
+        if self.items is None:  # refused by the validator; here for the type checker
+            raise ValueError("an array needs items")
+        return self.items
+
+    def annotation(self) -> Any:
+        """The Pydantic type of a present, non-null value."""
+        bounds: dict[str, Any] = {k: v for k, v in (("ge", self.ge), ("le", self.le))
+                                  if v is not None}
+        if self.type in _PLAIN:
+            return _PLAIN[self.type]
+        match self.type:
+            case FieldType.TEXT:
+                return short_text(self.max_length or TEXT_MAX, min_length=self.min_length)
+            case FieldType.SMALLINT | FieldType.INTEGER | FieldType.BIGINT:
+                low, high, _ = _INTS[self.type]
+                ge, le = max(low, bounds.get("ge", low)), min(high, bounds.get("le", high))
+                if ge > le:
+                    raise ValueError(f"ge/le leave no {self.type.value} value")
+                return Annotated[int, Field(ge=ge, le=le)]
+            case FieldType.FLOAT:
+                return Annotated[float, Field(**bounds)]
+            case FieldType.NUMERIC:
+                return Annotated[Decimal, Field(max_digits=self.precision,
+                                                decimal_places=self.scale, **bounds)]
+            case FieldType.TIMESTAMPTZ:
+                return self._timestamp()
+        # An array: its items are scalars (checked by the validator).
+        return Annotated[list[self._items.annotation()],  # type: ignore[misc]
+                         Field(max_length=self.max_items)]
+
+    def _timestamp(self) -> Any:
+        if self.encoding is TimeEncoding.EPOCH_SECONDS:
+            return Annotated[float, Field(ge=0, le=EPOCH_MAX)]
+        if self.encoding is TimeEncoding.EPOCH_MILLIS:
+            return Annotated[int, Field(ge=0, le=EPOCH_MS_MAX)]
+        return AwareDatetime
+
+
+class ContractSpec(_Strict):
+    """One declared contract: its newest version and its fields."""
+
+    version: Annotated[int, Field(ge=1, le=1000)] = 1
+    doc: str | None = None
+    fields: dict[Annotated[str, Field(pattern=_PAYLOAD_NAME)], FieldSpec]
+
+    @model_validator(mode="after")
+    def _fields(self) -> ContractSpec:
+        if not self.fields:
+            raise ValueError("a contract needs at least one field besides event_id")
+        seen: dict[str, str] = {}
+        for name, spec in self.fields.items():
+            column = spec.column or name
+            if not re.fullmatch(_NAME, column):
+                raise ValueError(f"field {name!r}: {column!r} is not a column name (lower "
+                                 "case, digits, _): give it one with 'column'")
+            if column in RESERVED_COLUMNS:
+                raise ValueError(f"field {name!r}: column {column!r} is reserved (every "
+                                 "contract and table has it)")
+            if column in seen:
+                raise ValueError(f"fields {seen[column]!r} and {name!r} both make column "
+                                 f"{column!r}")
+            seen[column] = name
+            if spec.since > self.version:
+                raise ValueError(f"field {name!r}: since {spec.since} is after the "
+                                 f"contract's version {self.version}")
+            if spec.since > 1 and not spec.optional:
+                raise ValueError(f"field {name!r} was added in version {spec.since}: it must "
+                                 "be optional (required: false, or a default), since older "
+                                 "payloads do not carry it")
+            spec.annotation()  # bounds that leave no value fail here, at load time
+        return self
+
+
+def _class_name(event_type: str, version: int) -> str:
+    return "".join(part.title() for part in event_type.split("_")) + f"V{version}"
+
+
+def _field(name: str, spec: FieldSpec) -> tuple[Any, Any]:
+    column = spec.column or name
+    alias = name if column != name else None
+    kind = spec.annotation()
+    if not spec.optional:
+        return kind, Field(alias=alias)
+    if "default" in spec.model_fields_set:
+        default = spec.default
+        if default is None:
+            return kind | None, Field(default=None, alias=alias)
+        return kind, Field(default=default, alias=alias, validate_default=True)
+    return kind | None, Field(default=None, alias=alias)
+
+
+_BUILT: dict[tuple[str, str], list[type[Contract]]] = {}
+
+
+def build_versions(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
+    """The contract's models, one per version 1..``spec.version``; the same classes for
+    the same declaration within a process."""
+    cache_key = (event_type, spec.model_dump_json(exclude_unset=True))
+    if cache_key not in _BUILT:
+        _BUILT[cache_key] = _build(event_type, spec)
+    return _BUILT[cache_key]
+
+
+def declared_model(event_type: str, version: int, spec_json: str) -> type[Contract]:
+    """A declared contract's model from its declaration as JSON (see ``DECLARATION``):
+    how a model reaches another process (it is made at run time, so pickle cannot find it
+    by name)."""
+    return build_versions(event_type, ContractSpec.model_validate_json(spec_json))[version - 1]
+
+
+def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
+    models: list[type[Contract]] = []
+    for version in range(1, spec.version + 1):
+        present = {name: f for name, f in spec.fields.items() if f.since <= version}
+        definitions: dict[str, Any] = {
+            (f.column or name): _field(name, f) for name, f in present.items()}
+        definitions["version"] = (int, Field(default=1, ge=1, le=version))
+        model: type[Contract] = create_model(
+            _class_name(event_type, version), __base__=Contract,
+            __doc__=spec.doc or f"Declared contract {event_type}, version {version}.",
+            __module__=__name__, **definitions)
+        model.EVENT_TYPE = event_type
+        model.VERSION = version
+        model.SINK_COLUMNS = (("event_id", "text"),
+                              *((f.column or n, f.final_type) for n, f in present.items()))
+        model.STAGED = {f.column or n: _STAGED_TIME[f.encoding] for n, f in present.items()
+                        if f.type is FieldType.TIMESTAMPTZ and f.encoding in _STAGED_TIME}
+        model.DECLARED = True
+        model.DECLARATION = spec.model_dump_json(exclude_unset=True)
+        models.append(model)
+    return models
+
+
+__all__ = ["ContractSpec", "FieldSpec", "FieldType", "TimeEncoding", "build_versions",
+           "declared_model"]
+
