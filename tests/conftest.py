@@ -168,8 +168,14 @@ def make_pipeline(topics: Callable[..., str]) -> Callable[..., Any]:
 
 
 def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
-    """Write pipelines as a YAML file (for DAGs and the CLI run in a subprocess)."""
-    doc = {"pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
+    """Write pipelines as a YAML file (for DAGs and the CLI run in a subprocess), with the
+    declarations of the declared contracts they use."""
+    doc: dict[str, Any] = {
+        "pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
+    declared = {p.model.EVENT_TYPE: json.loads(p.model.DECLARATION) for p in pipelines
+                if p.model.DECLARATION is not None}
+    if declared:
+        doc["contracts"] = declared
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
 
