@@ -73,7 +73,7 @@ def produce(clients: Any, topic: str,
     failures: list[Any] = []
     for key, value, headers in records:
         producer.produce(topic, key=key, value=value, headers=headers, partition=partition,
-                         on_delivery=lambda err, _m: err and failures.append(err))
+                         on_delivery=lambda err, _m: failures.extend([err] if err else []))
     assert producer.flush(30) == 0 and not failures
 
 
