@@ -162,9 +162,16 @@ def make_pipeline(topics: Callable[..., str]) -> Callable[..., Any]:
         body = shipped[base].model_dump(mode="json", exclude={"name"})
         body.update(topic=topics(partitions, "src"), dlq_topic=topics(partitions, "dlq"))
         body.update(overrides)
-        return parse_pipelines({"pipelines": {base: body}})[base]
+        return parse_pipelines({"pipelines": {base: body},
+                                "contracts": declarations(shipped[base])})[base]
 
     return make
+
+
+def declarations(*pipelines: Any) -> dict[str, Any]:
+    """The ``contracts`` section declaring the declared contracts ``pipelines`` use."""
+    return {p.model.EVENT_TYPE: json.loads(p.model.DECLARATION) for p in pipelines
+            if p.model.DECLARATION is not None}
 
 
 def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
@@ -172,8 +179,7 @@ def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
     declarations of the declared contracts they use."""
     doc: dict[str, Any] = {
         "pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
-    declared = {p.model.EVENT_TYPE: json.loads(p.model.DECLARATION) for p in pipelines
-                if p.model.DECLARATION is not None}
+    declared = declarations(*pipelines)
     if declared:
         doc["contracts"] = declared
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")

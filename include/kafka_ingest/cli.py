@@ -40,7 +40,7 @@ from kafka_ingest.config import (
 )
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
-from kafka_ingest.db.tables import TablePlan, apply_tables, plan_tables, runtime_tables
+from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.engine.backfill import require_window, run_backfill
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.engine.replay import run_replay
@@ -150,11 +150,28 @@ def grant_target(given: str | None) -> tuple[str | None, str]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    """The bookkeeping schema, every pipeline's tables, then the grants."""
+    return _apply(args, load_pipelines().values(), show_migrations=True)
+
+
+def _apply(args: argparse.Namespace, pipelines: Iterable[Pipeline], *,
+           show_migrations: bool) -> int:
     role, source = grant_target(args.grant_to)
+    chosen = list(pipelines)
     with _as_owner(), admin_database(args.dsn).session() as conn:
         applied = migrate(conn)
-        granted = _grant(conn, role, load_pipelines().values())
-    print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+        plans = apply_pipelines(conn, chosen)
+        granted = _grant(conn, role, chosen)
+    if show_migrations:
+        print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    for plan in plans:
+        for change in plan.changes:
+            print(f"applied ({plan.pipeline}): {change.why}: "
+                  f"{' '.join(change.statement.split())}")
+        for note in plan.notes:
+            print(f"note ({plan.pipeline}): {note}")
+        if not plan.changes:
+            print(f"{plan.pipeline}: up to date")
     _print_grants(role, source, granted)
     return 0
 
@@ -208,22 +225,7 @@ def cmd_schema_plan(args: argparse.Namespace) -> int:
 
 def cmd_schema_apply(args: argparse.Namespace) -> int:
     """Apply the plans as the migrating role, each in a transaction, recorded."""
-    role, source = grant_target(args.grant_to)
-    chosen = _chosen(args.pipelines)
-    with _as_owner(), admin_database(args.dsn).session() as conn:
-        migrate(conn)
-        for pipeline in chosen:
-            plan = apply_tables(conn, pipeline)
-            for change in plan.changes:
-                print(f"applied ({pipeline.name}): {change.why}: "
-                      f"{' '.join(change.statement.split())}")
-            for note in plan.notes:
-                print(f"note ({pipeline.name}): {note}")
-            if not plan.changes:
-                print(f"{pipeline.name}: up to date")
-        granted = _grant(conn, role, chosen)
-    _print_grants(role, source, granted)
-    return 0
+    return _apply(args, _chosen(args.pipelines), show_migrations=False)
 
 
 def _print_grants(role: str | None, source: str, granted: list[str]) -> None:
@@ -482,7 +484,7 @@ def _add_inspection_commands(sub: Any) -> None:
         p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
         if name == "apply":
             p.add_argument("--grant-to", metavar="ROLE", help="the runtime role to grant "
-                           f"(default: ${GRANT_TO_ENV})")
+                           f"(default: ${GRANT_TO_ENV}; empty: none)")
         p.set_defaults(func=func)
 
 
@@ -490,7 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-ingest", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("migrate", help="create or upgrade the schema (as the owner role)")
+    p = sub.add_parser("migrate", help="create or upgrade the schema and every pipeline's "
+                       "tables (as the owner role), then grant the runtime role")
     p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
     p.add_argument("--grant-to", metavar="ROLE",
                    help="grant this runtime role the DML the pipelines need, and no more "

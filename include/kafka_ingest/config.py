@@ -318,6 +318,9 @@ class Pipeline(_Strict):
     replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
     #: Topic settings for both, e.g. ``{min.insync.replicas: "2"}``.
     topic_config: dict[str, str] = {}
+    #: Settings for the source topic only, over ``topic_config`` (e.g. ``cleanup.policy:
+    #: compact`` for a state topic: a compacted dead-letter topic would lose letters).
+    source_topic_config: dict[str, str] = {}
 
     _model: type[Contract] = PrivateAttr()
 

@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
     p.add_argument("--count", type=int, default=20_000)
     p.add_argument("--poison", type=int, default=1)
     p.add_argument("--cli", action="store_true", help="run with the CLI instead of Airflow")
+    p.add_argument("--state-pipeline", default="account_balances",
+                   help="then a declared state pipeline with deletes ('' to skip)")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("produce-sample", help="produce sample events and poison pills")

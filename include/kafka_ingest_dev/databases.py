@@ -26,17 +26,21 @@ _CONN_FIELDS = {"host": "host", "port": "port", "user": "login", "password": "pa
 
 def create_database(admin_dsn: str, *, prefix: str = "t", migrated: bool = True) -> str:
     """A new database named ``<prefix>_<random>`` on ``admin_dsn``'s server, migrated to
-    the pipelines' schema unless ``migrated`` is false; returns its DSN."""
+    the pipelines' schema (and the pipelines' tables made) unless ``migrated`` is false;
+    returns its DSN."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = make_conninfo(admin_dsn, dbname=name)
     if migrated:
-        from kafka_ingest.db import migrate  # the runtime, only when a schema is wanted
+        from kafka_ingest.config import load_pipelines  # the runtime, only when wanted
+        from kafka_ingest.db import migrate
+        from kafka_ingest.db.tables import apply_pipelines
 
         try:
             with psycopg.connect(dsn) as conn:
                 migrate(conn)
+                apply_pipelines(conn, load_pipelines().values())
         except BaseException:
             drop_database(admin_dsn, dsn)
             raise

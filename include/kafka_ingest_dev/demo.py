@@ -22,12 +22,13 @@ from typing import Any
 from psycopg import sql
 
 from kafka_ingest.cli import database, kafka_clients, new_run_id, print_table
-from kafka_ingest.config import get_pipeline
+from kafka_ingest.config import Pipeline, get_pipeline, load_pipelines
 from kafka_ingest.db import Database, migrate
+from kafka_ingest.db.tables import apply_pipelines
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.ops.status import lag
 from kafka_ingest_dev import stack
-from kafka_ingest_dev.samples import produce_sample
+from kafka_ingest_dev.samples import produce_sample, produce_state_sample
 
 _NOT_DEAD = {"row", "duplicate", "tombstone"}
 
@@ -111,28 +112,20 @@ def main(args: argparse.Namespace) -> int:
     db = Database(env["KAFKA_INGEST_PG_DSN"])
     with db.session() as conn:
         applied = migrate(conn)
-    print(f"2/5 schema: {', '.join(applied) or 'up to date'}")
+        tables = [c.table for plan in apply_pipelines(conn, load_pipelines().values())
+                  for c in plan.changes]
+    print(f"2/5 schema: {', '.join(applied) or 'up to date'}"
+          f"{'; tables made from contracts: ' + ', '.join(sorted(set(tables))) if tables else ''}")
     before = _counts(db, pipeline.table, pipeline.name)
     sample = produce_sample(kafka_clients(), pipeline, count=args.count, poison=args.poison)
     print(f"3/5 produced {sample['produced']} messages to {pipeline.topic!r}: "
           f"{args.count} events, duplicates, and {args.poison} of every poison-pill kind")
     dag_id = f"{pipeline.name}_ingest"
-    if args.cli:
-        print("4/5 running one micro-batch with `kafka-ingest run` ...")
-        summary = run_ingest(pipeline, kafka_clients(), database(), run_id=new_run_id("cli"))
-        print("   ", sums_text(pipeline.name, summary))
-    else:
-        log_file = Path(env["KAFKA_INGEST_STATE_DIR"]) / f"demo-{dag_id}.log"
-        print(f"4/5 running the DAG {dag_id!r} with `airflow dags test` (log: {log_file}) ...")
-        proc = run_dag(dag_id, env, log_file=log_file)
-        if proc.returncode != 0:
-            print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
-            print(f"the DAG run failed; full log in {log_file}", file=sys.stderr)
-            return 1
-        for line in (proc.stdout + proc.stderr).splitlines():
-            shown = report_line(line, pipeline.name)
-            if shown is not None:
-                print("   ", shown)
+    print("4/5 running one micro-batch with `kafka-ingest run` ..." if args.cli else
+          f"4/5 running the DAG {dag_id!r} with `airflow dags test` ...")
+    code = _run_once(args, env, dag_id, pipeline.name)
+    if code:
+        return code
     after = _counts(db, pipeline.table, pipeline.name)
     print("5/5 summary")
     print(f"    rows in {pipeline.table}: {after['rows']} (+{after['rows'] - before['rows']})")
@@ -146,5 +139,53 @@ def main(args: argparse.Namespace) -> int:
     print(f"    dead-letter topic: {pipeline.dlq_topic}")
     print("    lag per partition:")
     print_table(lag(pipeline, kafka_clients(), database()))
+    if args.state_pipeline:
+        code = _state_demo(args, env, get_pipeline(args.state_pipeline), db)
+        if code:
+            return code
     print(f"done in {time.monotonic() - t0:.1f}s. Try: kafka-ingest status {pipeline.name}")
     return 0
+
+
+def _run_once(args: argparse.Namespace, env: dict[str, str], dag_id: str,
+              pipeline_name: str) -> int:
+    """One micro-batch of a pipeline: its DAG (or ``kafka-ingest run`` with ``--cli``)."""
+    if args.cli:
+        summary = run_ingest(get_pipeline(pipeline_name), kafka_clients(), database(),
+                             run_id=new_run_id("cli"))
+        print("   ", sums_text(pipeline_name, summary))
+        return 0
+    log_file = Path(env["KAFKA_INGEST_STATE_DIR"]) / f"demo-{dag_id}.log"
+    print(f"    (log: {log_file})")
+    proc = run_dag(dag_id, env, log_file=log_file)
+    if proc.returncode != 0:
+        print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
+        print(f"the DAG run failed; full log in {log_file}", file=sys.stderr)
+        return 1
+    for line in (proc.stdout + proc.stderr).splitlines():
+        shown = report_line(line, pipeline_name)
+        if shown is not None:
+            print("   ", shown)
+    return 0
+
+
+def _state_demo(args: argparse.Namespace, env: dict[str, str], pipeline: Pipeline,
+                db: Database) -> int:
+    """The declared pipeline: a state topic with deletes, mirrored into its table."""
+    print(f"+   {pipeline.name}: declared in the pipelines file, no Python (contract "
+          f"{pipeline.model.key()}); its table {pipeline.table} was made by `schema apply`")
+    sample = produce_state_sample(kafka_clients(), pipeline, accounts=200, updates=2000)
+    print(f"    produced {sample.produced} records to {pipeline.topic!r}: updates, "
+          f"{sample.tombstones} tombstones (deletes), re-inserts, 3 poison pills")
+    code = _run_once(args, env, f"{pipeline.name}_ingest", pipeline.name)
+    if code:
+        return code
+    with db.session() as conn:
+        stored = dict(conn.execute(sql.SQL("SELECT {}, event_id FROM {}").format(
+            sql.Identifier(pipeline.upsert.key or ""), sql.Identifier(pipeline.table))))
+    wrong = [a for a, e in sample.final.items() if stored.get(a) != e]
+    wrong += [a for a in sample.deleted if a in stored]
+    print(f"    {len(sample.final)} accounts live, {len(sample.deleted)} deleted by the log; "
+          f"the table {'mirrors it exactly' if not wrong else f'DIFFERS on {len(wrong)} accounts'}"
+          f" (expected dead letters: {sample.poison})")
+    return 1 if wrong else 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.topics import ensure_topics
+from kafka_ingest.kafka.topics import create_pipeline_topics, ensure_topics
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,65 @@ def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poi
         raise RuntimeError(f"{len(errors)} sample messages were not delivered: {errors[:3]}")
     return {"tag": tag, "topic": pipeline.topic, "produced": sum(kinds.values()),
             "expect": dict(expect), "kinds": dict(kinds)}
+
+
+@dataclass(frozen=True)
+class StateSample:
+    """What a produced state stream must leave: each live account's last event, the
+    accounts whose last record is a tombstone, and the poison pills by error class."""
+
+    final: dict[str, str]  # account -> event_id of its last record
+    deleted: frozenset[str]
+    poison: dict[str, int]
+    produced: int
+    tombstones: int
+
+
+def produce_state_sample(clients: KafkaClients, pipeline: Pipeline, *, accounts: int,
+                         updates: int, seed: int = 11, tag: str | None = None) -> StateSample:
+    """Balances of ``accounts`` accounts on a state topic: ``updates`` records keyed by
+    account (updates, tombstones, re-inserts after a delete), three poison pills (a key not UTF-8,
+    a currency of the wrong length, not JSON), each with a ``trace-id`` header; the
+    expected final state computed from what was produced, in log order per key."""
+    tag = tag or uuid.uuid4().hex[:8]
+    create_pipeline_topics(clients, [pipeline])  # the state topic compacted, if it says so
+    rng = random.Random(seed)
+    producer = clients.producer()
+    errors: list[str] = []
+    last: dict[str, str | None] = {}
+    records: list[tuple[bytes | None, bytes | None]] = []
+    for i in range(updates):
+        account = f"acct-{rng.randrange(accounts):04d}"
+        if account in last and last[account] is not None and rng.random() < 0.15:
+            records.append((account.encode(), None))
+            last[account] = None
+            continue
+        event_id = f"{tag}-b-{i:07d}"
+        event = {"event_id": event_id, "balance": f"{rng.randrange(-10**6, 10**8) / 100:.2f}",
+                 "currency": rng.choice(["EUR", "USD", "BRL"]),
+                 "updatedAt": 1_767_225_600_000 + i}
+        if rng.random() < 0.1:
+            event["limits"] = {"daily": rng.randrange(100, 10_000), "flags": ["vip"]}
+        records.append((account.encode(), json.dumps(event).encode()))
+        last[account] = event_id
+    # (A compacted topic refuses a record without a key, with the whole batch it is in:
+    # the bad key is one that is not UTF-8.)
+    poison = [(b"\xff\xfe", json.dumps({"event_id": f"{tag}-p-1", "balance": "1.00",
+                                        "currency": "EUR", "updatedAt": 1}).encode()),
+              (b"acct-poison", json.dumps({"event_id": f"{tag}-p-2", "balance": "1.00",
+                                           "currency": "EURO", "updatedAt": 1}).encode()),
+              (b"acct-poison", b"{not json")]
+    for n, (key, value) in enumerate([*records, *poison]):
+        producer.produce(pipeline.topic, key=key, value=value,
+                         headers=[("trace-id", f"{tag}-{n}".encode())],
+                         on_delivery=lambda err, _m: errors.extend([str(err)] if err else []))
+        producer.poll(0)
+    producer.flush(60)
+    if errors:
+        raise RuntimeError(f"{len(errors)} sample messages were not delivered: {errors[:3]}")
+    return StateSample(
+        final={a: e for a, e in last.items() if e is not None},
+        deleted=frozenset(a for a, e in last.items() if e is None),
+        poison={"bad_key": 1, "contract_violation": 1, "undecodable": 1},
+        produced=len(records) + len(poison),
+        tombstones=sum(1 for _, v in records if v is None))

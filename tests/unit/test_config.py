@@ -50,7 +50,9 @@ def test_the_shipped_file_loads(shipped: dict[str, Pipeline]) -> None:
         assert p.name == name
         assert p.start_policy is StartPolicy.EARLIEST  # from the file's defaults
         assert p.on_offset_gap is OnOffsetGap.FAIL
-        assert p.on_tombstone is OnTombstone.SKIP
+        # from the file's defaults, but for the state pipeline that deletes
+        assert p.on_tombstone is (OnTombstone.DELETE if name == "account_balances"
+                                  else OnTombstone.SKIP)
         assert p.asset_uri == f"postgres://{p.asset_host}/{p.asset_database}/public/{p.table}"
         assert p.group_id == f"kafka-ingest.{name}"
 
@@ -59,6 +61,16 @@ def test_shipped_latest_upsert_pipeline(shipped: dict[str, Pipeline]) -> None:
     state = shipped["device_state"]
     assert state.upsert.mode is UpsertMode.LATEST
     assert state.upsert.key in state.columns
+
+
+def test_the_shipped_declared_pipeline_needs_no_python(shipped: dict[str, Pipeline]) -> None:
+    balances = shipped["account_balances"]
+    assert balances.model.DECLARED and balances.model.key() == "account_balance.v1"
+    assert balances.column_names == ("event_id", "balance", "currency", "updated_at",
+                                     "limits", "account_id", "trace_id")
+    assert balances.conflict_columns == ("account_id",)
+    assert balances.source_topic_config == {"cleanup.policy": "compact"}
+    assert balances.topic_config == {}  # its dead letters are never compacted away
 
 
 def test_defaults_apply_and_an_entry_overrides_them() -> None:

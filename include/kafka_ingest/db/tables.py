@@ -282,6 +282,31 @@ def apply_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan
     return plan
 
 
-__all__ = ["MARKER_SUFFIX", "ActualColumn", "Change", "TablePlan", "actual_columns",
-           "apply_tables", "check_table", "create_statements", "fits", "marker_table",
-           "plan_tables", "provenance_columns", "row_columns", "runtime_tables"]
+def apply_pipelines(conn: psycopg.Connection[Any],
+                    pipelines: Iterable[Pipeline]) -> list[TablePlan]:
+    """:func:`apply_tables` for each pipeline, once per table (pipelines may share one)."""
+    plans, seen = [], set()
+    for pipeline in pipelines:
+        if pipeline.table not in seen:
+            seen.add(pipeline.table)
+            plans.append(apply_tables(conn, pipeline))
+    return plans
+
+
+__all__ = [
+    "MARKER_SUFFIX",
+    "ActualColumn",
+    "Change",
+    "TablePlan",
+    "actual_columns",
+    "apply_pipelines",
+    "apply_tables",
+    "check_table",
+    "create_statements",
+    "fits",
+    "marker_table",
+    "plan_tables",
+    "provenance_columns",
+    "row_columns",
+    "runtime_tables",
+]

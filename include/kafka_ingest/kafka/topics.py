@@ -46,10 +46,12 @@ def create_pipeline_topics(clients: KafkaClients, pipelines: list[Pipeline]
     existed: list[str] = []
     done: set[str] = set()
     for p in pipelines:
-        wanted = {t: p.partitions for t in (p.topic, p.dlq_topic) if t not in done}
-        made = ensure_topics(clients, wanted, replication_factor=p.replication_factor,
-                             config=p.topic_config)
-        created += made
-        existed += [t for t in wanted if t not in made]
-        done |= set(wanted)
+        for topic, config in ((p.topic, {**p.topic_config, **p.source_topic_config}),
+                              (p.dlq_topic, p.topic_config)):
+            if topic in done:
+                continue
+            made = ensure_topics(clients, {topic: p.partitions},
+                                 replication_factor=p.replication_factor, config=config)
+            (created if made else existed).append(topic)
+            done.add(topic)
     return created, existed
