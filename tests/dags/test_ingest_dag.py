@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from kafka_ingest_dev.demo import run_dag
-from kafka_ingest_dev.samples import produce_sample
+from kafka_ingest_dev.samples import produce_sample, produce_state_sample
 from tests.conftest import dag_env, last_task_state
 
 DAG_ID = "telemetry_metrics_ingest"
@@ -74,3 +74,27 @@ def test_a_bad_trigger_form_fails_in_plan_before_reading(stack_env: dict[str, st
     assert "partition 7 does not exist" in output
     assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == 0
     assert _one(pg_dsn, "SELECT count(*) FROM ingest_runs") == 0
+
+
+def test_the_declared_state_pipeline_dag_mirrors_its_compacted_topic(
+        stack_env: dict[str, str], clients: Any, make_pipeline: Any, pg_dsn: str,
+        tmp_path: Path) -> None:
+    """The shipped pipeline declared without Python, run by its DAG: the table holds each
+    account's last record of the log, and no account whose last record is a tombstone."""
+    pipeline = make_pipeline("account_balances", chunk_size=400,
+                             source_topic_config={"cleanup.policy": "compact"})
+    sample = produce_state_sample(clients, pipeline, accounts=150, updates=1500)
+    env = {**stack_env, **dag_env(tmp_path, pg_dsn, pipeline)}
+
+    proc = run_dag("account_balances_ingest", env, log_file=tmp_path / "run.log")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+    with psycopg.connect(pg_dsn) as conn:
+        stored = dict(conn.execute("SELECT account_id, event_id FROM account_balances"))
+        markers = {r[0] for r in conn.execute("SELECT account_id FROM account_balances_tombstones")}
+        dead = dict(conn.execute("SELECT error_class, count(*) FROM dead_letters GROUP BY 1"))
+        traced = _one(pg_dsn, "SELECT count(*) FROM account_balances WHERE trace_id IS NULL")
+    assert stored == sample.final
+    assert markers == sample.deleted and sample.deleted
+    assert dead == sample.poison
+    assert traced == 0  # every record carried its trace-id header into the row

@@ -26,6 +26,7 @@ for the table. Version N accepts payloads of versions 1..N, like a hand-written 
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import date
 from decimal import Decimal
@@ -34,13 +35,17 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
+    ValidationError,
     create_model,
     model_validator,
 )
+from pydantic_core import to_json
 
 from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
 
@@ -96,11 +101,30 @@ _STAGED_TIME: dict[TimeEncoding, tuple[str, str]] = {
     TimeEncoding.EPOCH_SECONDS: ("float8", "to_timestamp({})"),
     TimeEncoding.EPOCH_MILLIS: ("int8", "to_timestamp({}::float8 / 1000)"),
 }
+def _jsonb_safe(value: Any) -> Any:
+    """Refuse what Postgres' jsonb cannot hold: NaN/Infinity and ``\\u0000`` (a walk in
+    Python, only for jsonb fields)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("jsonb holds no NaN or Infinity")
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError("jsonb holds no NUL (\\u0000)")
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    return value
+
+
 #: Types whose Pydantic type takes no parameters.
 _PLAIN: dict[FieldType, Any] = {
     FieldType.BOOLEAN: bool, FieldType.DATE: date, FieldType.UUID: UUID,
-    FieldType.JSONB: dict[str, Any] | list[Any],
+    FieldType.JSONB: Annotated[dict[str, Any] | list[Any], AfterValidator(_jsonb_safe)],
 }
+#: How a payload's value is checked: a default is checked the same way, at load time.
+_PAYLOAD = ConfigDict(strict=True, allow_inf_nan=False)
 _ONLY: dict[str, set[FieldType]] = {
     "max_length": {FieldType.TEXT}, "min_length": {FieldType.TEXT},
     "precision": {FieldType.NUMERIC}, "scale": {FieldType.NUMERIC},
@@ -211,6 +235,17 @@ class FieldSpec(_Strict):
         return Annotated[list[self._items.annotation()],  # type: ignore[misc]
                          Field(max_length=self.max_items)]
 
+    def checked_default(self) -> Any:
+        """The default validated as if a payload carried it (JSON mode: "1.50" is a
+        numeric, "2026-01-01" a date): the same default in every process."""
+        if self.default is None:
+            return None
+        try:
+            return TypeAdapter(self.annotation(), config=_PAYLOAD).validate_json(
+                to_json(self.default))
+        except ValidationError as exc:
+            raise ValueError(f"default {self.default!r}: {exc.errors()[0]['msg']}") from None
+
     def _timestamp(self) -> Any:
         if self.encoding is TimeEncoding.EPOCH_SECONDS:
             return Annotated[float, Field(ge=0, le=EPOCH_MAX)]
@@ -250,7 +285,11 @@ class ContractSpec(_Strict):
                 raise ValueError(f"field {name!r} was added in version {spec.since}: it must "
                                  "be optional (required: false, or a default), since older "
                                  "payloads do not carry it")
-            spec.annotation()  # bounds that leave no value fail here, at load time
+            try:
+                spec.annotation()  # bounds that leave no value fail here, at load time
+                spec.checked_default()  # and so does a default the field refuses
+            except ValueError as exc:
+                raise ValueError(f"field {name!r}: {exc}") from None
         return self
 
 
@@ -268,7 +307,7 @@ def _field(name: str, spec: FieldSpec) -> tuple[Any, Any]:
         default = spec.default
         if default is None:
             return kind | None, Field(default=None, alias=alias)
-        return kind, Field(default=default, alias=alias, validate_default=True)
+        return kind, Field(default=spec.checked_default(), alias=alias)
     return kind | None, Field(default=None, alias=alias)
 
 

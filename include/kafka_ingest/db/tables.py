@@ -175,6 +175,8 @@ def fits(wanted: str, actual: str) -> bool:
         n = _NUMERIC.match(actual)
         return (n is not None and int(n.group(2)) == int(m.group(2))
                 and int(n.group(1)) >= int(m.group(1)))
+    if wanted.endswith("[]") and actual.endswith("[]") and wanted[:-2] in _INT_WIDTH:
+        return fits(wanted[:-2], actual[:-2])
     if wanted in _INT_WIDTH and actual in _INT_WIDTH:
         return _INT_WIDTH[actual] >= _INT_WIDTH[wanted]
     return False
