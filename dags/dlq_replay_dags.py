@@ -20,11 +20,11 @@ from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_repl
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import ReplayForm, ReplayRequest, replay_request
 from kafka_ingest_hook import (
-    KafkaIngestHook,
     dag_default_args,
     emit_metrics,
     fail_without_retry,
     form_params,
+    pipeline_clients,
     postgres_database,
     slice_task_args,
     table_updated_task,
@@ -36,7 +36,6 @@ def _request() -> ReplayRequest:
 
 
 def build_replay_dag(pipeline: Pipeline) -> DAG:
-    hook = KafkaIngestHook  # built inside tasks: nothing at parse time touches a connection
 
     @dag(
         dag_id=f"{pipeline.name}_dlq_replay",
@@ -53,7 +52,7 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         @task
         def plan() -> list[dict[str, Any]]:
             with fail_without_retry():  # a bad form fails here, before anything is read
-                ranges = plan_replay(pipeline, hook(pipeline.kafka_conn_id).clients,
+                ranges = plan_replay(pipeline, pipeline_clients(pipeline),
                                      postgres_database(pipeline.postgres_conn_id),
                                      run_id=get_current_context()["run_id"], request=_request())
             return [r.to_dict() for r in ranges]
@@ -64,7 +63,7 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
             with fail_without_retry():
                 request = _request()
                 report = replay_range(pipeline, OffsetRange.from_dict(offset_range),
-                                      hook(pipeline.kafka_conn_id).clients,
+                                      pipeline_clients(pipeline),
                                       postgres_database(pipeline.postgres_conn_id),
                                       run_id=get_current_context()["run_id"],
                                       dry_run=request.dry_run, filters=request.filters)

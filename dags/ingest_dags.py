@@ -19,11 +19,11 @@ from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import IngestForm, RangeRequest, ingest_request
 from kafka_ingest_hook import (
-    KafkaIngestHook,
     dag_default_args,
     emit_metrics,
     fail_without_retry,
     form_params,
+    pipeline_clients,
     postgres_database,
     slice_task_args,
     table_updated_task,
@@ -56,7 +56,6 @@ def _schedule(expression: str | None) -> Any:
 
 
 def build_ingest_dag(pipeline: Pipeline) -> DAG:
-    hook = KafkaIngestHook  # built inside tasks: nothing at parse time touches a connection
 
     @dag(
         dag_id=f"{pipeline.name}_ingest",
@@ -74,7 +73,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         def plan() -> list[dict[str, Any]]:
             context = get_current_context()
             with fail_without_retry():  # a bad form fails here, before anything is read
-                ranges = plan_run(pipeline, hook(pipeline.kafka_conn_id).clients,
+                ranges = plan_run(pipeline, pipeline_clients(pipeline),
                                   postgres_database(pipeline.postgres_conn_id),
                                   run_id=context["run_id"], request=_request(context))
             return [r.to_dict() for r in ranges]
@@ -84,7 +83,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         def ingest(offset_range: dict[str, Any]) -> dict[str, Any]:
             with fail_without_retry():
                 report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),
-                                      hook(pipeline.kafka_conn_id).clients,
+                                      pipeline_clients(pipeline),
                                       postgres_database(pipeline.postgres_conn_id),
                                       run_id=get_current_context()["run_id"])
             return report.to_dict()

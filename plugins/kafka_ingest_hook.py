@@ -24,11 +24,12 @@ from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook, BaseNotifier, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kafka_ingest.config import NotifierClass
+from kafka_ingest.config import Format, NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.errors import PermanentError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import offsets_for_time, read_range, watermarks
+from kafka_ingest.kafka.registry import RegistrySettings, registry_settings_from
 from kafka_ingest.ops.monitor import Breach, post_webhook, redact_url
 from kafka_ingest.requests import form_fields
 
@@ -91,6 +92,24 @@ class KafkaIngestHook(KafkaBaseHook):
         finally:
             complete = group.close()
         return complete
+
+
+def pipeline_clients(pipeline: Any) -> KafkaClients:
+    """The Kafka clients of a pipeline's Kafka connection, with its schema registry (from
+    ``schema_registry.conn_id``) when its format reads one."""
+    clients = KafkaIngestHook(pipeline.kafka_conn_id).clients
+    if pipeline.format is Format.JSON or pipeline.schema_registry is None:
+        return clients
+    return clients.with_registry(registry_settings(pipeline.schema_registry.conn_id))
+
+
+def registry_settings(conn_id: str) -> RegistrySettings:
+    """The schema registry of an Airflow ``http`` connection (see
+    :func:`kafka_ingest.kafka.registry.registry_settings_from`)."""
+    conn = BaseHook.get_connection(conn_id)
+    return registry_settings_from(source=f"Airflow connection {conn_id!r}", host=conn.host,
+                                  port=conn.port, scheme=conn.schema, login=conn.login,
+                                  password=conn.password, extra=conn.extra_dejson)
 
 
 def postgres_database(conn_id: str) -> Database:

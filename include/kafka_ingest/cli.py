@@ -53,6 +53,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
+from kafka_ingest.kafka.registry import RegistrySettings
 from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest.ops.status import lag, pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
@@ -71,22 +72,41 @@ class MissingSetting(SettingsError):
         super().__init__(f"set {' or '.join(names)} ({what}); nothing is assumed")
 
 
+def _json_object(name: str) -> dict[str, Any] | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"{name} is not a JSON object") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} is not a JSON object")
+    return config
+
+
+def registry_settings() -> RegistrySettings | None:
+    """The schema registry from ``KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG`` (the client's
+    settings as JSON: ``basic.auth.user.info``, ``ssl.ca.location``, ...) and
+    ``KAFKA_INGEST_SCHEMA_REGISTRY_URL``; None when neither is set."""
+    config = _json_object("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG") or {}
+    url = os.environ.get("KAFKA_INGEST_SCHEMA_REGISTRY_URL")
+    if url:
+        config = {**config, "url": url}
+    return RegistrySettings(config) if config else None
+
+
 def kafka_clients() -> KafkaClients:
-    """Kafka clients from ``KAFKA_INGEST_KAFKA_CONFIG`` or ``KAFKA_BOOTSTRAP_SERVERS``."""
-    raw = os.environ.get("KAFKA_INGEST_KAFKA_CONFIG")
-    if raw:
-        try:
-            config = json.loads(raw)
-        except ValueError:
-            raise ValueError("KAFKA_INGEST_KAFKA_CONFIG is not a JSON object") from None
-        if not isinstance(config, dict):
-            raise ValueError("KAFKA_INGEST_KAFKA_CONFIG is not a JSON object")
-        return KafkaClients(config)
-    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not servers:
-        raise MissingSetting("KAFKA_INGEST_KAFKA_CONFIG", "KAFKA_BOOTSTRAP_SERVERS",
-                             what="the Kafka cluster to use")
-    return KafkaClients({"bootstrap.servers": servers})
+    """Kafka clients from ``KAFKA_INGEST_KAFKA_CONFIG`` or ``KAFKA_BOOTSTRAP_SERVERS``, with
+    the schema registry of :func:`registry_settings`."""
+    config = _json_object("KAFKA_INGEST_KAFKA_CONFIG")
+    if config is None:
+        servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not servers:
+            raise MissingSetting("KAFKA_INGEST_KAFKA_CONFIG", "KAFKA_BOOTSTRAP_SERVERS",
+                                 what="the Kafka cluster to use")
+        config = {"bootstrap.servers": servers}
+    return KafkaClients(config, registry=registry_settings())
 
 
 def _database(name: str, dsn: str) -> Database:

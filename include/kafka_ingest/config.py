@@ -89,6 +89,27 @@ class KeyType(StrEnum):
 LOG_ORDER = "source_offset"
 
 
+class Format(StrEnum):
+    """How a record's value is encoded. ``avro``, ``protobuf`` and ``json_schema`` are the
+    Confluent wire format (magic byte 0, a 4-byte schema id, the payload) with the writer's
+    schema in a schema registry."""
+
+    JSON = "json"
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
+    JSON_SCHEMA = "json_schema"
+
+
+class SubjectStrategy(StrEnum):
+    """The registry subject a topic's schemas are under: ``topic``: ``<topic>-value``
+    (TopicNameStrategy, the default); ``record``: the record's full name
+    (RecordNameStrategy); ``topic_record``: ``<topic>-<record>``."""
+
+    TOPIC = "topic"
+    RECORD = "record"
+    TOPIC_RECORD = "topic_record"
+
+
 class UpsertMode(StrEnum):
     """``append``: events are immutable, ``ON CONFLICT (event_id) DO NOTHING``.
     ``latest``: keep the newest event per key (by event timestamp, then source offset)."""
@@ -181,6 +202,33 @@ class Partitioning(_Strict):
 def _header_column(value: Any) -> Any:
     """``trace-id: trace_id`` is short for ``trace-id: {column: trace_id}``."""
     return {"column": value} if isinstance(value, str) else value
+
+
+class SchemaRegistry(_Strict):
+    """Where a registry-encoded pipeline's writer schemas are, and under which subject."""
+
+    #: The Airflow connection of the registry (``http``/``https``; login and password are
+    #: basic auth; the extra holds the client's other settings, e.g. ``ssl.ca.location``).
+    #: The CLI reads ``KAFKA_INGEST_SCHEMA_REGISTRY_URL`` and ``..._CONFIG`` instead.
+    conn_id: str = "schema_registry_default"
+    subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
+    #: ``record``/``topic_record``: the record's full name (``com.acme.Balance``).
+    record: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _record(self) -> SchemaRegistry:
+        if (self.subject_strategy is SubjectStrategy.TOPIC) is not (self.record is None):
+            raise ValueError("schema_registry.record (the record's full name) goes with "
+                             "subject_strategy 'record' or 'topic_record', and only with them")
+        return self
+
+    def subject(self, topic: str) -> str:
+        """The subject the pipeline's contract is checked against at plan time."""
+        if self.subject_strategy is SubjectStrategy.TOPIC:
+            return f"{topic}-value"
+        if self.subject_strategy is SubjectStrategy.RECORD:
+            return self.record or ""
+        return f"{topic}-{self.record}"
 
 
 class NotifierClass(_Strict):
@@ -276,6 +324,9 @@ class Pipeline(_Strict):
     start_policy: StartPolicy = StartPolicy.EARLIEST
     on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
     on_tombstone: OnTombstone = OnTombstone.SKIP
+    #: How values are encoded; the registry formats need ``schema_registry``.
+    format: Format = Format.JSON
+    schema_registry: SchemaRegistry | None = None
     #: The record key as a column, and headers as columns (header name -> column).
     record_key: RecordKey | None = None
     headers: dict[Annotated[str, Field(min_length=1, max_length=255)], HeaderColumn] = {}
@@ -361,6 +412,9 @@ class Pipeline(_Strict):
             self._check_latest_columns()
         self._check_tombstones()
         self._check_partitioning()
+        if self.format is not Format.JSON and self.schema_registry is None:
+            raise ValueError(f"format {self.format.value!r} reads writer schemas from a schema "
+                             "registry: set schema_registry (at least {} for the defaults)")
         if self.pool_slots is not None and self.pool is None:
             raise ValueError("pool_slots is the size of the pipeline's pool: set pool too")
         return self

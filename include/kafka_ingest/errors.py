@@ -6,6 +6,7 @@
     ├── TransientError            raise; nothing is committed; Airflow retries with backoff
     │   ├── KafkaUnavailable      broker unreachable, metadata or fetch timed out
     │   ├── DeliveryFailed        a dead letter was not acknowledged by the DLQ topic
+    │   ├── RegistryUnavailable   the schema registry down, timing out, or answering 5xx
     │   ├── DatabaseUnavailable   Postgres down, restarted, connection lost, lock timeout
     │   ├── CommitOutcomeUnknown  the reply to COMMIT was lost; re-read the stored offset
     │   └── FencedError           the stored offset moved under this chunk (a zombie or an
@@ -18,6 +19,9 @@
     │   │                         moved back under a slice
     │   ├── KafkaRefused          authentication, authorisation, TLS, or a fatal client
     │   │                         error: no retry can cure it
+    │   ├── RegistryRefused       the schema registry refused the login or its TLS
+    │   ├── ContractMismatch      the pipeline's contract cannot read the subject's latest
+    │   │                         schema (a field it requires is missing or of another type)
     │   ├── DatabaseRefused       Postgres refused the login: password, certificate, TLS
     │   │                         required by pg_hba.conf, unknown role or database
     │   ├── SettingsError         a connection or setting that cannot work (no host, ...)
@@ -32,11 +36,15 @@
     │   │                         leave empty): `kafka-ingest schema apply`, or the fix named
     │   └── TopicMissing          a source or dead-letter topic does not exist
     └── DataError                 dead-letter the message, the batch goes on
-        ├── Undecodable           not UTF-8, not JSON, nested too deep, empty
+        ├── Undecodable           not UTF-8, not JSON, nested too deep, empty; a payload
+        │                         its writer schema cannot decode
         ├── NotAnObject           JSON that is an array, a number, a string or null
         ├── ContractViolation     fails the Pydantic contract
         ├── UnknownVersion        a contract version this pipeline does not accept
         ├── TooLarge              over the pipeline's max_message_bytes
+        ├── NotWireFormat         a registry-encoded pipeline's record without the
+        │                         Confluent wire header (magic byte 0, a schema id)
+        ├── UnknownSchema         a schema id the registry does not know (404)
         ├── BadKey                the record key the pipeline reads a column from is
         │                         missing, not UTF-8 / JSON, or out of its bounds
         ├── BadHeader             a header mapped to a column is not UTF-8 text that fits
@@ -97,6 +105,15 @@ class KafkaUnavailable(TransientError):
         self.operation = operation
         self.reason = reason
         super().__init__(f"Kafka {operation} failed: {reason}")
+
+
+class RegistryUnavailable(TransientError):
+    """The schema registry did not answer, timed out, or answered 5xx/429."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"schema registry {operation} failed: {reason}")
 
 
 class DeliveryFailed(TransientError):
@@ -195,6 +212,25 @@ class KafkaRefused(PermanentError):
         self.reason = reason
         super().__init__(f"Kafka {operation} refused: {reason}; fix the Kafka connection's "
                          "settings (a retry cannot cure this)")
+
+
+class RegistryRefused(PermanentError):
+    """The schema registry refused this client: credentials or TLS."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"schema registry {operation} refused: {reason}; fix the registry "
+                         "connection's settings (a retry cannot cure this)")
+
+
+class ContractMismatch(PermanentError):
+    """The pipeline's contract cannot read what the subject's producers now write."""
+
+    def __init__(self, pipeline: str, subject: str, problems: list[str]) -> None:
+        self.pipeline, self.subject, self.problems = pipeline, subject, problems
+        super().__init__(f"pipeline {pipeline}: its contract cannot read the latest schema of "
+                         f"subject {subject!r}: {'; '.join(problems)}")
 
 
 class DatabaseRefused(PermanentError):
@@ -326,6 +362,14 @@ class TooLarge(DataError):
     error_class = "too_large"
 
 
+class NotWireFormat(DataError):
+    error_class = "not_wire_format"
+
+
+class UnknownSchema(DataError):
+    error_class = "unknown_schema"
+
+
 class BadKey(DataError):
     error_class = "bad_key"
 
@@ -344,6 +388,8 @@ DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     ContractViolation,
     UnknownVersion,
     TooLarge,
+    NotWireFormat,
+    UnknownSchema,
     BadKey,
     BadHeader,
     RejectedByDatabase,

@@ -323,6 +323,7 @@ class FakeClients:
         self.commit_consumer_factory = commit_consumer_factory or consumer_factory
         self._producer = producer
         self.commit_timeout_s = commit_timeout_s
+        self.registry = None  # the slices here read JSON: no schema registry
         self.consumers: list[FakeConsumer] = []
         self.commit_consumers: list[FakeConsumer] = []
         self.group_ids: list[str] = []

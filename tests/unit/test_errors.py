@@ -21,6 +21,7 @@ from kafka_ingest.errors import (
     BadHeader,
     BadKey,
     CommitOutcomeUnknown,
+    ContractMismatch,
     ContractViolation,
     DatabaseRefused,
     DatabaseUnavailable,
@@ -31,11 +32,14 @@ from kafka_ingest.errors import (
     KafkaRefused,
     KafkaUnavailable,
     NotAnObject,
+    NotWireFormat,
     OffsetGapError,
     OffsetOutOfRange,
     PermanentError,
     PrivilegeMissing,
     ReconciliationError,
+    RegistryRefused,
+    RegistryUnavailable,
     RejectedByDatabase,
     SchemaDrift,
     SchemaMissing,
@@ -45,6 +49,7 @@ from kafka_ingest.errors import (
     TransientError,
     TriggerParamsError,
     Undecodable,
+    UnknownSchema,
     UnknownVersion,
 )
 from kafka_ingest.kafka.clients import map_kafka_error
@@ -90,7 +95,8 @@ def test_every_error_of_the_package_is_on_exactly_one_branch() -> None:
 def test_every_data_error_has_a_distinct_class_name() -> None:
     names = [c.error_class for c in DATA_ERROR_CLASSES]
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
-                     "too_large", "bad_key", "bad_header", "rejected_by_database"]
+                     "too_large", "not_wire_format", "unknown_schema", "bad_key", "bad_header",
+                     "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 
@@ -132,6 +138,9 @@ ONE_OF_EACH: list[IngestError] = [
     SchemaMissing('relation "ingest_runs" does not exist'),
     PrivilegeMissing("app", "permission denied for table run_plans", on="table run_plans"),
     TopicMissing("t", "source topic"),
+    RegistryUnavailable("get schema 3", "ConnectError: refused"),
+    RegistryRefused("get schema 3", "HTTP 401: unauthorized"),
+    ContractMismatch("p", "t-value", ["field 'x' is missing"]),
     SchemaDrift("p", ["p.x is integer, but the contract needs bigint"], ["column y is missing"]),
     DataError("tombstone"),
     Undecodable("not UTF-8"),
@@ -139,6 +148,8 @@ ONE_OF_EACH: list[IngestError] = [
     ContractViolation("metric_value: finite"),
     UnknownVersion("version 9"),
     TooLarge("300000 bytes"),
+    NotWireFormat("no magic byte"),
+    UnknownSchema("schema id 99 is not registered"),
     BadKey("the record has no key"),
     BadHeader("header 'trace-id' is not UTF-8"),
     RejectedByDatabase("NUL"),

@@ -89,21 +89,22 @@ class DeadLettersRepository:
             (pipeline, d.source_topic, d.source_partition, d.source_offset, d.key,
              ms_to_datetime(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
              d.attempts, d.first_failed_at, d.dlq_topic,
-             loc[0] if loc else None, loc[1] if loc else None)
+             loc[0] if loc else None, loc[1] if loc else None, d.schema_id)
             for d, loc in zip(letters, delivered, strict=True)
         ]
         with self.conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO dead_letters (pipeline, source_topic, source_partition,"
                 " source_offset, kafka_key, kafka_timestamp, contract, error_class,"
-                " error_detail, attempts, first_failed_at, dlq_topic, dlq_partition, dlq_offset)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " error_detail, attempts, first_failed_at, dlq_topic, dlq_partition, dlq_offset,"
+                " schema_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (pipeline, source_topic, source_partition, source_offset) DO UPDATE"
                 " SET error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,"
                 "     contract = EXCLUDED.contract,"
                 "     attempts = GREATEST(dead_letters.attempts + 1, EXCLUDED.attempts),"
                 "     last_failed_at = now(), status = 'parked', recovered_at = NULL,"
-                "     dlq_topic = EXCLUDED.dlq_topic,"
+                "     dlq_topic = EXCLUDED.dlq_topic, schema_id = EXCLUDED.schema_id,"
                 "     dlq_partition = COALESCE(EXCLUDED.dlq_partition, dead_letters.dlq_partition),"
                 "     dlq_offset = COALESCE(EXCLUDED.dlq_offset, dead_letters.dlq_offset)",
                 params,

@@ -8,13 +8,15 @@ failure (UTF-8 check, JSON type, which field) runs only for the failures.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
-from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.config import Format, OnTombstone, Pipeline
 from kafka_ingest.contracts.base import sink_getter
+from kafka_ingest.decode.formats import RegistryDecoder, wire_schema_id
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
@@ -46,11 +48,32 @@ class ValidationResult:
     bytes: int = 0  # (named like the type: fields that use the type come before it)
 
 
-def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> ValidationResult:
-    """Validate each message against the pipeline's contract; never raises a DataError."""
+def _parser(pipeline: Pipeline, decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
+    """Bytes -> the validated event: the contract's JSON validation straight from bytes
+    (what model_validate_json calls, without its Python frame per message), or the
+    registry format decoded first (a refusal classified against the payload)."""
+    validator = pipeline.model.__pydantic_validator__
+    if decoder is None:
+        return validator.validate_json
+    read, check = decoder.read, (validator.validate_python if decoder.python
+                                 else validator.validate_json)
+
+    def parse(value: bytes) -> Any:
+        payload = read(value)
+        try:
+            return check(payload)
+        except ValidationError as exc:
+            raise classify(payload if isinstance(payload, bytes) else b"{}", exc) from None
+
+    return parse
+
+
+def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
+                   decoder: RegistryDecoder | None = None) -> ValidationResult:
+    """Validate each message against the pipeline's contract (a registry format decoded
+    by ``decoder`` first); never raises a DataError."""
     model = pipeline.model
-    # What model_validate_json calls, without its Python frame per message.
-    parse = model.__pydantic_validator__.validate_json
+    parse = _parser(pipeline, decoder)
     columns = sink_getter(model)
     max_bytes = pipeline.max_message_bytes
     extra = column_reader(pipeline)  # the key and header columns; None: there are none
@@ -75,7 +98,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline) -> Valid
         except ValidationError as exc:
             result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
             continue
-        except DataError as exc:  # the record key or a header cannot fill its column
+        except DataError as exc:  # the wire format, or the record key or a header
             result.dead.append(dead_letter(msg, pipeline, exc))
             continue
         # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
@@ -111,6 +134,7 @@ def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadL
         key=msg.key(),
         value=msg.value(),
         headers=_original_headers(msg),
+        schema_id=None if pipeline.format is Format.JSON else wire_schema_id(msg.value()),
         timestamp_ms=kafka_timestamp_ms(msg),
         error_class=error.error_class,
         error_detail=error.detail[:DETAIL_MAX],

@@ -30,6 +30,7 @@ from typing import Any
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork, UpsertResult
+from kafka_ingest.decode.formats import RegistryDecoder, open_decoder
 from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
@@ -74,10 +75,12 @@ class IngestWriter:
     #: A backfill chunk: dead letters whose source offset is already in ``dead_letters``
     #: (any status) are counted as known, neither produced nor recorded again.
     backfill: bool = False
+    #: The registry format's decoder (None: JSON).
+    decoder: RegistryDecoder | None = None
     needs_producer: bool = True
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> ValidationResult:
-        result = validate_chunk(chunk.messages, self.pipeline)
+        result = validate_chunk(chunk.messages, self.pipeline, self.decoder)
         if result.rows:  # None if a row is refused: isolated in the transaction instead
             result.encoded = encoder.encode(result.rows)
         return result
@@ -137,8 +140,9 @@ def ingest_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
     backfill slices read their whole range and never touch it."""
     spec = SliceSpec(pipeline=pipeline, run_id=run_id, lock_name=pipeline.name,
                      group_id=pipeline.group_id)
-    return run_slice(spec, IngestWriter(pipeline, backfill=rng.mode is Mode.BACKFILL), rng,
-                     clients, db)
+    with open_decoder(pipeline, clients.registry) as decoder:
+        writer = IngestWriter(pipeline, backfill=rng.mode is Mode.BACKFILL, decoder=decoder)
+        return run_slice(spec, writer, rng, clients, db)
 
 
 def run_ingest(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_id: str,

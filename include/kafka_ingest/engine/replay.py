@@ -36,6 +36,7 @@ from typing import Any
 
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
 from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork
+from kafka_ingest.decode.formats import RegistryDecoder, open_decoder
 from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, run_slice
@@ -111,6 +112,8 @@ class ReplayWriter:
     pipeline: Pipeline
     filters: ReplayFilters
     dry_run: bool
+    #: The registry format's decoder (None: JSON): letters keep their wire header.
+    decoder: RegistryDecoder | None = None
     needs_producer: bool = False
     #: Source positions met earlier in this slice: a second DLQ record of the same source
     #: (a retried produce) is a duplicate whichever chunk it is in, so a dry run (whose
@@ -133,7 +136,8 @@ class ReplayWriter:
             else:
                 letters[letter.source] = letter
                 self.seen.add(letter.source)
-        result = validate_chunk([ReplayedMessage(d) for d in letters.values()], self.pipeline)
+        result = validate_chunk([ReplayedMessage(d) for d in letters.values()], self.pipeline,
+                                self.decoder)
         size = sum(len(m.value() or b"") for m in chunk.messages)
         return _Triaged(letters, result, outcomes, size)
 
@@ -230,8 +234,9 @@ def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db
                          str(rng.mode), dry_run=dry_run,
                          moves_cursor=rng.moves_cursor and not dry_run,
                          outcomes=dict.fromkeys(OUTCOMES, 0))
-    return run_slice(spec, ReplayWriter(pipeline, filters, dry_run), rng, clients, db,
-                     report=report)
+    with open_decoder(pipeline, clients.registry) as decoder:
+        return run_slice(spec, ReplayWriter(pipeline, filters, dry_run, decoder), rng,
+                         clients, db, report=report)
 
 
 def run_replay(pipeline: Pipeline, request: ReplayRequest, clients: KafkaClients,

@@ -19,6 +19,7 @@ served when the client is polled: never raw ``%4|...`` lines on stderr.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from kafka_ingest.errors import (
     SettingsError,
 )
 from kafka_ingest.kafka.commits import GroupCommitter
+from kafka_ingest.kafka.registry import RegistrySettings
 
 log = logging.getLogger(__name__)
 #: Where librdkafka's own log lines go (see the module docstring).
@@ -107,10 +109,13 @@ def _seconds(config: dict[str, Any], *keys: str, default_ms: int) -> float:
 class KafkaClients:
     """Builds confluent-kafka clients from one librdkafka config dict (the connection's)."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], *,
+                 registry: RegistrySettings | None = None) -> None:
         if not config.get("bootstrap.servers"):
             raise ValueError("the Kafka config needs 'bootstrap.servers'")
         self.config = dict(config)
+        #: The schema registry of the cluster's registry-encoded topics, if any.
+        self.registry = registry
         if isinstance(self.config.get("logger"), str):  # a connection's JSON can only name one
             self.config["logger"] = logging.getLogger(self.config["logger"])
         overridden = {k: config[k] for k in FORCED_CONSUMER if k in config
@@ -118,6 +123,12 @@ class KafkaClients:
         if overridden:
             log.warning("ignoring %s from the Kafka connection: offsets are committed only "
                         "after the database commit", overridden)
+
+    def with_registry(self, registry: RegistrySettings | None) -> KafkaClients:
+        """The same clients, with this schema registry."""
+        clients = copy.copy(self)
+        clients.registry = registry
+        return clients
 
     def _common(self) -> dict[str, Any]:
         return {"logger": LIBRDKAFKA_LOG, **{k: v for k, v in self.config.items()

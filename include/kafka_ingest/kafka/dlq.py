@@ -78,6 +78,8 @@ class DeadLetter:
     dlq_offset: int | None = None
     #: The source record's own headers.
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    #: The writer schema id of a registry-encoded value (its wire header's), else None.
+    schema_id: int | None = None
 
     @property
     def source(self) -> tuple[str, int, int]:
@@ -108,6 +110,8 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
         "first_failed_at": letter.first_failed_at.isoformat(),
         "letter_id": letter_id(letter, pipeline),
     }
+    if letter.schema_id is not None:
+        fields["schema_id"] = str(letter.schema_id)
     headers: list[tuple[str, bytes | None]] = list(letter.headers)
     if style in (DlqHeaderStyle.NATIVE, DlqHeaderStyle.BOTH):
         headers += [(PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in fields.items()]
@@ -283,6 +287,7 @@ def parse_dlq_message(msg: Any) -> DeadLetter:
         dlq_partition=msg.partition(),
         dlq_offset=msg.offset(),
         headers=tuple((k, v) for k, v in msg.headers() or () if not _is_ours(k)),
+        schema_id=int(h[PREFIX + "schema_id"]) if h.get(PREFIX + "schema_id") else None,
     )
     if first:
         letter = replace(letter, first_failed_at=datetime.fromisoformat(first))

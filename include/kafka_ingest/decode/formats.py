@@ -1,0 +1,265 @@
+"""Registry formats: the Confluent wire format decoded in front of the contract.
+
+A record of an ``avro``, ``protobuf`` or ``json_schema`` pipeline is ``0x00``, a 4-byte
+big-endian schema id, then the payload (Protobuf: message indexes, then the message).
+The header is parsed here; the writer schema is fetched once per id and kept, parsed, for
+the slice; then:
+
+- **Avro**: fastavro's ``schemaless_reader`` against the writer schema (resolved to the
+  pipeline's reader schema when it names one), to a dict the contract validates in
+  Python mode (logical types arrive typed: ``Decimal``, aware ``datetime``, ``date``,
+  ``UUID``);
+- **Protobuf**: a message class built from the registry's descriptor (``FileDescriptorProto``,
+  no generated ``_pb2`` module), parsed, and turned into a dict field by field (64-bit
+  integers stay integers, a field without presence holds its zero value, an unset
+  ``optional`` or message field is missing);
+- **JSON Schema**: the payload is JSON, validated as a JSON pipeline's value is.
+
+Failures keep the split: no magic byte (:class:`NotWireFormat`), an id the registry does
+not know (:class:`UnknownSchema`) and a payload the writer schema cannot decode
+(:class:`Undecodable`) are data errors; the registry down is transient and raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fastavro
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from kafka_ingest.config import Format, Pipeline
+from kafka_ingest.errors import NotWireFormat, SettingsError, Undecodable, UnknownSchema
+from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, WriterSchema
+
+MAGIC = 0
+_HEADER = struct.Struct(">bI")
+#: What a schema's type must be for each format (the registry's ``schemaType``).
+SCHEMA_TYPES = {Format.AVRO: "AVRO", Format.PROTOBUF: "PROTOBUF", Format.JSON_SCHEMA: "JSON"}
+#: A decoder: the value's payload -> what the contract validates (a dict, or JSON bytes).
+PayloadReader = Callable[[bytes], Any]
+
+
+def wire_schema_id(value: bytes | None) -> int | None:
+    """The schema id of a wire-format value, or None when it is not one."""
+    if value is None or len(value) < _HEADER.size or value[0] != MAGIC:
+        return None
+    return int(_HEADER.unpack_from(value)[1])
+
+
+def split_header(value: bytes) -> tuple[int, bytes]:
+    """(schema id, payload); :class:`NotWireFormat` when the header is not there."""
+    if len(value) < _HEADER.size:
+        raise NotWireFormat(f"value is {len(value)} bytes: too short for the wire format's "
+                            "header (magic byte 0 and a 4-byte schema id)")
+    if value[0] != MAGIC:
+        raise NotWireFormat(f"no magic byte: the value starts with 0x{value[0]:02x}, not "
+                            "0x00 (not written by a registry serializer)")
+    return int(_HEADER.unpack_from(value)[1]), value[_HEADER.size:]
+
+
+# --------------------------------------------------------------------------- Avro
+
+
+def _avro_reader(schema: WriterSchema, reader_schema: Any) -> PayloadReader:
+    try:
+        writer = fastavro.parse_schema(json.loads(schema.text))
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise UnknownSchema(f"schema id {schema.schema_id} is not an Avro schema fastavro "
+                            f"can parse: {exc}") from None
+    read = fastavro.schemaless_reader
+
+    def decode(payload: bytes) -> Any:
+        try:
+            return read(io.BytesIO(payload), writer, reader_schema)
+        except Exception as exc:  # fastavro raises what its reading met: EOF, index, value
+            raise Undecodable(f"Avro payload does not decode with schema id "
+                              f"{schema.schema_id}: {type(exc).__name__}: {exc}") from None
+
+    return decode
+
+
+# --------------------------------------------------------------------------- Protobuf
+
+
+def _zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise Undecodable("Protobuf message indexes are cut short")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def message_indexes(payload: bytes) -> tuple[list[int], bytes]:
+    """The message indexes after the header (a count, then the path; 0 alone is [0])."""
+    count, pos = _zigzag_varint(payload, 0)
+    if count == 0:
+        return [0], payload[pos:]
+    if not 0 < count <= 64:
+        raise Undecodable(f"Protobuf message index count {count} is not a path")
+    indexes = []
+    for _ in range(count):
+        index, pos = _zigzag_varint(payload, pos)
+        indexes.append(index)
+    return indexes, payload[pos:]
+
+
+def _proto_value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return proto_to_dict(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else value
+    return value
+
+
+def proto_to_dict(message: Message) -> dict[str, Any]:
+    """A message as the contract reads it: every field with its value, repeated as lists,
+    enums by name; an unset field with presence (``optional``, a message) is left out."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.label == FieldDescriptor.LABEL_REPEATED:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                out[field.name] = {k: _proto_value(field.message_type.fields_by_name["value"], v)
+                                   for k, v in value.items()}
+            else:
+                out[field.name] = [_proto_value(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            continue
+        else:
+            out[field.name] = _proto_value(field, value)
+    return out
+
+
+def _message_type(file: Any, indexes: list[int]) -> Descriptor:
+    types = list(file.message_types_by_name.values())
+    found: Descriptor | None = None
+    for index in indexes:
+        if not 0 <= index < len(types):
+            raise Undecodable(f"Protobuf message index path {indexes} names no message")
+        found = types[index]
+        types = list(found.nested_types)
+    if found is None:
+        raise Undecodable("Protobuf message index path is empty")
+    return found
+
+
+def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema.text))
+        pool = descriptor_pool.DescriptorPool()
+        file = pool.Add(proto) and pool.FindFileByName(proto.name)
+    except Exception as exc:  # not a serialized descriptor, or one with unknown imports
+        raise UnknownSchema(f"schema id {schema.schema_id} is not a Protobuf descriptor this "
+                            f"reader can build (references are not supported): {exc}") from None
+    classes: dict[tuple[int, ...], Any] = {}
+
+    def decode(payload: bytes) -> Any:
+        indexes, body = message_indexes(payload)
+        key = tuple(indexes)
+        cls = classes.get(key)
+        if cls is None:
+            cls = classes[key] = message_factory.GetMessageClass(_message_type(file, indexes))
+        try:
+            message = cls.FromString(body)
+        except Exception as exc:  # DecodeError and friends
+            raise Undecodable(f"Protobuf payload does not decode as "
+                              f"{cls.DESCRIPTOR.full_name} (schema id {schema.schema_id}): "
+                              f"{exc}") from None
+        return proto_to_dict(message)
+
+    return decode
+
+
+# --------------------------------------------------------------------------- the decoder
+
+
+class RegistryDecoder:
+    """The wire format of one pipeline, for one slice: writer schemas fetched once per id.
+
+    ``read(value)`` returns what the contract validates: a dict (Avro, Protobuf; validated
+    in Python mode) or the payload's JSON bytes (JSON Schema); :attr:`python` says which.
+    """
+
+    def __init__(self, pipeline: Pipeline, registry: SchemaRegistry,
+                 *, reader_schema: Any = None) -> None:
+        self.format = pipeline.format
+        self.registry = registry
+        self.python = pipeline.format is not Format.JSON_SCHEMA
+        self._reader_schema = reader_schema
+        self._readers: dict[int, PayloadReader] = {}
+
+    def read(self, value: bytes) -> Any:
+        schema_id, payload = split_header(value)
+        reader = self._readers.get(schema_id)
+        if reader is None:
+            reader = self._readers[schema_id] = self._reader(schema_id)
+        return reader(payload)
+
+    def _reader(self, schema_id: int) -> PayloadReader:
+        schema = self.registry.schema(schema_id, serialized=self.format is Format.PROTOBUF)
+        if schema is None:
+            raise UnknownSchema(f"schema id {schema_id} is not registered (the registry "
+                                "answered 404)")
+        wanted = SCHEMA_TYPES[self.format]
+        if schema.schema_type.upper() != wanted:
+            raise UnknownSchema(f"schema id {schema_id} is a {schema.schema_type} schema, and "
+                                f"this pipeline reads {self.format.value}")
+        if self.format is Format.AVRO:
+            return _avro_reader(schema, self._reader_schema)
+        if self.format is Format.PROTOBUF:
+            return _protobuf_reader(schema)
+        return _json_payload
+
+    def __repr__(self) -> str:
+        return f"RegistryDecoder({self.format.value}, {self.registry.settings!r})"
+
+
+def _json_payload(payload: bytes) -> bytes:
+    return payload
+
+
+@contextlib.contextmanager
+def open_decoder(pipeline: Pipeline,
+                 settings: RegistrySettings | None) -> Iterator[RegistryDecoder | None]:
+    """The pipeline's decoder for one slice (its registry client closed after), or None
+    for plain JSON (validated straight from bytes)."""
+    if pipeline.format is Format.JSON:
+        yield None
+        return
+    if settings is None:
+        conn_id = pipeline.schema_registry.conn_id if pipeline.schema_registry else "?"
+        raise SettingsError(f"pipeline {pipeline.name} reads {pipeline.format.value} from a "
+                            "schema registry, and no registry is configured: set "
+                            "KAFKA_INGEST_SCHEMA_REGISTRY_URL (the CLI) or the Airflow "
+                            f"connection {conn_id!r}")
+    registry = SchemaRegistry(settings)
+    try:
+        yield RegistryDecoder(pipeline, registry)
+    finally:
+        registry.close()
+
+
+__all__ = [
+    "MAGIC",
+    "SCHEMA_TYPES",
+    "RegistryDecoder",
+    "message_indexes",
+    "open_decoder",
+    "proto_to_dict",
+    "split_header",
+    "wire_schema_id",
+]

@@ -1,0 +1,168 @@
+"""The schema registry (Confluent's API, e.g. Apicurio's ``/apis/ccompat/v7``): writer
+schemas by id and a subject's latest, through confluent-kafka's ``SchemaRegistryClient``
+with bounded time-outs and retries, and its failures mapped onto the error tree.
+
+Every setting the user gives reaches the client (``url``, ``basic.auth.user.info``,
+``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``,
+``ssl.key.password``, ``timeout``, ``max.retries``, ...); an unknown one is a
+:class:`SettingsError`, and no credential is ever logged (:meth:`RegistrySettings.__repr__`).
+
+What a failure means: a schema id the registry does not know (404) is the *message's*
+fault, a data error decided by the caller; the registry unreachable, timing out, or
+answering 5xx/429 is :class:`RegistryUnavailable` (transient: the task fails, Airflow
+retries, nothing is dead-lettered); a refused login or a TLS certificate it cannot verify
+is :class:`RegistryRefused` (permanent).
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from kafka_ingest.errors import RegistryRefused, RegistryUnavailable, SettingsError
+
+#: Bounded by default: httpx waits forever without a time-out, and the client's own
+#: retries back off up to 20 s each.
+DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 2, "retries.wait.ms": 200,
+                            "retries.max.wait.ms": 2000, "cache.latest.ttl.sec": 60}
+_SECRETS = ("basic.auth.user.info", "ssl.key.password", "bearer.auth.token",
+            "bearer.auth.client.secret")
+#: The registry's "not found" codes: subject (40401), version (40402), schema (40403).
+NOT_FOUND = 404
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """The ``SchemaRegistryClient`` config of one registry (``url`` and the rest)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.config.get("url"):
+            raise SettingsError("the schema registry settings need 'url' (e.g. "
+                                "http://127.0.0.1:18081/apis/ccompat/v7)")
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if k in _SECRETS else v) for k, v in self.config.items()}
+        return f"RegistrySettings({shown})"
+
+    @property
+    def url(self) -> str:
+        return str(self.config["url"])
+
+
+def registry_settings_from(*, source: str, host: str | None, port: int | None,
+                           scheme: str | None, login: str | None, password: str | None,
+                           extra: dict[str, Any]) -> RegistrySettings:
+    """An Airflow connection's fields as the client's settings: ``<scheme>://host:port``
+    plus the extra's ``path`` (``/apis/ccompat/v7``), login and password as basic auth,
+    and every other key of the extra passed as it is (``ssl.ca.location``, ``timeout``,
+    ...; an unknown one is refused by the client, naming it). ``source`` names the
+    connection in errors, never its secrets."""
+    if not host:
+        raise SettingsError(f"{source}: the schema registry connection has no host")
+    config = dict(extra)
+    path = str(config.pop("path", "") or "")
+    if "://" in host:
+        base = host.rstrip("/")
+    else:
+        base = f"{scheme or 'http'}://{host}{f':{port}' if port else ''}"
+    config["url"] = base + (path if not path or path.startswith("/") else "/" + path)
+    if login or password:
+        if "basic.auth.user.info" in config:
+            raise SettingsError(f"{source}: give basic auth as the login and password or as "
+                                "the extra's basic.auth.user.info, not both")
+        config["basic.auth.user.info"] = f"{login or ''}:{password or ''}"
+    return RegistrySettings(config)
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    """A registered schema: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
+
+    schema_id: int
+    schema_type: str
+    text: str
+    subject: str | None = None
+    version: int | None = None
+
+
+def _refused_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError | ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def map_registry_error(operation: str, exc: Exception) -> Exception:
+    """The error tree's error for a failed registry request (not-found is the caller's)."""
+    if isinstance(exc, SchemaRegistryError):
+        status = exc.http_status_code
+        if status in (401, 403):
+            return RegistryRefused(operation, f"HTTP {status}: {exc.error_message}")
+        return RegistryUnavailable(operation, f"HTTP {status}: {exc.error_message}")
+    # The client's HTTP library (httpx, or httpx2 where installed): a request that got no
+    # answer (refused, reset, timed out, TLS).
+    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("httpx", "httpx2"):
+        if _refused_tls(exc):
+            return RegistryRefused(operation, f"TLS: {exc}")
+        return RegistryUnavailable(operation, f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class SchemaRegistry:
+    """One client of one registry; writer schemas cached by id (they never change)."""
+
+    def __init__(self, settings: RegistrySettings) -> None:
+        self.settings = settings
+        try:
+            self._client = SchemaRegistryClient({**DEFAULTS, **settings.config})
+        except ValueError as exc:  # an unknown or malformed setting, named by the client
+            raise SettingsError(f"schema registry settings: {exc}") from None
+        self._by_id: dict[int, WriterSchema | None] = {}
+
+    def close(self) -> None:
+        self._client.close()
+
+    def schema(self, schema_id: int, *, serialized: bool = False) -> WriterSchema | None:
+        """The schema registered under ``schema_id``, or None when the registry has none
+        (``serialized``: Protobuf as a base64 ``FileDescriptorProto``, not ``.proto``)."""
+        if schema_id in self._by_id:
+            return self._by_id[schema_id]
+        try:
+            found = self._client.get_schema(schema_id, fmt="serialized" if serialized else None)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != NOT_FOUND:
+                raise map_registry_error(f"get schema {schema_id}", exc) from exc
+            self._by_id[schema_id] = None
+            return None
+        except Exception as exc:
+            raise map_registry_error(f"get schema {schema_id}", exc) from exc
+        schema = WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "")
+        self._by_id[schema_id] = schema
+        return schema
+
+    def latest(self, subject: str, *, serialized: bool = False) -> WriterSchema | None:
+        """The subject's latest version, or None when there is no such subject."""
+        try:
+            found = self._client.get_latest_version(
+                subject, fmt="serialized" if serialized else None)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != NOT_FOUND:
+                raise map_registry_error(f"latest of {subject}", exc) from exc
+            return None
+        except Exception as exc:
+            raise map_registry_error(f"latest of {subject}", exc) from exc
+        schema = found.schema
+        return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO",
+                            schema.schema_str or "", subject=subject, version=found.version)
+
+
+__all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema",
+           "map_registry_error", "registry_settings_from"]
