@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite, from a clean clone: install, start the local stack, lint, type-check,
-# then unit, integration, DAG and chaos tests against the real Kafka and Postgres.
+# The whole test suite, from a clean clone: install, start the local stack (with its schema
+# registry), lint, type-check, then unit, integration, DAG and chaos tests against the real
+# Kafka and Postgres.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 . .venv/bin/activate
-kafka-ingest stack up --secure
+kafka-ingest stack up --secure --registry
 eval "$(kafka-ingest stack env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy

@@ -235,3 +235,15 @@ def webhook() -> Iterator[Any]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def registry_url(stack_env: dict[str, str]) -> str:
+    """The local stack's schema registry (``stack up --registry``), started if it is not
+    running: the URL of its Confluent-compatible API, exported to this process with the
+    rest of the stack's environment."""
+    from kafka_ingest_dev import stack
+
+    env = stack.up(registry=True)
+    os.environ.update(env)
+    return env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"]

@@ -15,6 +15,13 @@ database rather than fakes:
   pipelines) and ``airflow`` (Airflow's metadata).
 - **Airflow**: no daemon; ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate``
   against the ``airflow`` database, re-run only when the installed Airflow version changes.
+- **Schema registry** (``up --registry``): Apicurio Registry
+  (:mod:`kafka_ingest_dev.apicurio`) fetched once from Maven Central into the same cache,
+  H2 in memory, global compatibility ``BACKWARD``; its Confluent-compatible API on
+  ``http://127.0.0.1:18081/apis/ccompat/v7``, its management interface on
+  ``127.0.0.1:18082`` (``KAFKA_INGEST_REGISTRY_PORT``, ``..._REGISTRY_MANAGEMENT_PORT``);
+  ``<state>/registry``. Like Airflow's services it is started only when asked for, and a
+  plain ``up`` leaves a running one alone; ``down`` stops it, ``down --registry`` only it.
 
 Two options change the shape of the stack, and stick to its state directory:
 
@@ -62,8 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka_ingest_dev import apicurio, tls
 from kafka_ingest_dev import faults as fault_proxy
-from kafka_ingest_dev import tls
 from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.procs import (
@@ -93,10 +100,12 @@ __all__ = [
     "restart_kafka",
     "restart_postgres",
     "start_broker",
+    "start_registry",
     "state_dir",
     "status",
     "stop_airflow",
     "stop_broker",
+    "stop_registry",
     "toxiproxy",
     "up",
 ]
@@ -178,6 +187,9 @@ class Settings:
     kafka_proxy_port: int = 19095
     kafka_faults_port: int = 19096
     pg_proxy_port: int = 15433
+    #: ``--registry``: the schema registry's API and its management interface.
+    registry_port: int = apicurio.DEFAULT_PORT
+    registry_management_port: int = apicurio.DEFAULT_MANAGEMENT_PORT
 
     @property
     def bootstrap(self) -> str:
@@ -292,6 +304,11 @@ class Settings:
         return AirflowServices(self.airflow_home, self.airflow_port,
                                _port("KAFKA_INGEST_REDIS_PORT", REDIS_PORT))
 
+    @property
+    def registry(self) -> apicurio.Server:
+        return apicurio.Server(self.registry_port, self.registry_management_port,
+                               self.state / "registry")
+
 
 # --------------------------------------------------------------------------- settings
 
@@ -361,6 +378,9 @@ def settings() -> Settings:
         kafka_proxy_port=_port("KAFKA_INGEST_KAFKA_PROXY_PORT", 19095),
         kafka_faults_port=_port("KAFKA_INGEST_KAFKA_FAULTS_PORT", 19096),
         pg_proxy_port=_port("KAFKA_INGEST_PG_PROXY_PORT", 15433),
+        registry_port=_port("KAFKA_INGEST_REGISTRY_PORT", apicurio.DEFAULT_PORT),
+        registry_management_port=_port("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
+                                       apicurio.DEFAULT_MANAGEMENT_PORT),
     )
 
 
@@ -797,6 +817,79 @@ def _toxiproxy_status(s: Settings) -> PartStatus:
     return PartStatus("toxiproxy", server.url.removeprefix("http://"), healthy, pid, detail)
 
 
+# --------------------------------------------------------------------------- registry
+
+#: (pid, started) of the registry: started by this call, or found running.
+RegistryLaunch = tuple[int, bool]
+
+
+def _registry_preflight(s: Settings,
+                        emit: Report) -> tuple[apicurio.Release, apicurio.Java, str]:
+    """Fail in a second, before the download, on what the user must fix: no Java 17+, no
+    Maven for a first fetch, a port taken. Returns the release, its Java and mvn; says so
+    when no Java 21+ makes it fall back to the 2.x release."""
+    javas = apicurio.find_javas()
+    release, java = apicurio.choose(javas)
+    if release is not apicurio.RELEASE:
+        line = (f"registry: no Java {apicurio.RELEASE.min_java}+ for Apicurio Registry "
+                f"{apicurio.RELEASE.version} (found: "
+                f"{', '.join(f'{j.path} ({j.major})' for j in javas)}); falling back to "
+                f"{release.version} on Java {java.major} ({java.path})")
+        log.warning("%s", line)
+        emit(line)
+    mvn = "" if apicurio.installed(release) else binary("mvn", "Maven (apt-get install maven)")
+    server = s.registry
+    require_free(server.port, "the schema registry", "KAFKA_INGEST_REGISTRY_PORT")
+    require_free(server.management_port, "the schema registry's management interface",
+                 "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT")
+    return release, java, mvn
+
+
+def _begin_registry(s: Settings, pool: ThreadPoolExecutor,
+                    emit: Report) -> Future[RegistryLaunch]:
+    """(pid, started) of the registry, launching it in ``pool`` unless it runs (the first
+    start downloads it: that runs beside Postgres and Airflow, after Kafka's launch, so two
+    Maven processes never share the local repository). A registry whose configuration
+    changed (its ports) is restarted."""
+    server = s.registry
+    pid = server.pid()
+    if pid is not None and read_or_none(server.props) != apicurio.properties(server):
+        log.info("registry: its configuration changed (e.g. its ports); restarting it")
+        apicurio.stop(server)
+        pid = None
+    if pid is not None:
+        done: Future[RegistryLaunch] = Future()
+        done.set_result((pid, False))
+        return done
+    release, java, mvn = _registry_preflight(s, emit)
+    return pool.submit(
+        lambda: (apicurio.launch(server, release, java, apicurio.install(release, mvn)), True))
+
+
+def _await_registry(s: Settings, launch: Future[RegistryLaunch], since: float) -> str:
+    """Wait until the registry answers; one just started (or found running but not yet
+    answering: an ``up`` cut short) then gets the global compatibility BACKWARD."""
+    server = s.registry
+    pid, started = launch.result()
+    if started or not server.answers():
+        apicurio.await_ready(server, pid)
+    level = apicurio.compatibility(server)
+    return (f"{_started('registry', server.url, pid, started, since)} "
+            f"(apicurio {server.release()}, compatibility {level})")
+
+
+def _registry_env(s: Settings) -> dict[str, str]:
+    """``stack env`` while the registry runs: its URL for the CLI, its Airflow connection
+    (``http``; the API's path in ``schema``, as a connection URI's path would be)."""
+    server = s.registry
+    if server.pid() is None:
+        return {}
+    conn = {"conn_type": "http", "host": "127.0.0.1", "port": server.port,
+            "schema": apicurio.CCOMPAT_PATH.lstrip("/")}
+    return {"KAFKA_INGEST_SCHEMA_REGISTRY_URL": server.url,
+            "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": json.dumps(conn)}
+
+
 # --------------------------------------------------------------------------- postgres
 
 
@@ -1229,6 +1322,7 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
         "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(make_conninfo(**pg)),
         **({"TOXIPROXY_URL": s.toxiproxy.url} if faults else {}),
         **(s.airflow.client_env() if s.airflow.running() else {}),
+        **_registry_env(s),
     }
 
 
@@ -1292,7 +1386,8 @@ def _set_brokers(s: Settings, brokers: int) -> None:
 def up(*, report: Report | None = None, secure: bool = False, airflow: bool = False,
        airflow_env: dict[str, str] | None = None, executor: str | None = None,
        workers: int | None = None,
-       faults: bool = False, brokers: int | None = None) -> dict[str, str]:
+       faults: bool = False, brokers: int | None = None,
+       registry: bool = False) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
@@ -1314,6 +1409,11 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
     stack's, and ``airflow_env`` (e.g. another pipelines file or connection) on top;
     ``executor`` ``"local"`` or ``"celery"`` (with ``workers`` Celery workers and Redis),
     None keeping the running one. Another executor than the running one restarts them.
+
+    ``registry`` also starts the schema registry (:mod:`kafka_ingest_dev.apicurio`: empty,
+    compatibility BACKWARD) unless it runs; not sticky: a later ``up`` leaves it as it is,
+    running or not. It boots beside Postgres, and is up before Airflow's services start,
+    so they get its connection.
     """
     emit = report or log.info
     s = settings()
@@ -1329,6 +1429,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             s.faults_marker.write_text("Toxiproxy in front of Kafka and Postgres\n")
         kafka_since = time.monotonic()
         launch = _begin_kafka(s, pool)
+        registry_since = time.monotonic()
+        registry_launch = _begin_registry(s, pool, emit) if registry else None
         pg_since = time.monotonic()
         pg_pid, pg_started = _start_postgres(s)
         _bootstrap_postgres(s)
@@ -1346,6 +1448,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             _create_scram_user(s)
             emit(f"secure: Kafka SASL_SSL (SCRAM-SHA-512) on {s.secure_bootstrap}, Postgres "
                  f"TLS for {PG_APP_ROLE}; `kafka-ingest stack env --secure` points at them")
+        if registry_launch is not None:
+            emit(_await_registry(s, registry_launch, registry_since))
         if airflow:
             s.airflow.start({**os.environ, **env(), **(airflow_env or {})}, emit,
                             executor=executor, workers=workers)
@@ -1361,8 +1465,30 @@ def down(*, report: Report | None = None) -> None:
             emit(line)
         if s.faults or s.toxiproxy.pid() is not None:
             emit(fault_proxy.stop_server(s.toxiproxy))
+        if s.registry.pidfile.is_file():
+            emit(apicurio.stop(s.registry))
         emit(_stop_kafka(s))
         emit(_stop_postgres(s))
+
+
+def start_registry(*, report: Report | None = None) -> str:
+    """Start only the schema registry, unless it runs, and wait until it answers; return
+    its URL. What ``up(registry=True)`` does for it, without Kafka or Postgres: the
+    registry's own tests run it on a state dir (and ports) of their own this way."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s), ThreadPoolExecutor(max_workers=1) as pool:
+        since = time.monotonic()
+        emit(_await_registry(s, _begin_registry(s, pool, emit), since))
+    return s.registry.url
+
+
+def stop_registry(*, report: Report | None = None) -> None:
+    """Stop only the schema registry (its schemas go with it: they live in its memory)."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        emit(apicurio.stop(s.registry))
 
 
 def stop_airflow(*, report: Report | None = None) -> None:
@@ -1453,8 +1579,10 @@ def restart_postgres() -> None:
 def status() -> list[PartStatus]:
     """Each part with its address and whether it answers right now."""
     s = settings()
+    registry = apicurio.status(s.registry)
     return [*_kafka_status(s), _postgres_status(s), _airflow_status(s), *s.airflow.status(),
-            *([_toxiproxy_status(s)] if s.faults else [])]
+            *([_toxiproxy_status(s)] if s.faults else []),
+            *([registry] if registry is not None else [])]
 
 
 def _print_env(*, secure: bool = False, faults: bool = False) -> None:
@@ -1486,9 +1614,15 @@ def _parser() -> argparse.ArgumentParser:
     up_cmd.add_argument("--brokers", type=int, metavar="N",
                         help="Kafka nodes (KRaft broker+controller each; 3: a 3-voter quorum); "
                              "only on a state dir whose Kafka holds no data yet")
+    up_cmd.add_argument("--registry", action="store_true",
+                        help="also a schema registry (Apicurio Registry, in memory, "
+                             "compatibility BACKWARD): Confluent's API on "
+                             "http://127.0.0.1:18081/apis/ccompat/v7")
     down_cmd = commands.add_parser("down", help="stop what `up` started; data is kept")
-    down_cmd.add_argument("--airflow", action="store_true",
-                          help="stop only Airflow's services")
+    only = down_cmd.add_mutually_exclusive_group()
+    only.add_argument("--airflow", action="store_true", help="stop only Airflow's services")
+    only.add_argument("--registry", action="store_true",
+                      help="stop only the schema registry (its schemas go with it)")
     commands.add_parser("status", help="show each part; exit 1 if any is down")
     env_cmd = commands.add_parser("env",
                                   help='print `export` lines: eval "$(kafka-ingest stack env)"')
@@ -1508,9 +1642,10 @@ def main(argv: list[str]) -> int:
             up(report=print, secure=args.secure,
                airflow=args.airflow or args.executor is not None or args.workers is not None,
                executor=args.executor, workers=args.workers,
-               faults=args.faults, brokers=args.brokers)
+               faults=args.faults, brokers=args.brokers, registry=args.registry)
         elif args.command == "down":
-            (stop_airflow if args.airflow else down)(report=print)
+            stop = stop_registry if args.registry else stop_airflow if args.airflow else down
+            stop(report=print)
         elif args.command == "status":
             parts = status()
             for part in parts:
