@@ -31,7 +31,10 @@ from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from typing import Any
 
+import yaml
+
 from kafka_ingest.config import (
+    Format,
     Pipeline,
     get_pipeline,
     load_declared_contracts,
@@ -41,6 +44,8 @@ from kafka_ingest.config import (
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
+from kafka_ingest.decode.formats import SCHEMA_TYPES
+from kafka_ingest.decode.schemas import contract_from_schema
 from kafka_ingest.engine.backfill import require_window, run_backfill
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.engine.replay import run_replay
@@ -53,7 +58,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
-from kafka_ingest.kafka.registry import RegistrySettings
+from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest.ops.status import lag, pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
@@ -407,6 +412,34 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return _print_json(pool_import_document(load_pipelines()))
 
 
+def cmd_schema_from_registry(args: argparse.Namespace) -> int:
+    """A declared contract (YAML for the pipelines file) from a subject's latest schema."""
+    settings = registry_settings()
+    if settings is None:
+        raise MissingSetting("KAFKA_INGEST_SCHEMA_REGISTRY_URL",
+                             "KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", what="the schema registry")
+    fmt = Format(args.format)
+    registry = SchemaRegistry(settings)
+    try:
+        schema = registry.latest(args.subject, serialized=fmt is Format.PROTOBUF)
+    finally:
+        registry.close()
+    if schema is None:
+        raise SettingsError(f"subject {args.subject!r} is not registered at {settings.url}")
+    if schema.schema_type.upper() != SCHEMA_TYPES[fmt]:
+        raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
+                            f"not {fmt.value}")
+    body, skipped = contract_from_schema(fmt, schema, text_max_length=args.text_max_length)
+    print(f"# kafka-ingest schema from-registry {args.subject} --format {fmt.value}: subject "
+          f"version {schema.version}, schema id {schema.schema_id}")
+    print(f"# text fields without a bound got max_length {args.text_max_length}: adjust them "
+          "to your data (each is its column's width)")
+    for line in skipped:
+        print(f"# left out: {line}")
+    print(yaml.safe_dump({"contracts": {args.event_type: body}}, sort_keys=False), end="")
+    return 0
+
+
 def cmd_schema_show(args: argparse.Namespace) -> int:
     return _print_json(json_schema(args.event_type, args.version, load_declared_contracts()))
 
@@ -494,6 +527,15 @@ def _add_inspection_commands(sub: Any) -> None:
     p.add_argument("event_type")
     p.add_argument("version", type=int)
     p.set_defaults(func=cmd_schema_show)
+    p = schema_sub.add_parser("from-registry", help="print a declared contract (YAML for "
+                              "the pipelines file) made from a subject's latest schema")
+    p.add_argument("subject")
+    p.add_argument("--format", choices=[f.value for f in Format if f is not Format.JSON],
+                   default=Format.AVRO.value)
+    p.add_argument("--event-type", required=True, help="the contract's name")
+    p.add_argument("--text-max-length", type=int, default=256,
+                   help="the bound of text fields whose schema gives none")
+    p.set_defaults(func=cmd_schema_from_registry)
     for name, func, doc in (
             ("plan", cmd_schema_plan, "print the DDL the pipelines' tables need (all by "
              "default) and any drift; exit 2 when there is drift"),

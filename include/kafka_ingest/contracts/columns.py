@@ -54,7 +54,8 @@ def _metadata(annotation: Any) -> list[Any]:
     found: list[Any] = []
     if get_origin(annotation) is Annotated:
         base, *extra = get_args(annotation)
-        found += extra
+        for item in extra:  # a Field(...) inside Annotated keeps its constraints as metadata
+            found += [item, *item.metadata] if isinstance(item, FieldInfo) else [item]
         found += _metadata(base)
     elif get_origin(annotation) in (Union, types.UnionType):
         for arg in get_args(annotation):

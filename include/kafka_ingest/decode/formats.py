@@ -28,6 +28,7 @@ import io
 import json
 import struct
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from typing import Any
 
 import fastavro
@@ -118,6 +119,8 @@ def message_indexes(payload: bytes) -> tuple[list[int], bytes]:
 
 def _proto_value(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.message_type.full_name == "google.protobuf.Timestamp":
+            return value.ToDatetime(tzinfo=UTC)
         return proto_to_dict(value)
     if field.type == FieldDescriptor.TYPE_ENUM:
         named = field.enum_type.values_by_number.get(value)
@@ -131,7 +134,7 @@ def proto_to_dict(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
-        if field.label == FieldDescriptor.LABEL_REPEATED:
+        if field.is_repeated:
             if field.message_type is not None and field.message_type.GetOptions().map_entry:
                 out[field.name] = {k: _proto_value(field.message_type.fields_by_name["value"], v)
                                    for k, v in value.items()}
@@ -161,7 +164,12 @@ def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
     try:
         proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema.text))
         pool = descriptor_pool.DescriptorPool()
-        file = pool.Add(proto) and pool.FindFileByName(proto.name)
+        for dependency in proto.dependency:  # the well-known types it imports
+            known = descriptor_pb2.FileDescriptorProto()
+            descriptor_pool.Default().FindFileByName(dependency).CopyToProto(known)
+            pool.Add(known)
+        pool.Add(proto)
+        file = pool.FindFileByName(proto.name)
     except Exception as exc:  # not a serialized descriptor, or one with unknown imports
         raise UnknownSchema(f"schema id {schema.schema_id} is not a Protobuf descriptor this "
                             f"reader can build (references are not supported): {exc}") from None
@@ -237,6 +245,15 @@ def open_decoder(pipeline: Pipeline,
                  settings: RegistrySettings | None) -> Iterator[RegistryDecoder | None]:
     """The pipeline's decoder for one slice (its registry client closed after), or None
     for plain JSON (validated straight from bytes)."""
+    with open_registry(pipeline, settings) as registry:
+        yield None if registry is None else RegistryDecoder(pipeline, registry)
+
+
+@contextlib.contextmanager
+def open_registry(pipeline: Pipeline,
+                  settings: RegistrySettings | None) -> Iterator[SchemaRegistry | None]:
+    """A client of the pipeline's registry, closed after; None for plain JSON; a
+    :class:`SettingsError` when the format needs a registry and none is configured."""
     if pipeline.format is Format.JSON:
         yield None
         return
@@ -248,7 +265,7 @@ def open_decoder(pipeline: Pipeline,
                             f"connection {conn_id!r}")
     registry = SchemaRegistry(settings)
     try:
-        yield RegistryDecoder(pipeline, registry)
+        yield registry
     finally:
         registry.close()
 
@@ -259,6 +276,7 @@ __all__ = [
     "RegistryDecoder",
     "message_indexes",
     "open_decoder",
+    "open_registry",
     "proto_to_dict",
     "split_header",
     "wire_schema_id",

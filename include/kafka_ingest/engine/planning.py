@@ -37,6 +37,8 @@ from kafka_ingest.db import (
     PlansRepository,
 )
 from kafka_ingest.db.tables import apply_tables, check_table
+from kafka_ingest.decode.formats import open_registry
+from kafka_ingest.decode.schemas import check_subject
 from kafka_ingest.errors import KafkaRefused, KafkaUnavailable
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import (
@@ -94,6 +96,9 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
         ensure_table(conn, pipeline)  # drift fails the run here, before any data moves
+        with open_registry(pipeline, clients.registry) as registry:
+            if registry is not None:  # so does a contract that cannot read the producers'
+                check_subject(pipeline, registry)
         wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
         consumer = clients.consumer(target.group_id)
         try:

@@ -16,12 +16,24 @@ is :class:`RegistryRefused` (permanent).
 
 from __future__ import annotations
 
+import base64
 import ssl
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
+with warnings.catch_warnings():
+    # authlib (imported with the client for its OAuth support) asks for httpx2 on import;
+    # the client prefers httpx2 where installed and falls back to httpx: nothing to do.
+    # authlib installs an "always" filter for its warnings when imported: ours goes after.
+    import authlib.deprecate  # noqa: F401
+
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from google.protobuf import descriptor_pb2
+from google.protobuf.message import DecodeError
 
 from kafka_ingest.errors import RegistryRefused, RegistryUnavailable, SettingsError
 
@@ -80,6 +92,22 @@ def registry_settings_from(*, source: str, host: str | None, port: int | None,
     return RegistrySettings(config)
 
 
+def is_descriptor(text: str) -> bool:
+    """Whether a Protobuf schema's text is a base64 ``FileDescriptorProto`` (what
+    confluent-kafka's serializers register) rather than ``.proto`` source.
+
+    Registries differ: asked for ``format=serialized``, Confluent's turns ``.proto`` text
+    into a descriptor, while Apicurio 3.3 tries to parse a stored descriptor as ``.proto``
+    and answers 500. So the schema is fetched as stored first, and as ``serialized`` only
+    when it is source text."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+    except (ValueError, DecodeError):
+        return False
+    return bool(raw)
+
+
 @dataclass(frozen=True)
 class WriterSchema:
     """A registered schema: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
@@ -132,27 +160,37 @@ class SchemaRegistry:
 
     def schema(self, schema_id: int, *, serialized: bool = False) -> WriterSchema | None:
         """The schema registered under ``schema_id``, or None when the registry has none
-        (``serialized``: Protobuf as a base64 ``FileDescriptorProto``, not ``.proto``)."""
+        (``serialized``: Protobuf as a base64 ``FileDescriptorProto``, see
+        :func:`is_descriptor`)."""
         if schema_id in self._by_id:
             return self._by_id[schema_id]
+        found = self._schema(schema_id, None)
+        if found is not None and serialized and not is_descriptor(found.text):
+            found = self._schema(schema_id, "serialized")
+        self._by_id[schema_id] = found
+        return found
+
+    def _schema(self, schema_id: int, fmt: str | None) -> WriterSchema | None:
         try:
-            found = self._client.get_schema(schema_id, fmt="serialized" if serialized else None)
+            found = self._client.get_schema(schema_id, fmt=fmt)
         except SchemaRegistryError as exc:
             if exc.http_status_code != NOT_FOUND:
                 raise map_registry_error(f"get schema {schema_id}", exc) from exc
-            self._by_id[schema_id] = None
             return None
         except Exception as exc:
             raise map_registry_error(f"get schema {schema_id}", exc) from exc
-        schema = WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "")
-        self._by_id[schema_id] = schema
-        return schema
+        return WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "")
 
     def latest(self, subject: str, *, serialized: bool = False) -> WriterSchema | None:
         """The subject's latest version, or None when there is no such subject."""
+        found = self._latest(subject, None)
+        if found is not None and serialized and not is_descriptor(found.text):
+            found = self._latest(subject, "serialized")
+        return found
+
+    def _latest(self, subject: str, fmt: str | None) -> WriterSchema | None:
         try:
-            found = self._client.get_latest_version(
-                subject, fmt="serialized" if serialized else None)
+            found = self._client.get_latest_version(subject, fmt=fmt)
         except SchemaRegistryError as exc:
             if exc.http_status_code != NOT_FOUND:
                 raise map_registry_error(f"latest of {subject}", exc) from exc
@@ -164,5 +202,5 @@ class SchemaRegistry:
                             schema.schema_str or "", subject=subject, version=found.version)
 
 
-__all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema",
+__all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema", "is_descriptor",
            "map_registry_error", "registry_settings_from"]
