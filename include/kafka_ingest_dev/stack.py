@@ -880,12 +880,13 @@ def _await_registry(s: Settings, launch: Future[RegistryLaunch], since: float) -
 
 def _registry_env(s: Settings) -> dict[str, str]:
     """``stack env`` while the registry runs: its URL for the CLI, its Airflow connection
-    (``http``; the API's path in ``schema``, as a connection URI's path would be)."""
+    (``http``, the scheme in ``schema`` as Airflow's HTTP hook reads it, the API's path in
+    the extra; see ``kafka_ingest.kafka.registry.registry_settings_from``)."""
     server = s.registry
     if server.pid() is None:
         return {}
-    conn = {"conn_type": "http", "host": "127.0.0.1", "port": server.port,
-            "schema": apicurio.CCOMPAT_PATH.lstrip("/")}
+    conn = {"conn_type": "http", "host": "127.0.0.1", "port": server.port, "schema": "http",
+            "extra": {"path": apicurio.CCOMPAT_PATH}}
     return {"KAFKA_INGEST_SCHEMA_REGISTRY_URL": server.url,
             "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": json.dumps(conn)}
 

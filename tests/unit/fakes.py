@@ -645,6 +645,9 @@ class _Rows:
     def __init__(self, uow: FakeUnitOfWork) -> None:
         self.uow = uow
 
+    def serialize(self, partitions: Iterable[int]) -> None:
+        """Append pipelines only: nothing to hold (see ``RowsRepository.serialize``)."""
+
     def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
         if encoded is not None and encoded != FakeEncoder().encode(rows):
             raise AssertionError("the encoded payload is not these rows")

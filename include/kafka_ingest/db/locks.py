@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -44,3 +45,33 @@ def unlock_partition(conn: psycopg.Connection[Any], name: str, partition: int) -
     except psycopg.Error:
         log.warning("could not release the lock of %s[%d]; it ends with the connection",
                     name, partition)
+
+
+def hold_keys(conn: psycopg.Connection[Any], name: str, partitions: Iterable[int],
+              *, timeout_s: float) -> None:
+    """Take the transaction advisory locks of (``name``, partition) for each partition, in
+    order (no deadlock), waiting up to ``timeout_s`` each; held until the transaction ends.
+
+    A deleting pipeline's chunk transactions take them for the source partitions they
+    write (a key lives in one partition): its rows and its deletion markers are two tables,
+    and each statement at READ COMMITTED decides from its own snapshot, so two
+    transactions writing the same keys at once (a live chunk and a backfill or a replay
+    beside it) could each miss the other's row or marker. Held, they run one after the
+    other; a backfill waits at most one live chunk. Failing to get one in time is
+    transient.
+    """
+    wanted = sorted(set(partitions))
+    if not wanted:
+        return
+    row = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+    before = str(row[0]) if row else "0"
+    try:
+        conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                     (f"{int(timeout_s * 1000)}",))
+        for partition in wanted:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (name, partition))
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise DatabaseUnavailable(
+            "advisory lock", f"the keys of {name}{wanted} are being written by another "
+            f"transaction for over {timeout_s}s") from exc

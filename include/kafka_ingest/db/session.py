@@ -45,7 +45,7 @@ class SliceSession:
         return CopyEncoder(self.conn, pipeline)
 
     def unit_of_work(self, pipeline: Pipeline) -> UnitOfWork:
-        return UnitOfWork(self.conn, pipeline)
+        return UnitOfWork(self.conn, pipeline, lock_timeout_s=self.lock_timeout_s)
 
     def close(self) -> None:
         self.conn.close()

@@ -30,10 +30,11 @@ class UnitOfWork:
     to learn whether the chunk landed.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
+                 lock_timeout_s: float = 30.0) -> None:
         self.conn = conn
         self.pipeline = pipeline
-        self.rows = RowsRepository(conn, pipeline)
+        self.rows = RowsRepository(conn, pipeline, lock_timeout_s=lock_timeout_s)
         self.offsets = OffsetsRepository(conn)
         self.dead_letters = DeadLettersRepository(conn)
         self.runs = RunsRepository(conn)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -33,6 +33,7 @@ from psycopg import sql
 from psycopg.copy import FileWriter
 
 from kafka_ingest.config import LOG_ORDER, Pipeline, UpsertMode
+from kafka_ingest.db.locks import hold_keys
 from kafka_ingest.db.tables import marker_table, row_columns
 from kafka_ingest.errors import RejectedByDatabase
 from kafka_ingest.records import Row, Tombstone
@@ -112,9 +113,11 @@ class CopyEncoder:
 class RowsRepository:
     """The pipeline's target table, written through a temporary staging table."""
 
-    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
+                 lock_timeout_s: float = 30.0) -> None:
         self.conn = conn
         self.pipeline = pipeline
+        self.lock_timeout_s = lock_timeout_s
         cols = row_columns(pipeline)
         #: The table's columns, and the staging table's definition of each: a column that
         #: Postgres converts is generated from a raw column the row fills.
@@ -135,6 +138,13 @@ class RowsRepository:
         self.marker = sql.Identifier(marker) if marker else None
         self._conflict = sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns))
         self._stage_ready = False
+
+    def serialize(self, partitions: Iterable[int]) -> None:
+        """A deleting pipeline's chunk transaction holds its source partitions' keys until
+        it ends (:func:`~kafka_ingest.db.locks.hold_keys`): taken before any write."""
+        if self.marker is not None:
+            hold_keys(self.conn, f"{self.pipeline.table}:keys", partitions,
+                      timeout_s=self.lock_timeout_s)
 
     def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
         """Upsert ``rows``; rows Postgres rejects are isolated by bisection, not fatal.

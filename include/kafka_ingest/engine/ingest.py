@@ -88,6 +88,7 @@ class IngestWriter:
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: ValidationResult,
               producer: Any) -> ChunkResult:
         pipeline = self.pipeline
+        uow.rows.serialize([chunk.partition])  # a deleting pipeline's keys, until COMMIT
         up = uow.rows.upsert(prepared.rows, encoded=prepared.encoded)
         deletes = uow.rows.delete(prepared.deletes) if prepared.deletes else DeleteResult(0)
         at("upserted")

@@ -167,6 +167,8 @@ class ReplayWriter:
         rows = [r for r in result.rows if r.source.position in eligible]
         dead = [d for d in result.dead if d.source in eligible]
         deletes = [t for t in result.deletes if (t.topic, t.partition, t.offset) in eligible]
+        uow.rows.serialize([*(r.source.partition for r in rows),
+                            *(t.partition for t in deletes)])
         up = uow.rows.upsert(rows)
         removed = uow.rows.delete(deletes) if deletes else DeleteResult(0)
         if up.missing or removed.missing:  # rolled back with the chunk's transaction
