@@ -270,7 +270,7 @@ def test_a_connection_that_cannot_work_is_a_settings_error(host: str | None,
 def test_an_unknown_client_setting_is_refused_by_name() -> None:
     from kafka_ingest.kafka.registry import SchemaRegistry
 
-    with pytest.raises(SettingsError, match="ssl.ca.locaton"):
+    with pytest.raises(SettingsError, match=r"ssl\.ca\.locaton"):
         SchemaRegistry(RegistrySettings({"url": "http://r", "ssl.ca.locaton": "/x"}))
 
 
