@@ -4,6 +4,7 @@ folders, and docker-compose.yml stays valid with its `celery` profile."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -87,12 +88,18 @@ def test_compose_stays_valid_and_has_a_celery_profile() -> None:
     assert worker["environment"]["AIRFLOW__CELERY__RESULT_BACKEND"].startswith(
         "db+postgresql://")
     assert "redis" in worker["depends_on"]
-    # every service names an image with a pinned tag, from the images the file already uses
-    # or the official Redis image
+    # every service names an image with a pinned tag, from the images the file already uses,
+    # the official Redis image, Apicurio's registry and curl (the registry's one-shot config)
     for name, service in services.items():
         image = service["image"]
-        assert re.fullmatch(r"(apache/airflow|apache/kafka|postgres|redis):\d[\w.-]*", image), \
+        assert re.fullmatch(r"(apache/airflow|apache/kafka|postgres|redis|"
+                            r"apicurio/apicurio-registry|curlimages/curl):\d[\w.-]*", image), \
             (name, image)
+    # the registry is published on loopback only, and the pipelines' connection names it
+    assert services["registry"]["ports"] == ["127.0.0.1:18081:8080"]
+    connection = json.loads(services["airflow-scheduler"]["environment"][
+        "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"])
+    assert (connection["host"], connection["extra"]["path"]) == ("registry", "/apis/ccompat/v7")
     # without the profile, the default stack is what it was
     assert {n for n, s in services.items() if not s.get("profiles")} >= {
         "kafka", "postgres", "airflow-scheduler", "airflow-apiserver"}

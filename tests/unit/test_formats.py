@@ -49,7 +49,7 @@ from kafka_ingest.kafka.registry import (
 )
 from tests.unit.fakes import Msg
 
-AVRO = {"type": "record", "name": "Reading", "namespace": "com.acme", "fields": [
+AVRO: dict[str, Any] = {"type": "record", "name": "Reading", "namespace": "com.acme", "fields": [
     {"name": "event_id", "type": "string"},
     {"name": "device", "type": "string"},
     {"name": "value", "type": "double"},
