@@ -171,14 +171,9 @@ class SchemaRegistry:
         return found
 
     def _schema(self, schema_id: int, fmt: str | None) -> WriterSchema | None:
-        try:
-            found = self._client.get_schema(schema_id, fmt=fmt)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != NOT_FOUND:
-                raise map_registry_error(f"get schema {schema_id}", exc) from exc
+        found = self._ask(f"get schema {schema_id}", self._client.get_schema, schema_id, fmt)
+        if found is None:
             return None
-        except Exception as exc:
-            raise map_registry_error(f"get schema {schema_id}", exc) from exc
         return WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "")
 
     def latest(self, subject: str, *, serialized: bool = False) -> WriterSchema | None:
@@ -189,18 +184,24 @@ class SchemaRegistry:
         return found
 
     def _latest(self, subject: str, fmt: str | None) -> WriterSchema | None:
-        try:
-            found = self._client.get_latest_version(subject, fmt=fmt)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != NOT_FOUND:
-                raise map_registry_error(f"latest of {subject}", exc) from exc
+        found = self._ask(f"latest of {subject}", self._client.get_latest_version, subject, fmt)
+        if found is None:
             return None
-        except Exception as exc:
-            raise map_registry_error(f"latest of {subject}", exc) from exc
         schema = found.schema
         return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO",
                             schema.schema_str or "", subject=subject, version=found.version)
 
+    @staticmethod
+    def _ask(operation: str, request: Any, what: Any, fmt: str | None) -> Any:
+        """One request: its answer, None for "not found", else the mapped error."""
+        try:
+            return request(what, fmt=fmt)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != NOT_FOUND:
+                raise map_registry_error(operation, exc) from exc
+            return None
+        except Exception as exc:
+            raise map_registry_error(operation, exc) from exc
 
 __all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema", "is_descriptor",
            "map_registry_error", "registry_settings_from"]
