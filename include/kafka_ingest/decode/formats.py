@@ -5,10 +5,12 @@ big-endian schema id, then the payload (Protobuf: message indexes, then the mess
 The header is parsed here; the writer schema is fetched once per id and kept, parsed, for
 the slice; then:
 
-- **Avro**: fastavro's ``schemaless_reader`` against the writer schema (resolved to the
-  pipeline's reader schema when it names one), to a dict the contract validates in
-  Python mode (logical types arrive typed: ``Decimal``, aware ``datetime``, ``date``,
-  ``UUID``);
+- **Avro**: fastavro's ``schemaless_reader`` against the writer schema, to a dict the
+  contract validates in Python mode (logical types arrive typed: ``Decimal``, aware
+  ``datetime``, ``date``, ``UUID``). The contract is the reader: there is no reader-schema
+  resolution step, since what Avro's resolution would do (drop fields the reader does not
+  know, fill a missing optional field's default) the contract does already, and a second
+  schema to keep in step with it would be one more thing to drift;
 - **Protobuf**: a message class built from the registry's descriptor (``FileDescriptorProto``,
   no generated ``_pb2`` module), parsed, and turned into a dict field by field (64-bit
   integers stay integers, a field without presence holds its zero value, an unset
@@ -69,7 +71,7 @@ def split_header(value: bytes) -> tuple[int, bytes]:
 # --------------------------------------------------------------------------- Avro
 
 
-def _avro_reader(schema: WriterSchema, reader_schema: Any) -> PayloadReader:
+def _avro_reader(schema: WriterSchema) -> PayloadReader:
     try:
         writer = fastavro.parse_schema(json.loads(schema.text))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
@@ -79,7 +81,7 @@ def _avro_reader(schema: WriterSchema, reader_schema: Any) -> PayloadReader:
 
     def decode(payload: bytes) -> Any:
         try:
-            return read(io.BytesIO(payload), writer, reader_schema)
+            return read(io.BytesIO(payload), writer)
         except Exception as exc:  # fastavro raises what its reading met: EOF, index, value
             raise Undecodable(f"Avro payload does not decode with schema id "
                               f"{schema.schema_id}: {type(exc).__name__}: {exc}") from None
@@ -202,12 +204,10 @@ class RegistryDecoder:
     in Python mode) or the payload's JSON bytes (JSON Schema); :attr:`python` says which.
     """
 
-    def __init__(self, pipeline: Pipeline, registry: SchemaRegistry,
-                 *, reader_schema: Any = None) -> None:
+    def __init__(self, pipeline: Pipeline, registry: SchemaRegistry) -> None:
         self.format = pipeline.format
         self.registry = registry
         self.python = pipeline.format is not Format.JSON_SCHEMA
-        self._reader_schema = reader_schema
         self._readers: dict[int, PayloadReader] = {}
 
     def read(self, value: bytes) -> Any:
@@ -227,7 +227,7 @@ class RegistryDecoder:
             raise UnknownSchema(f"schema id {schema_id} is a {schema.schema_type} schema, and "
                                 f"this pipeline reads {self.format.value}")
         if self.format is Format.AVRO:
-            return _avro_reader(schema, self._reader_schema)
+            return _avro_reader(schema)
         if self.format is Format.PROTOBUF:
             return _protobuf_reader(schema)
         return _json_payload
