@@ -73,11 +73,13 @@ class OnTombstone(StrEnum):
 
 
 class KeyFormat(StrEnum):
-    """How the record key is read: UTF-8 text, or JSON (a string or integer, or one
-    ``field`` of a JSON object)."""
+    """How the record key is read: UTF-8 text, JSON (a string or integer, or one ``field``
+    of a JSON object), or ``registry``: the pipeline's registry format (Avro, Protobuf or
+    JSON Schema in the wire format: a primitive, or one ``field`` of a record)."""
 
     STRING = "string"
     JSON = "json"
+    REGISTRY = "registry"
 
 
 class KeyType(StrEnum):
@@ -165,10 +167,12 @@ class RecordKey(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> RecordKey:
-        if self.field is not None and self.format is not KeyFormat.JSON:
-            raise ValueError("record_key.field picks a field of a JSON key: set format: json")
-        if self.type is KeyType.BIGINT and self.format is not KeyFormat.JSON:
-            raise ValueError("a bigint record key is read from JSON: set format: json")
+        if self.field is not None and self.format is KeyFormat.STRING:
+            raise ValueError("record_key.field picks a field of a structured key: set "
+                             "format: json or registry")
+        if self.type is KeyType.BIGINT and self.format is KeyFormat.STRING:
+            raise ValueError("a bigint record key is read from JSON or the registry format: "
+                             "set format: json or registry")
         return self
 
     def as_column(self) -> Column:
@@ -412,6 +416,10 @@ class Pipeline(_Strict):
             self._check_latest_columns()
         self._check_tombstones()
         self._check_partitioning()
+        if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
+                and self.format is Format.JSON):
+            raise ValueError("record_key.format 'registry' reads the key in the pipeline's "
+                             "registry format: set format to avro, protobuf or json_schema")
         if self.format is not Format.JSON and self.schema_registry is None:
             raise ValueError(f"format {self.format.value!r} reads writer schemas from a schema "
                              "registry: set schema_registry (at least {} for the defaults)")

@@ -72,16 +72,16 @@ CONTRACT = {"reading": {"fields": {
 
 
 class OneSchema:
-    """The registry port: one schema id, one schema."""
+    """The registry port: the schemas it was given, by id."""
 
-    def __init__(self, schema: WriterSchema) -> None:
-        self.known = schema
+    def __init__(self, *schemas: WriterSchema) -> None:
+        self.known = {s.schema_id: s for s in schemas}
         self.asked: list[int] = []
         self.settings = RegistrySettings({"url": "http://registry"})
 
     def schema(self, schema_id: int, *, serialized: bool = False) -> WriterSchema | None:
         self.asked.append(schema_id)
-        return self.known if schema_id == self.known.schema_id else None
+        return self.known.get(schema_id)
 
 
 def pipeline(fmt: str = "avro", contract: dict[str, Any] | None = None) -> Any:
@@ -344,3 +344,37 @@ def test_a_contract_made_from_a_schema_loads_and_is_as_strict() -> None:
                             made, RegistryDecoder(made, registry))  # type: ignore[arg-type]
     assert len(result.rows) == 1 and [d.error_class for d in result.dead] == [
         "contract_violation"]
+
+
+def test_a_registry_encoded_key_fills_the_key_column_and_deletes_on_its_tombstone() -> None:
+    key_schema = {"type": "record", "name": "AccountKey", "fields": [
+        {"name": "id", "type": "long"}]}
+    registry = OneSchema(WriterSchema(5, "AVRO", json.dumps(AVRO)),
+                         WriterSchema(6, "AVRO", json.dumps(key_schema)))
+    p = parse_pipelines({"contracts": CONTRACT, "pipelines": {"p": {
+        "topic": "t", "dlq_topic": "t-dlq", "table": "p_rows", "format": "avro",
+        "schema_registry": {}, "contract": {"event_type": "reading", "version": 1},
+        "record_key": {"column": "account", "format": "registry", "field": "id",
+                       "type": "bigint"},
+        "upsert": {"mode": "latest", "key": "account", "order_by": "source_offset"},
+        "on_tombstone": "delete"}}})["p"]
+
+    def key(account: int) -> bytes:
+        return avro_value(6, {"id": account}, key_schema)
+
+    result = validate_chunk([
+        Msg(0, value_=avro_value(5, GOOD), key_=key(7)),
+        Msg(1, value_=None, key_=key(8)),  # a tombstone of account 8
+        Msg(2, value_=avro_value(5, {**GOOD, "event_id": "e2"}), key_=b"plain"),
+        Msg(3, value_=None, key_=b"\x00\x00\x00\x00\x63"),  # key schema id 99: unknown
+    ], p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    assert [r.values[-1] for r in result.rows] == [7]  # the key column after the contract's
+    assert [(t.key, t.offset) for t in result.deletes] == [(8, 1)]
+    assert [(d.source_offset, d.error_class) for d in result.dead] == [
+        (2, "bad_key"), (3, "bad_key")]
+    assert "no magic byte" in result.dead[0].error_detail
+    with pytest.raises(ValueError, match="registry format"):
+        parse_pipelines({"contracts": CONTRACT, "pipelines": {"p": {
+            "topic": "t", "dlq_topic": "t-dlq", "table": "p_rows",
+            "contract": {"event_type": "reading", "version": 1},
+            "record_key": {"column": "account", "format": "registry"}}}})

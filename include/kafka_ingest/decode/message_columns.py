@@ -15,7 +15,8 @@ from typing import Any
 
 from kafka_ingest.config import HeaderColumn, KeyFormat, KeyType, Pipeline, RecordKey
 from kafka_ingest.contracts.base import BIGINT_MAX, BIGINT_MIN
-from kafka_ingest.errors import BadHeader, BadKey
+from kafka_ingest.decode.formats import RegistryDecoder
+from kafka_ingest.errors import BadHeader, BadKey, DataError
 from kafka_ingest.records import MessageLike
 
 #: A message -> the values of the pipeline's key and header columns, in their order.
@@ -41,27 +42,42 @@ def _checked(text: str, max_length: int, what: str, error: type[BadKey | BadHead
     return text
 
 
-def key_value(spec: RecordKey, raw: bytes | None) -> str | int:
+def _structured(spec: RecordKey, raw: bytes, decoder: RegistryDecoder | None) -> Any:
+    """A JSON or registry-encoded key, decoded."""
+    if spec.format is KeyFormat.JSON:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            raise BadKey("record key is not JSON") from None
+    if decoder is None:  # refused when the pipeline loads; here for the type checker
+        raise BadKey("record key: the pipeline has no registry format to read it with")
+    try:
+        value = decoder.read(raw)
+    except DataError as exc:  # not the wire format, an unknown schema, undecodable
+        raise BadKey(f"record key: {exc.detail}") from None
+    return json.loads(value) if isinstance(value, bytes) else value  # JSON Schema: JSON
+
+
+def key_value(spec: RecordKey, raw: bytes | None,
+              decoder: RegistryDecoder | None = None) -> str | int:
     """The record key's column value; :class:`BadKey` when it cannot be one."""
     if raw is None:
         raise BadKey("the record has no key, and the pipeline reads a column from it")
     if spec.format is KeyFormat.STRING:
         return _text(raw, spec.max_length, "record key", BadKey)
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise BadKey("record key is not JSON") from None
+    value = _structured(spec, raw, decoder)
     what = "record key"
+    shape = "JSON " if spec.format is KeyFormat.JSON else ""
     if spec.field is not None:
         if not isinstance(value, dict) or spec.field not in value:
-            raise BadKey(f"record key is not a JSON object with the field {spec.field!r}")
+            raise BadKey(f"record key is not a {shape}object with the field {spec.field!r}")
         value, what = value[spec.field], f"record key field {spec.field!r}"
     if spec.type is KeyType.BIGINT:
         if type(value) is not int or not BIGINT_MIN <= value <= BIGINT_MAX:
             raise BadKey(f"{what} is not an integer a bigint holds")
         return value
     if not isinstance(value, str):
-        raise BadKey(f"{what} is not a JSON string")
+        raise BadKey(f"{what} is not a {shape}string")
     return _checked(value, spec.max_length, what, BadKey)
 
 
@@ -75,14 +91,15 @@ def _header(name: str, spec: HeaderColumn, headers: list[tuple[str, bytes | None
     return _text(raw, spec.max_length, f"header {name!r}", BadHeader)
 
 
-def column_reader(pipeline: Pipeline) -> ColumnReader | None:
+def column_reader(pipeline: Pipeline,
+                  decoder: RegistryDecoder | None = None) -> ColumnReader | None:
     """What fills the pipeline's key and header columns, or None when it has none."""
     key, headers = pipeline.record_key, tuple(pipeline.headers.items())
     if key is None and not headers:
         return None
 
     def read(msg: MessageLike) -> tuple[Any, ...]:
-        values: list[Any] = [key_value(key, msg.key())] if key is not None else []
+        values: list[Any] = [key_value(key, msg.key(), decoder)] if key is not None else []
         if headers:
             present = msg.headers() or []
             values += [_header(name, spec, present) for name, spec in headers]

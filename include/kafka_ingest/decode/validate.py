@@ -76,7 +76,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
     parse = _parser(pipeline, decoder)
     columns = sink_getter(model)
     max_bytes = pipeline.max_message_bytes
-    extra = column_reader(pipeline)  # the key and header columns; None: there are none
+    extra = column_reader(pipeline, decoder)  # the key and header columns; None: none
     result = ValidationResult()
     rows_append = result.rows.append
     read = size = 0
@@ -84,7 +84,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
         read += 1
         value = msg.value()
         if value is None:
-            _tombstone(msg, pipeline, result)
+            _tombstone(msg, pipeline, result, decoder)
             continue
         n = len(value)
         size += n
@@ -108,12 +108,13 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
     return result
 
 
-def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult) -> None:
+def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult,
+               decoder: RegistryDecoder | None) -> None:
     """A null value: skipped (counted), dead-lettered, or a delete of its key's row."""
     rule = pipeline.on_tombstone
     if rule is OnTombstone.DELETE and pipeline.record_key is not None:
         try:
-            key = key_value(pipeline.record_key, msg.key())
+            key = key_value(pipeline.record_key, msg.key(), decoder)
         except DataError as exc:
             result.dead.append(dead_letter(msg, pipeline, exc))
             return
