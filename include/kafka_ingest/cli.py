@@ -429,7 +429,8 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     if schema.schema_type.upper() != SCHEMA_TYPES[fmt]:
         raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
                             f"not {fmt.value}")
-    body, skipped = contract_from_schema(fmt, schema, text_max_length=args.text_max_length)
+    body, skipped = contract_from_schema(fmt, schema, text_max_length=args.text_max_length,
+                                         record=args.record)
     print(f"# kafka-ingest schema from-registry {args.subject} --format {fmt.value}: subject "
           f"version {schema.version}, schema id {schema.schema_id}")
     print(f"# text fields without a bound got max_length {args.text_max_length}: adjust them "
@@ -535,6 +536,8 @@ def _add_inspection_commands(sub: Any) -> None:
     p.add_argument("--event-type", required=True, help="the contract's name")
     p.add_argument("--text-max-length", type=int, default=256,
                    help="the bound of text fields whose schema gives none")
+    p.add_argument("--record", help="Protobuf: the message of the file to read (its full "
+                   "name; default: the first)")
     p.set_defaults(func=cmd_schema_from_registry)
     for name, func, doc in (
             ("plan", cmd_schema_plan, "print the DDL the pipelines' tables need (all by "

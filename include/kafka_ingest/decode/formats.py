@@ -34,7 +34,18 @@ from datetime import UTC
 from typing import Any
 
 import fastavro
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import (
+    any_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    field_mask_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
@@ -46,6 +57,13 @@ MAGIC = 0
 _HEADER = struct.Struct(">bI")
 #: What a schema's type must be for each format (the registry's ``schemaType``).
 SCHEMA_TYPES = {Format.AVRO: "AVRO", Format.PROTOBUF: "PROTOBUF", Format.JSON_SCHEMA: "JSON"}
+#: The well-known types a writer schema imports without a registered reference (what
+#: confluent-kafka's serializers skip: ``skip.known.types``), by file name. Taken from the
+#: modules, not from protobuf's default pool: that holds a file only once some module
+#: imported it (confluent-kafka's serializers do; a worker that imports this package alone
+#: does not).
+WELL_KNOWN = {m.DESCRIPTOR.name: m.DESCRIPTOR for m in (
+    any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)}
 #: A decoder: the value's payload -> what the contract validates (a dict, or JSON bytes).
 PayloadReader = Callable[[bytes], Any]
 
@@ -168,7 +186,8 @@ def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
         pool = descriptor_pool.DescriptorPool()
         for dependency in proto.dependency:  # the well-known types it imports
             known = descriptor_pb2.FileDescriptorProto()
-            descriptor_pool.Default().FindFileByName(dependency).CopyToProto(known)
+            (WELL_KNOWN.get(dependency)
+             or descriptor_pool.Default().FindFileByName(dependency)).CopyToProto(known)
             pool.Add(known)
         pool.Add(proto)
         file = pool.FindFileByName(proto.name)

@@ -204,10 +204,34 @@ def check_subject(pipeline: Pipeline, registry: SchemaRegistry) -> WriterSchema 
         log.warning("%s: subject %r is not registered yet; the contract is checked against "
                     "each writer schema as records arrive", pipeline.name, subject)
         return None
-    problems = contract_problems(pipeline, writer_fields(pipeline.format, latest))
+    if pipeline.format is Format.PROTOBUF:
+        problems = _protobuf_problems(pipeline, latest.text)
+    else:
+        problems = contract_problems(pipeline, writer_fields(pipeline.format, latest))
     if problems:
         raise ContractMismatch(pipeline.name, subject, problems)
     return latest
+
+
+def protobuf_messages(text: str) -> list[str]:
+    """The full names of a serialized ``FileDescriptorProto``'s top-level messages."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+    return [f"{file.package}.{m.name}" if file.package else m.name for m in file.message_type]
+
+
+def _protobuf_problems(pipeline: Pipeline, text: str) -> list[str]:
+    """A Protobuf file may declare several top-level messages; its records say which one
+    they are in their message indexes, not the subject. The pipeline's ``record`` names the
+    message; without one, the contract must read one of the file's messages."""
+    names = protobuf_messages(text)
+    record = pipeline.schema_registry.record if pipeline.schema_registry else None
+    if record is not None:
+        if record not in names:
+            return [f"message {record!r}: not a top-level message of the writer schema "
+                    f"({', '.join(names) or 'none'})"]
+        return contract_problems(pipeline, protobuf_fields(text, names.index(record)))
+    found = [contract_problems(pipeline, protobuf_fields(text, i)) for i in range(len(names))]
+    return [] if not found or any(not p for p in found) else found[0]
 
 
 # --------------------------------------------------------------------------- the generator
@@ -245,11 +269,19 @@ def _column_name(name: str) -> str:
     return re.sub(r"[^a-z0-9_]", "_", snake)[:63]
 
 
-def contract_from_schema(fmt: Format, schema: WriterSchema, *,
-                         text_max_length: int = 256) -> tuple[dict[str, Any], list[str]]:
+def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: int = 256,
+                         record: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A declared contract (the ``contracts.<event_type>`` body) reading ``schema``, and
-    the writer fields it leaves out (with why). ``event_id`` must be a writer field."""
-    fields = writer_fields(fmt, schema)
+    the writer fields it leaves out (with why). ``event_id`` must be a writer field.
+    ``record``: a Protobuf file's message to read (default: its first)."""
+    if fmt is Format.PROTOBUF and record is not None:
+        names = protobuf_messages(schema.text)
+        if record not in names:
+            raise ValueError(f"message {record!r} is not a top-level message of the schema "
+                             f"({', '.join(names) or 'none'})")
+        fields = protobuf_fields(schema.text, names.index(record))
+    else:
+        fields = writer_fields(fmt, schema)
     declared: dict[str, Any] = {}
     skipped = []
     if "event_id" not in fields:
@@ -271,4 +303,5 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *,
 
 
 __all__ = ["WriterField", "avro_fields", "check_subject", "contract_from_schema",
-           "contract_problems", "json_schema_fields", "protobuf_fields", "writer_fields"]
+           "contract_problems", "json_schema_fields", "protobuf_fields", "protobuf_messages",
+           "writer_fields"]

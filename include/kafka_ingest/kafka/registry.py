@@ -122,7 +122,9 @@ class WriterSchema:
 def _refused_tls(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ssl.SSLCertVerificationError | ssl.SSLError):
+        if isinstance(seen, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            return False  # the connection dropped in the handshake: an outage, not a setting
+        if isinstance(seen, ssl.SSLError):  # a certificate, a protocol or version mismatch
             return True
         seen = seen.__cause__ or seen.__context__
     return False
