@@ -95,10 +95,12 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
                                 cursor and target.moves_cursor) for p in pinned if p.end > p.start]
-        ensure_table(conn, pipeline)  # drift fails the run here, before any data moves
+        # Before any data moves: a contract that cannot read what the producers write fails
+        # the run here, then a table that does not match the contract.
         with open_registry(pipeline, clients.registry) as registry:
-            if registry is not None:  # so does a contract that cannot read the producers'
+            if registry is not None:
                 check_subject(pipeline, registry)
+        ensure_table(conn, pipeline)
         wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
         consumer = clients.consumer(target.group_id)
         try:
