@@ -98,9 +98,10 @@ def pipeline_clients(pipeline: Any) -> KafkaClients:
     """The Kafka clients of a pipeline's Kafka connection, with its schema registry (from
     ``schema_registry.conn_id``) when its format reads one."""
     clients = KafkaIngestHook(pipeline.kafka_conn_id).clients
-    if pipeline.format is Format.JSON or pipeline.schema_registry is None:
+    registry = pipeline.schema_registry  # set whenever the format is not JSON (config)
+    if pipeline.format is Format.JSON or registry is None:
         return clients
-    return clients.with_registry(registry_settings(pipeline.schema_registry.conn_id))
+    return clients.with_registry(registry_settings(registry.conn_id))
 
 
 def registry_settings(conn_id: str) -> RegistrySettings:

@@ -415,6 +415,7 @@ class Pipeline(_Strict):
         if self.upsert.mode is UpsertMode.LATEST:
             self._check_latest_columns()
         self._check_tombstones()
+        self._check_log_order()
         self._check_partitioning()
         if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
                 and self.format is Format.JSON):
@@ -443,12 +444,26 @@ class Pipeline(_Strict):
             if (role, column) in (("key", key_column), ("order_by", LOG_ORDER)):
                 continue
             if column not in self.contract_column_names:
+                choices = [*self.contract_column_names,
+                           *([key_column] if role == "key" and key_column else []),
+                           *([LOG_ORDER] if role == "order_by" else [])]
                 raise ValueError(f"upsert.{role} {column!r} is not a column of the contract "
-                                 f"({', '.join(self.column_names)})")
+                                 f"({', '.join(choices)})")
             field = self.model.model_fields.get(column or "")
             if field is None or not field.is_required():
                 raise ValueError(f"upsert.{role} {column!r} must be a required field of the "
                                  "contract (it may not be missing or null)")
+
+    def _check_log_order(self) -> None:
+        """Offsets order a key's records only within one partition, which is where the
+        producer's partitioner keeps a key: the record key's, not a payload field's."""
+        if self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER:
+            return
+        if self.record_key is None or self.upsert.key != self.record_key.column:
+            raise ValueError(f"upsert.order_by {LOG_ORDER!r} (the log's order) needs upsert.key "
+                             "to be the record key's column (record_key.column): offsets "
+                             "order a key's records only within the one partition its record "
+                             "key sends it to")
 
     def _check_tombstones(self) -> None:
         if self.on_tombstone is not OnTombstone.DELETE:

@@ -22,6 +22,8 @@
     │   ├── RegistryRefused       the schema registry refused the login or its TLS
     │   ├── ContractMismatch      the pipeline's contract cannot read the subject's latest
     │   │                         schema (a field it requires is missing or of another type)
+    │   ├── SchemaUnreadable      a registered writer schema this reader cannot build (Avro
+    │   │                         named references, Protobuf imports of other files)
     │   ├── DatabaseRefused       Postgres refused the login: password, certificate, TLS
     │   │                         required by pg_hba.conf, unknown role or database
     │   ├── SettingsError         a connection or setting that cannot work (no host, ...)
@@ -231,6 +233,16 @@ class ContractMismatch(PermanentError):
         self.pipeline, self.subject, self.problems = pipeline, subject, problems
         super().__init__(f"pipeline {pipeline}: its contract cannot read the latest schema of "
                          f"subject {subject!r}: {'; '.join(problems)}")
+
+
+class SchemaUnreadable(PermanentError):
+    """A writer schema the decoder cannot build: the records are fine, the reader is not
+    (dead-lettering them all would bury a setting to fix under one letter per record)."""
+
+    def __init__(self, schema_id: int, reason: str) -> None:
+        self.schema_id, self.reason = schema_id, reason
+        super().__init__(f"schema id {schema_id} cannot be read: {reason}; its records stay "
+                         "in the topic and load once the reader can build it")
 
 
 class DatabaseRefused(PermanentError):

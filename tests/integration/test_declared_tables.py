@@ -390,3 +390,60 @@ def test_schema_apply_grants_the_runtime_role_the_deletes_its_pipeline_needs_and
         assert conn.execute("SELECT account FROM p_rows_tombstones").fetchall() == [("a",)]
     with psycopg.connect(app_dsn) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("DELETE FROM dead_letters")  # still none on the bookkeeping
+
+
+def deleting(topics: Any, **body: Any) -> Pipeline:
+    return declared(
+        topics, {"balance": {"fields": {"amount": {"type": "numeric", "precision": 10,
+                                                   "scale": 2}}}},
+        contract={"event_type": "balance", "version": 1}, record_key={"column": "account"},
+        upsert={"mode": "latest", "key": "account", "order_by": "source_offset"},
+        on_tombstone="delete", **body)
+
+
+@pytest.mark.parametrize("first", [
+    1,  # [e1] then [tombstone, e1 again]: the stored e1 must not make the new one a duplicate
+    2,  # [e1, tombstone] then [e1 again]
+    3,  # all three in one chunk
+])
+def test_in_log_order_a_record_sent_again_after_its_delete_wins_whatever_the_chunks(
+        topics: Any, clients: Any, db: Any, pg_dsn: str, first: int) -> None:
+    """The same event_id sent again after a tombstone is the key's newest record in the
+    log (what compaction keeps): the row must be back, however runs and chunks cut the log."""
+    pipeline = deleting(topics)
+    apply(pg_dsn, pipeline)
+    produce(clients, pipeline.topic, [(b"a", b'{"event_id": "e1", "amount": 1}', None),
+                                      (b"a", None, None),
+                                      (b"a", b'{"event_id": "e1", "amount": 1}', None)])
+    run(pipeline.model_copy(update={"max_records_per_partition": first}), clients, db)
+    run(pipeline, clients, db)  # the rest, in one chunk
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT account, event_id, source_offset FROM p_rows").fetchall() \
+            == [("a", "e1", 2)]
+        assert conn.execute("SELECT count(*) FROM p_rows_tombstones").fetchone() == (0,)
+
+
+def test_a_marker_table_too_narrow_for_the_key_is_drift(topics: Any, clients: Any, db: Any,
+                                                         pg_dsn: str) -> None:
+    pipeline = deleting(topics)
+    apply(pg_dsn, pipeline)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("ALTER TABLE p_rows_tombstones ALTER COLUMN account TYPE varchar(8)")
+    with pytest.raises(SchemaDrift, match=r"p_rows_tombstones\.account is character varying"
+                                          r"\(8\), but the key needs character varying\(128\)"):
+        run(pipeline, clients, db)
+
+
+def test_two_pipelines_sharing_a_table_each_add_their_columns(topics: Any,
+                                                               pg_dsn: str) -> None:
+    one = shipment(topics, 1)
+    two = declared(topics, {"shipment": SHIPMENT},
+                   contract={"event_type": "shipment", "version": 1},
+                   headers={"trace-id": "trace_id"})
+    from kafka_ingest.db.tables import apply_pipelines
+
+    with psycopg.connect(pg_dsn) as conn:
+        apply_pipelines(conn, [one, two])
+        columns = {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'p_rows'")}
+    assert {"status", "weight_kg", "trace_id"} <= columns

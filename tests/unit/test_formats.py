@@ -378,3 +378,72 @@ def test_a_registry_encoded_key_fills_the_key_column_and_deletes_on_its_tombston
             "topic": "t", "dlq_topic": "t-dlq", "table": "p_rows",
             "contract": {"event_type": "reading", "version": 1},
             "record_key": {"column": "account", "format": "registry"}}}})
+
+
+# --------------------------------------------------------------------------- found in review
+
+def test_typed_values_nested_in_a_jsonb_field_are_a_contract_violation_not_a_crash() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "limits", "type": {"type": "map", "values": {
+            "type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 2}}}]}
+    contract = {"with_limits": {"fields": {"limits": {"type": "jsonb"}}}}
+    p = pipeline("avro", contract)
+    registry = OneSchema(WriterSchema(5, "AVRO", json.dumps(schema)))
+    result = validate_chunk([Msg(0, value_=avro_value(5, {"event_id": "e", "limits": {
+        "daily": Decimal("5.50")}}, schema))], p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    # a Decimal no JSON encoder takes: refused by the contract, before the COPY would fail
+    assert [(d.error_class, "JSON values only" in d.error_detail) for d in result.dead] == [
+        ("contract_violation", True)]
+
+
+def test_a_protobuf_timestamp_past_year_9999_is_undecodable() -> None:
+    cls, text = _reading_class()
+    registry = OneSchema(WriterSchema(8, "PROTOBUF", text))
+    contract = {"proto_at": {"fields": {"at": {"type": "timestamptz"}}}}
+    p = pipeline("protobuf", contract)
+    message = cls(event_id="e1")
+    message.at.seconds = 2**40  # year 36812
+    result = validate_chunk([Msg(0, value_=b"\x00\x00\x00\x00\x08\x00"
+                                 + message.SerializeToString())],
+                            p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    assert [d.error_class for d in result.dead] == ["undecodable"]
+
+
+def test_a_lone_surrogate_in_a_json_key_is_a_bad_key() -> None:
+    from kafka_ingest.config import RecordKey
+    from kafka_ingest.decode.message_columns import key_value
+    from kafka_ingest.errors import BadKey
+
+    with pytest.raises(BadKey, match="lone surrogate"):
+        key_value(RecordKey(column="k", format="json"), b'"\\ud800"')  # type: ignore[arg-type]
+
+
+def test_log_order_is_only_for_a_key_the_partitioner_keeps_in_one_partition() -> None:
+    with pytest.raises(ValueError, match="record key's column"):
+        parse_pipelines({"contracts": CONTRACT, "pipelines": {"p": {
+            "topic": "t", "dlq_topic": "t-dlq", "table": "p_rows",
+            "contract": {"event_type": "reading", "version": 1},
+            "upsert": {"mode": "latest", "key": "device", "order_by": "source_offset"}}}})
+
+
+def test_a_404_without_a_not_found_code_is_a_wrong_url_not_a_missing_schema() -> None:
+    from kafka_ingest.kafka.registry import SchemaRegistry
+
+    def no_such_api(_what: Any, fmt: str | None = None) -> Any:
+        raise SchemaRegistryError(404, -1, "RESTEASY003210: Could not find resource")
+
+    def no_such_schema(_what: Any, fmt: str | None = None) -> Any:
+        raise SchemaRegistryError(404, 40403, "Schema 9 not found.")
+
+    assert SchemaRegistry._ask("get schema 9", no_such_schema, 9, None) is None
+    with pytest.raises(RegistryRefused, match="check its path"):
+        SchemaRegistry._ask("get schema 9", no_such_api, 9, None)
+    assert isinstance(map_registry_error("x", SchemaRegistryError(422, 42201, "bad")),
+                      RegistryRefused)
+
+
+def test_credentials_in_the_registry_url_never_reach_repr_or_messages() -> None:
+    settings = RegistrySettings({"url": "https://svc:s3cret@registry.example:8443/apis/ccompat/v7"})
+    assert "s3cret" not in repr(settings) and "s3cret" not in settings.url
+    assert settings.url == "https://***@registry.example:8443/apis/ccompat/v7"

@@ -102,19 +102,26 @@ _STAGED_TIME: dict[TimeEncoding, tuple[str, str]] = {
     TimeEncoding.EPOCH_MILLIS: ("int8", "to_timestamp({}::float8 / 1000)"),
 }
 def _jsonb_safe(value: Any) -> Any:
-    """Refuse what Postgres' jsonb cannot hold: NaN/Infinity and ``\\u0000`` (a walk in
-    Python, only for jsonb fields)."""
+    """Refuse what Postgres' jsonb cannot hold: NaN/Infinity, ``\\u0000``, and anything
+    that is not a JSON value (an Avro or Protobuf record decodes nested decimals, bytes and
+    timestamps as Python objects, which no JSON encoder takes). A walk in Python, only for
+    jsonb fields."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError("jsonb holds no NaN or Infinity")
-        if isinstance(item, str) and "\x00" in item:
-            raise ValueError("jsonb holds no NUL (\\u0000)")
-        if isinstance(item, dict):
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError("jsonb holds no NUL (\\u0000)")
+        elif isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                raise ValueError("jsonb object keys are strings")
             stack += [*item.keys(), *item.values()]
         elif isinstance(item, list):
             stack += item
+        elif not (item is None or isinstance(item, bool | int | float)):
+            raise ValueError(f"jsonb holds JSON values only, not {type(item).__name__}")
     return value
 
 
@@ -271,7 +278,7 @@ class ContractSpec(_Strict):
             if not re.fullmatch(_NAME, column):
                 raise ValueError(f"field {name!r}: {column!r} is not a column name (lower "
                                  "case, digits, _): give it one with 'column'")
-            if column in RESERVED_COLUMNS:
+            if column in RESERVED_COLUMNS or name in ("event_id", "version"):
                 raise ValueError(f"field {name!r}: column {column!r} is reserved (every "
                                  "contract and table has it)")
             if column in seen:

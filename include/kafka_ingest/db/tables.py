@@ -35,6 +35,8 @@ from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED
 _NULLABLE_PROVENANCE = frozenset({"kafka_key", "kafka_timestamp"})
 #: The suffix of the marker table of a pipeline that deletes on tombstones.
 MARKER_SUFFIX = "_tombstones"
+#: How long a DDL statement waits for a table's lock (then the change fails, retriable).
+DDL_LOCK_TIMEOUT_MS = "5000"
 
 
 def provenance_columns() -> tuple[Column, ...]:
@@ -197,49 +199,73 @@ def _drift(table: str, wanted: Column, actual: ActualColumn) -> str | None:
 def plan_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan:
     """What the pipeline's tables need, compared with the database as it is now."""
     plan = TablePlan(pipeline.name)
-    table = pipeline.table
-    actual = actual_columns(conn, table)
+    actual = actual_columns(conn, pipeline.table)
     if actual is None:
         plan.changes += create_statements(pipeline)
     else:
-        wanted = {c.name: c for c in row_columns(pipeline)}
-        for name, column in wanted.items():
-            have = actual.get(name)
-            if have is None:
-                plan.changes.append(Change(table, f"column {name} is missing",
-                                           f"ALTER TABLE {_quote(table)} ADD COLUMN "
-                                           f"{_column_sql(column, for_create=False)}"))
-                if not column.nullable:
-                    plan.notes.append(
-                        f"{table}.{name} is missing and the contract requires it: it is "
-                        "added as a nullable column (rows already stored have no value); "
-                        f"once they do, ALTER TABLE {table} ALTER COLUMN {name} SET NOT NULL")
-            elif (problem := _drift(table, column, have)) is not None:
-                plan.drift.append(problem)
-        if "ingested_at" not in actual:
-            plan.drift.append(f"{table}.ingested_at is missing: every target table has it "
-                              "(timestamp with time zone NOT NULL DEFAULT now())")
-        for name, have in actual.items():
-            if name not in wanted and name != "ingested_at" and not have.nullable \
-                    and not have.has_default:
-                plan.drift.append(f"{table}.{name} is NOT NULL without a default and the "
-                                  "pipeline never fills it: give it a default or drop NOT NULL")
+        _compare(plan, pipeline, actual)
         plan.drift += _key_drift(conn, pipeline)
     marker = marker_statement(pipeline)
-    if marker is not None and actual_columns(conn, marker.table) is None:
-        plan.changes.append(marker)
+    if marker is not None:
+        markers = actual_columns(conn, marker.table)
+        if markers is None:
+            plan.changes.append(marker)
+        else:
+            plan.drift += _marker_drift(pipeline, marker.table, markers)
     return plan
+
+
+def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn]) -> None:
+    """The columns to add, and the drift, of a table that exists."""
+    table = pipeline.table
+    wanted = {c.name: c for c in row_columns(pipeline)}
+    for name, column in wanted.items():
+        have = actual.get(name)
+        if have is None:
+            plan.changes.append(Change(table, f"column {name} is missing",
+                                       f"ALTER TABLE {_quote(table)} ADD COLUMN "
+                                       f"{_column_sql(column, for_create=False)}"))
+            if not column.nullable:
+                plan.notes.append(
+                    f"{table}.{name} is missing and the contract requires it: it is "
+                    "added as a nullable column (rows already stored have no value); "
+                    f"once they do, ALTER TABLE {table} ALTER COLUMN {name} SET NOT NULL")
+        elif (problem := _drift(table, column, have)) is not None:
+            plan.drift.append(problem)
+    if "ingested_at" not in actual:
+        plan.drift.append(f"{table}.ingested_at is missing: every target table has it "
+                          "(timestamp with time zone NOT NULL DEFAULT now())")
+    for name, have in actual.items():
+        if name not in wanted and name != "ingested_at" and not have.nullable \
+                and not have.has_default:
+            plan.drift.append(f"{table}.{name} is NOT NULL without a default and the "
+                              "pipeline never fills it: give it a default or drop NOT NULL")
+
+
+def _marker_drift(pipeline: Pipeline, table: str, actual: dict[str, ActualColumn]) -> list[str]:
+    """The marker table holds each deleted key: its key column must fit the key."""
+    key = next(c for c in pipeline.sink_columns if c.name == pipeline.upsert.key)
+    have = actual.get(key.name)
+    if have is None:
+        return [f"{table} has no column {key.name}: it holds the deleted keys; drop it and run "
+                "`kafka-ingest schema apply` (it holds markers only)"]
+    if not fits(key.ddl, have.ddl):
+        return [f"{table}.{key.name} is {have.ddl}, but the key needs {key.ddl}: ALTER TABLE "
+                f"{table} ALTER COLUMN {key.name} TYPE {key.ddl}"]
+    return []
 
 
 def _key_drift(conn: psycopg.Connection[Any], pipeline: Pipeline) -> list[str]:
     """``ON CONFLICT`` needs a unique index on exactly the conflict columns."""
     wanted = list(pipeline.conflict_columns)
     rows = conn.execute(
+        # the key columns only (not INCLUDE ones), of unique indexes on plain columns
         "SELECT array_agg(a.attname ORDER BY k.i) FROM pg_index x"
-        " CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, i)"
+        " CROSS JOIN LATERAL unnest((x.indkey::int2[])[0:x.indnkeyatts - 1])"
+        " WITH ORDINALITY AS k(attnum, i)"
         " JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum"
         " WHERE x.indrelid = to_regclass(%s) AND x.indisunique AND x.indpred IS NULL"
-        " GROUP BY x.indexrelid", (_quote(pipeline.table),)).fetchall()
+        " AND x.indexprs IS NULL GROUP BY x.indexrelid", (_quote(pipeline.table),)).fetchall()
     if any(sorted(r[0]) == sorted(wanted) for r in rows):
         return []
     return [f"{pipeline.table} has no unique index on ({', '.join(wanted)}), which the upsert's "
@@ -275,6 +301,9 @@ def apply_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan
         plan = plan_tables(conn, pipeline)
         if plan.drift:
             raise SchemaDrift(pipeline.name, plan.drift, [])
+        # An ALTER waits for every reader of the table, and every query behind it waits for
+        # the ALTER: give up soon (transient) rather than stall the pipeline's writers.
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (DDL_LOCK_TIMEOUT_MS,))
         for change in plan.changes:
             conn.execute(change.statement.encode())
             conn.execute(
@@ -286,13 +315,9 @@ def apply_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan
 
 def apply_pipelines(conn: psycopg.Connection[Any],
                     pipelines: Iterable[Pipeline]) -> list[TablePlan]:
-    """:func:`apply_tables` for each pipeline, once per table (pipelines may share one)."""
-    plans, seen = [], set()
-    for pipeline in pipelines:
-        if pipeline.table not in seen:
-            seen.add(pipeline.table)
-            plans.append(apply_tables(conn, pipeline))
-    return plans
+    """:func:`apply_tables` for each pipeline (pipelines sharing a table each add what
+    theirs needs: every plan is made against the catalog as the previous one left it)."""
+    return [apply_tables(conn, pipeline) for pipeline in pipelines]
 
 
 __all__ = [

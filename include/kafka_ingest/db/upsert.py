@@ -262,18 +262,34 @@ class RowsRepository:
             " AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = {s}.{k}"
             " AND {s}.source_offset <= m.source_offset)").format(
                 m=self.marker, k=key, s=self.stage)
+        # The same event: by event_id, or in log order by its place in the log, since a
+        # record sent again later under the same event_id is a newer version there (what
+        # compaction keeps), and a chunk boundary must not decide which one wins.
+        log_order = self.pipeline.upsert.order_by == LOG_ORDER
+
+        def same(stored: str, staged: sql.Composable) -> sql.Composable:
+            if not log_order:
+                return sql.SQL("{x}.event_id = {y}.event_id").format(
+                    x=sql.Identifier(stored), y=staged)
+            return sql.SQL("{x}.{k} = {y}.{k} AND {x}.source_partition = {y}.source_partition"
+                           " AND {x}.source_offset = {y}.source_offset").format(
+                               x=sql.Identifier(stored), y=staged, k=key)
+
         # The CTE below holds source_offset already: the log order needs no second copy.
-        o_staged = (sql.SQL("") if self.pipeline.upsert.order_by == LOG_ORDER
-                    else sql.SQL(", {}").format(order))
+        o_staged = sql.SQL("") if log_order else sql.SQL(", {}").format(order)
+        copies = sql.SQL("source_partition, source_offset" if log_order else "event_id")
         fmt = {"t": self.table, "s": self.stage, "k": key, "o": order, "c": cols, "u": updates,
-               "marked": marked, "unmarked": unmarked, "o_staged": o_staged}
+               "marked": marked, "unmarked": unmarked, "o_staged": o_staged, "copies": copies,
+               "stored": same("x", sql.Identifier("s")),
+               "replayed": same("x", self.stage)}
         # Classify each staged row before writing. "copy" 1 is the copy of an event the
         # INSERT below would pick (same event => same key and time; the highest offset wins).
         row = self.conn.execute(sql.SQL(
-            "WITH s AS (SELECT event_id, {k}{o_staged}, source_offset, row_number() OVER"
-            " (PARTITION BY event_id ORDER BY source_offset DESC, source_partition DESC) AS copy"
+            "WITH s AS (SELECT event_id, {k}{o_staged}, source_partition, source_offset,"
+            " row_number() OVER (PARTITION BY {copies} ORDER BY source_offset DESC,"
+            " source_partition DESC) AS copy"
             " FROM {s}), f AS (SELECT s.copy, EXISTS (SELECT 1 FROM {t} x"
-            " WHERE x.event_id = s.event_id) AS stored, (EXISTS (SELECT 1 FROM {t} y"
+            " WHERE {stored}) AS stored, (EXISTS (SELECT 1 FROM {t} y"
             " WHERE y.{k} = s.{k} AND (s.{o}, s.source_offset) <= (y.{o}, y.source_offset))"
             "{marked}) AS older FROM s)"
             " SELECT count(*) FILTER (WHERE copy > 1),"
@@ -285,7 +301,7 @@ class RowsRepository:
             "INSERT INTO {t} ({c}) SELECT DISTINCT ON ({k}) {c} FROM {s}"
             # A replay of the stored event is a duplicate (counted above), not a newer
             # version: its later source_offset must not rewrite the row nor count twice.
-            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.event_id = {s}.event_id){unmarked}"
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE {replayed}){unmarked}"
             " ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC"
             " ON CONFLICT ({k}) DO UPDATE SET {u}, ingested_at = now()"
             " WHERE ({t}.{o}, {t}.source_offset) < (EXCLUDED.{o}, EXCLUDED.source_offset)"
@@ -301,9 +317,9 @@ class RowsRepository:
                 " AND m.source_offset < {s}.source_offset").format(**fmt, m=self.marker))
         missing = self._missing(
             "SELECT count(*) FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} x"
-            " WHERE x.{k} = s.{k} AND (x.event_id = s.event_id"
+            " WHERE x.{k} = s.{k} AND (({stored})"
             " OR (x.{o}, x.source_offset) >= (s.{o}, s.source_offset))) AND NOT (false{marked})",
-            {"k": key, "o": order, "marked": marked})
+            {"k": key, "o": order, "marked": marked, "stored": fmt["stored"]})
         return UpsertResult(inserted, dup_in_chunk + dup_stored, stale_stored + superseded, [],
                             missing)
 

@@ -19,7 +19,8 @@ the slice; then:
 
 Failures keep the split: no magic byte (:class:`NotWireFormat`), an id the registry does
 not know (:class:`UnknownSchema`) and a payload the writer schema cannot decode
-(:class:`Undecodable`) are data errors; the registry down is transient and raises.
+(:class:`Undecodable`) are data errors; the registry down is transient and raises; a writer
+schema this reader cannot build is :class:`SchemaUnreadable` (permanent).
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from kafka_ingest.config import Format, Pipeline
-from kafka_ingest.errors import NotWireFormat, SettingsError, Undecodable, UnknownSchema
+from kafka_ingest.errors import (
+    NotWireFormat,
+    SchemaUnreadable,
+    SettingsError,
+    Undecodable,
+    UnknownSchema,
+)
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, WriterSchema
 
 MAGIC = 0
@@ -93,8 +100,8 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
     try:
         writer = fastavro.parse_schema(json.loads(schema.text))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
-        raise UnknownSchema(f"schema id {schema.schema_id} is not an Avro schema fastavro "
-                            f"can parse: {exc}") from None
+        raise SchemaUnreadable(schema.schema_id, f"not an Avro schema fastavro can parse "
+                               f"(named references are not supported): {exc}") from None
     read = fastavro.schemaless_reader
 
     def decode(payload: bytes) -> Any:
@@ -192,8 +199,9 @@ def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
         pool.Add(proto)
         file = pool.FindFileByName(proto.name)
     except Exception as exc:  # not a serialized descriptor, or one with unknown imports
-        raise UnknownSchema(f"schema id {schema.schema_id} is not a Protobuf descriptor this "
-                            f"reader can build (references are not supported): {exc}") from None
+        raise SchemaUnreadable(schema.schema_id, f"not a Protobuf descriptor this reader can "
+                               f"build (imports other than the well-known types are not "
+                               f"supported): {exc}") from None
     classes: dict[tuple[int, ...], Any] = {}
 
     def decode(payload: bytes) -> Any:
@@ -202,13 +210,12 @@ def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
         cls = classes.get(key)
         if cls is None:
             cls = classes[key] = message_factory.GetMessageClass(_message_type(file, indexes))
-        try:
-            message = cls.FromString(body)
+        try:  # the message, then its values (a Timestamp past year 9999 refuses too)
+            return proto_to_dict(cls.FromString(body))
         except Exception as exc:  # DecodeError and friends
             raise Undecodable(f"Protobuf payload does not decode as "
                               f"{cls.DESCRIPTOR.full_name} (schema id {schema.schema_id}): "
                               f"{exc}") from None
-        return proto_to_dict(message)
 
     return decode
 

@@ -39,6 +39,10 @@ def _checked(text: str, max_length: int, what: str, error: type[BadKey | BadHead
         raise error(f"{what} is {len(text)} characters, over its column's {max_length}")
     if "\x00" in text:
         raise error(f"{what} contains NUL, which Postgres text cannot hold")
+    try:  # a JSON key may spell a lone surrogate ("\\ud800"), which no encoding takes
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(f"{what} is not valid Unicode (a lone surrogate)") from None
     return text
 
 

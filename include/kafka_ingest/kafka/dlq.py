@@ -193,10 +193,17 @@ _MAX_FUTURE_MS = 30 * 60 * 1000
 
 def _fit(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
          max_dlq_bytes: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
-    """Key, value and headers of the DLQ record, cut to fit ``max_dlq_bytes`` in all."""
+    """Key, value and headers of the DLQ record, cut to fit ``max_dlq_bytes`` in all. The
+    source record's own headers go first when even they do not fit beside ours (a header
+    says how many went)."""
     key, value = letter.key, letter.value
     plain = headers_for(letter, pipeline, style, truncated_from=0, key_truncated_from=0)
     budget = max_dlq_bytes - _RECORD_OVERHEAD - sum(len(k) + len(v or b"") for k, v in plain)
+    if budget < 0 and letter.headers:
+        dropped = len(letter.headers)
+        key, value, headers = _fit(replace(letter, headers=()), pipeline, style, max_dlq_bytes)
+        return key, value, [*headers, (PREFIX + "headers.dropped", str(dropped).encode())]
+    budget = max(budget, 0)
     key_cut = value_cut = None
     if key is not None and len(key) > budget // 4 and len(key) + len(value or b"") > budget:
         key, key_cut = key[: budget // 4], len(key)

@@ -21,6 +21,7 @@ import ssl
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 with warnings.catch_warnings():
     # authlib (imported with the client for its OAuth support) asks for httpx2 on import;
@@ -43,8 +44,11 @@ DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 2, "retries.wait.ms": 
                             "retries.max.wait.ms": 2000, "cache.latest.ttl.sec": 60}
 _SECRETS = ("basic.auth.user.info", "ssl.key.password", "bearer.auth.token",
             "bearer.auth.client.secret")
-#: The registry's "not found" codes: subject (40401), version (40402), schema (40403).
-NOT_FOUND = 404
+#: The registry's "not found" codes: subject (40401), version (40402), schema (40403). A
+#: 404 without one (a wrong URL path: no such API) is a setting to fix, not a missing schema.
+NOT_FOUND = frozenset({40401, 40402, 40403})
+#: Answers no retry changes: the request or the setting is wrong.
+_PERMANENT_STATUS = frozenset({400, 401, 403, 404, 405, 409, 422})
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,23 @@ class RegistrySettings:
 
     def __repr__(self) -> str:
         shown = {k: ("***" if k in _SECRETS else v) for k, v in self.config.items()}
+        shown["url"] = self.url
         return f"RegistrySettings({shown})"
 
     @property
     def url(self) -> str:
-        return str(self.config["url"])
+        """The URL as logs and errors may show it: without credentials in it (the client
+        reads basic auth from ``https://user:password@host`` too)."""
+        return ",".join(_without_userinfo(u.strip()) for u in str(self.config["url"]).split(","))
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}{f':{parts.port}' if parts.port else ''}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def registry_settings_from(*, source: str, host: str | None, port: int | None,
@@ -134,8 +150,10 @@ def map_registry_error(operation: str, exc: Exception) -> Exception:
     """The error tree's error for a failed registry request (not-found is the caller's)."""
     if isinstance(exc, SchemaRegistryError):
         status = exc.http_status_code
-        if status in (401, 403):
-            return RegistryRefused(operation, f"HTTP {status}: {exc.error_message}")
+        if status in _PERMANENT_STATUS:
+            hint = " (no such API at this URL: check its path, e.g. /apis/ccompat/v7)" \
+                if status == 404 else ""
+            return RegistryRefused(operation, f"HTTP {status}: {exc.error_message}{hint}")
         return RegistryUnavailable(operation, f"HTTP {status}: {exc.error_message}")
     # The client's HTTP library (httpx, or httpx2 where installed): a request that got no
     # answer (refused, reset, timed out, TLS).
@@ -199,7 +217,7 @@ class SchemaRegistry:
         try:
             return request(what, fmt=fmt)
         except SchemaRegistryError as exc:
-            if exc.http_status_code != NOT_FOUND:
+            if exc.error_code not in NOT_FOUND:
                 raise map_registry_error(operation, exc) from exc
             return None
         except Exception as exc:
