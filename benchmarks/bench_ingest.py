@@ -22,7 +22,11 @@ alone:
 - ``project, parallel``: the same, one process per range started together (as mapped tasks
   on separate workers);
 - ``validate only`` / ``sink only``: ``validate.validate_chunk`` and ``RowsRepository.upsert``
-  (+ COMMIT) timed alone; reading (and validating, for the sink) is done but not timed.
+  (+ COMMIT) timed alone; reading (and validating, for the sink) is done but not timed;
+- ``kafka-ingest (avro)`` (``bench_avro.py``): the project row's child on the same events
+  Avro-encoded (confluent-kafka's ``AvroSerializer``, a schema in the stack's registry,
+  which is started if needed), with its ratio to the JSON row, and ``validate only, avro``:
+  where ``validate_chunk``'s time goes per stage, Avro beside JSON.
 
 ``--peers`` adds, on the same sample (``peers.py``): a plain binary COPY ceiling, Kafka
 Connect + the Debezium JDBC sink (fresh JVM and warm worker), the Airflow provider's
@@ -52,7 +56,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,13 +219,17 @@ def child_naive(t: Target, table: str) -> dict[str, Any]:
             "peak_rss_mb": _rss_mb(), "detail": {"rows_sent": kept, "skipped": n - kept}}
 
 
-def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
-    """The project: plan_run + ingest_range per range, one after another."""
+def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
+                  registry_url: str | None = None) -> dict[str, Any]:
+    """The project: plan_run + ingest_range per range, one after another (with
+    ``registry_url``, the engine's clients carry that schema registry: the Avro row)."""
     from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
+    from kafka_ingest.kafka.registry import RegistrySettings
 
     start_rss = _rss_mb()
     pipeline = _pipeline(doc)
-    clients, db = KafkaClients(t.kafka), Database(t.dsn)
+    registry = RegistrySettings({"url": registry_url}) if registry_url else None
+    clients, db = KafkaClients(t.kafka, registry=registry), Database(t.dsn)
     t0, c0 = time.perf_counter(), time.process_time()
     ranges = plan_run(pipeline, clients, db, run_id=run_id)
     reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
@@ -454,6 +462,8 @@ class Bench:
     base_body: dict[str, Any]
     #: peers.PeerData when --peers: the Connect jars and topics
     peers: Any = None
+    #: bench_avro.AvroData when an Avro row runs: the same sample, Avro-encoded
+    avro: Any = None
 
     def pipeline_doc(self, name: str) -> tuple[str, dict[str, Any]]:
         """A pipeline on the bench topics writing to its own table ``name``."""
@@ -461,11 +471,13 @@ class Bench:
         return name, body
 
 
-def check_project(b: Bench, summary: dict[str, Any], table: str) -> None:
-    """The run must have done exactly what the sample promised, or the figure is void."""
-    e = b.expect
+def check_project(b: Bench, summary: dict[str, Any], table: str, *,
+                  expect: dict[str, int] | None = None, produced: int | None = None) -> None:
+    """The run must have done exactly what the sample (or ``expect``/``produced``: the
+    Avro topic's) promised, or the figure is void."""
+    e = b.expect if expect is None else expect
     dead = sum(v for k, v in e.items() if k not in {"row", "duplicate", "tombstone"})
-    want = {"read": b.produced, "inserted": e.get("row", 0),
+    want = {"read": b.produced if produced is None else produced, "inserted": e.get("row", 0),
             "duplicates": e.get("duplicate", 0), "tombstones": e.get("tombstone", 0),
             "dead_lettered": dead}
     got = {k: summary.get(k) for k in want}
@@ -669,7 +681,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", type=lambda text: [x.strip() for x in text.split(",")],
                    default=None, help="comma-separated path keys to run (e.g. project,"
                    "connect_warm); default all. Keys: " + ", ".join(k for k, _ in PATHS)
-                   + ", copy, connect_fresh, connect_warm, operator_batch, operator_row, seeds")
+                   + ", avro, avro_stages, copy, connect_fresh, connect_warm, operator_batch,"
+                   " operator_row, seeds")
     p.add_argument("--seeds-cap", type=int, default=2000,
                    help="messages the seeds' loop runs on (default 2000)")
     p.add_argument("--smoke", action="store_true",
@@ -724,7 +737,14 @@ PATHS: list[tuple[str, Callable[[Bench, int], Measure]]] = [
 
 
 def _paths(b: Bench) -> list[tuple[str, Callable[[Bench, int], Measure]]]:
-    paths = [(k, f) for k, f in PATHS if not (k == "parallel" and b.args.no_parallel)]
+    import bench_avro
+
+    paths: list[tuple[str, Callable[[Bench, int], Measure]]] = []
+    for key, fn in PATHS:
+        if not (key == "parallel" and b.args.no_parallel):
+            paths.append((key, fn))
+        if key == "project":  # the Avro rows beside the JSON one they are compared with
+            paths += bench_avro.PATHS
     if b.args.peers:
         import peers
 
@@ -797,10 +817,13 @@ def run_scale(args: argparse.Namespace, clients: KafkaClients,
 
 
 def main(argv: list[str] | None = None) -> int:
+    import bench_avro
+
     from kafka_ingest_dev import stack
 
     args = parse_args(argv)
-    env = stack.up(report=lambda line: print(line, flush=True))
+    avro = not args.scale_only and bench_avro.wanted(args.only)
+    env = stack.up(report=lambda line: print(line, flush=True), registry=avro)
     os.environ.update(env)  # the children see the stack (Airflow's home, connections)
     clients = KafkaClients({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]})
     admin_dsn = env["KAFKA_INGEST_PG_DSN"]
@@ -814,14 +837,19 @@ def main(argv: list[str] | None = None) -> int:
     info: dict[str, Any] = {}
     if not args.scale_only:
         with fresh_database(admin_dsn) as dsn, \
-                fresh_topics(clients, tag, args.partitions) as topics:
+                fresh_topics(clients, tag, args.partitions) as topics, ExitStack() as later:
             b = prepare(args, clients, dsn, tag, topics)
+            if avro:
+                b.avro = later.enter_context(bench_avro.avro_topic(
+                    b, env[bench_avro.REGISTRY_ENV]))
             if args.peers:
                 import peers
 
                 b.peers = peers.prepare(b)
             results, failures = measure_all(b)
             info = {"produced": b.produced, "expect": b.expect}
+            if b.avro is not None:
+                info["avro_expect"] = b.avro.expect
     scale = run_scale(args, clients, admin_dsn) if args.scale else []
     info = {"command": command.strip(), "when": datetime.now(tz=UTC).isoformat(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -829,10 +857,15 @@ def main(argv: list[str] | None = None) -> int:
             "args": vars(args), "wall_s": round(time.monotonic() - started, 1),
             "failures": failures}
     baseline = next((m for m in results if m.path.startswith("B ")), None)
+    avro_vs_json = bench_avro.compare(results)
+    if avro_vs_json:
+        info["avro_vs_json"] = avro_vs_json
     print(f"\n{info['command']}\nmachine: {json.dumps(info['machine'])}\n"
           f"load average (1, 5, 15 min) before {load_before}, after {info['load_after']}\n")
     if results:
         print(table(results, baseline))
+    if avro_vs_json:
+        print("\n" + bench_avro.report(avro_vs_json, smoke=args.smoke))
     if scale:
         print("\n" + scale_table(scale))
     out = RESULTS.with_name("smoke.json" if args.smoke else
