@@ -102,6 +102,9 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise SchemaUnreadable(schema.schema_id, f"not an Avro schema fastavro can parse "
                                f"(named references are not supported): {exc}") from None
+    plan = _flat_plan(json.loads(schema.text))
+    if plan is not None:
+        return _flat_reader(schema.schema_id, plan)
     read = fastavro.schemaless_reader
 
     def decode(payload: bytes) -> Any:
@@ -110,6 +113,121 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
         except Exception as exc:  # fastavro raises what its reading met: EOF, index, value
             raise Undecodable(f"Avro payload does not decode with schema id "
                               f"{schema.schema_id}: {type(exc).__name__}: {exc}") from None
+
+    return decode
+
+
+# Flat records. fastavro's schemaless_reader walks the writer schema for every message,
+# dispatching on each field's type: 2.2 µs of the 7-field telemetry event here, most of
+# what the Avro path costs over JSON's. The usual event is a record of primitives and
+# unions of them (["null", "string"]): its fields are planned once per schema id and read
+# in one loop to the same dict, 1.2 µs. Any other schema (nested records, enums, arrays,
+# maps, fixed, logical types) is left to fastavro.
+
+#: Avro's primitives as the flat reader's codes (int and long are both zigzag varints),
+#: in an order where one comparison picks string or bytes, and then float or double.
+_NULL, _BOOLEAN, _VARINT, _FLOAT, _DOUBLE, _STRING, _BYTES = range(7)
+_PRIMITIVES = {"null": _NULL, "boolean": _BOOLEAN, "int": _VARINT, "long": _VARINT,
+               "float": _FLOAT, "double": _DOUBLE, "string": _STRING, "bytes": _BYTES}
+#: The code of a field that is a union: its branch's code follows its index on the wire.
+_UNION = -1
+_IEEE = {_FLOAT: (struct.Struct("<f").unpack_from, 4),
+         _DOUBLE: (struct.Struct("<d").unpack_from, 8)}
+#: (field name, its code, a union's branch codes) per field, in the schema's order.
+FlatPlan = tuple[tuple[str, int, tuple[int, ...]], ...]
+
+
+def _primitive(avro_type: Any) -> int | None:
+    """The code of a primitive type without a logical type (``"string"``, or
+    ``{"type": "string", "avro.java.string": "String"}``), else None."""
+    if isinstance(avro_type, dict) and "logicalType" not in avro_type:
+        avro_type = avro_type.get("type")
+    return _PRIMITIVES.get(avro_type) if isinstance(avro_type, str) else None
+
+
+def _flat_plan(schema: Any) -> FlatPlan | None:
+    """The plan of a record whose fields are primitives or unions of primitives; None for
+    any other schema."""
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return None
+    plan: list[tuple[str, int, tuple[int, ...]]] = []
+    for field in schema.get("fields", ()):
+        kind = field["type"]
+        if isinstance(kind, list):
+            branches = [_primitive(branch) for branch in kind]
+            if not branches or None in branches:
+                return None
+            plan.append((str(field["name"]), _UNION, tuple(b for b in branches if b is not None)))
+        elif (code := _primitive(kind)) is not None:
+            plan.append((str(field["name"]), code, ()))
+        else:
+            return None
+    return tuple(plan)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos`` (an int, a long, a length, a union index) and the
+    position after it; IndexError past the end."""
+    byte = data[pos]
+    if byte < 0x80:  # one byte: every short string's length, every union index
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    value, shift = byte & 0x7F, 7
+    while byte & 0x80:
+        if shift > 63:
+            raise ValueError("a varint longer than 10 bytes")
+        pos += 1
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+    return (value >> 1) ^ -(value & 1), pos + 1
+
+
+def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901 (decode, below)
+    """The reader of one planned schema: one loop, no call per field but for a varint
+    longer than a byte (a call per field cost as much as fastavro's dispatch)."""
+    ieee = _IEEE
+
+    def decode(payload: bytes) -> dict[str, Any]:  # noqa: C901 (the hot loop, one frame)
+        out: dict[str, Any] = {}
+        pos = 0
+        try:
+            for name, code, branches in plan:
+                if code == _UNION:
+                    index, pos = _varint(payload, pos)
+                    if index < 0:
+                        raise IndexError(f"union index {index}")
+                    code = branches[index]  # noqa: PLW2901 (the branch the writer wrote)
+                if code >= _STRING:  # or _BYTES
+                    byte = payload[pos]
+                    if byte < 0x80:
+                        size, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+                    else:
+                        size, pos = _varint(payload, pos)
+                    end = pos + size
+                    if size < 0 or end > len(payload):
+                        raise ValueError(f"a length of {size} at byte {pos} of {len(payload)}")
+                    raw = payload[pos:end]
+                    out[name] = raw.decode() if code == _STRING else raw
+                    pos = end
+                elif code >= _FLOAT:  # or _DOUBLE
+                    unpack, size = ieee[code]
+                    out[name] = unpack(payload, pos)[0]
+                    pos += size
+                elif code == _VARINT:
+                    byte = payload[pos]
+                    if byte < 0x80:
+                        out[name], pos = (byte >> 1) ^ -(byte & 1), pos + 1
+                    else:
+                        out[name], pos = _varint(payload, pos)
+                elif code == _NULL:
+                    out[name] = None
+                else:  # _BOOLEAN: any byte but 0 is true, as fastavro reads it
+                    out[name] = payload[pos] != 0
+                    pos += 1
+        except (IndexError, ValueError, struct.error) as exc:  # cut short, not UTF-8, ...
+            raise Undecodable(f"Avro payload does not decode with schema id {schema_id}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        return out
 
     return decode
 
