@@ -20,7 +20,7 @@ from kafka_ingest_dev import stack
 from kafka_ingest_dev.demo import run_dag
 from tests.conftest import dag_env, last_task_state
 from tests.integration.helpers_ingest import query, read_topic, stored_offsets
-from tests.integration.test_formats import (
+from tests.integration.test_registry_formats import (
     AT_1,
     AT_2,
     CONTRACT_FIELDS,
@@ -128,7 +128,7 @@ def test_an_avro_pipelines_ingest_dag_loads_exact_rows_and_dead_letters(
 def test_a_protobuf_pipelines_ingest_dag_reads_records_importing_timestamp(
         stack_env: dict[str, str], registry_url: str, clients: Any, topics: Any,
         pg_dsn: str, sr: SchemaRegistryClient, tmp_path: Path) -> None:
-    """The Airflow side of the fresh-process case in tests/integration/test_formats.py: the
+    """The Airflow side of the fresh-process case in tests/integration/test_registry_formats.py: the
     task runs in a process where nothing imported google/protobuf/timestamp.proto."""
     name = "pay_proto"
     body = {"topic": topics(1, "src"), "dlq_topic": topics(1, "dlq"), "table": "pay_rows",
