@@ -173,7 +173,14 @@ def test_stack_env_exports_the_url_and_an_airflow_connection(registry_url: str) 
                                 conn_id="schema_registry_default")
     assert (conn.conn_type, conn.host, conn.port) == (
         "http", "127.0.0.1", stack.settings().registry_port)
-    assert f"{conn.conn_type}://{conn.host}:{conn.port}/{conn.schema}" == registry_url
+    # the pipelines read it as the registry's settings: the scheme in schema, the path in
+    # the extra (plugins/kafka_ingest_hook.registry_settings)
+    from kafka_ingest.kafka.registry import registry_settings_from
+
+    settings = registry_settings_from(source="stack env", host=conn.host, port=conn.port,
+                                      scheme=conn.schema, login=conn.login,
+                                      password=conn.password, extra=conn.extra_dejson)
+    assert settings.url == registry_url
 
 
 def test_stack_status_reports_the_registry(registry_url: str,

@@ -436,8 +436,8 @@ def test_a_row_the_encoder_refuses_is_isolated_and_dead_lettered_like_one_postgr
     real = ingest.validate_chunk
     bad = {17: "d\ud800", 120: "\udc80"}  # offset -> a value for the device_id column
 
-    def letting_one_through(messages: Any, pipe: Any) -> Any:
-        result = real(messages, pipe)
+    def letting_one_through(messages: Any, pipe: Any, decoder: Any = None) -> Any:
+        result = real(messages, pipe, decoder)
         result.rows = [Row((r[0], bad[r.source.offset], *r[2:])) if r.source.offset in bad
                        else r for r in result.rows]
         return result
