@@ -126,38 +126,26 @@ def produce_avro_topic(b: bi.Bench, topic: str, url: str) -> AvroData:
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from kafka_ingest.kafka.topics import ensure_topics
-    from kafka_ingest_dev.samples import sample_stream
+    from kafka_ingest_dev.samples import Outgoing, produce_records, sample_stream
 
     ensure_topics(b.clients, {topic: b.args.partitions})
     registry = SchemaRegistryClient({"url": url})
     serializer = AvroSerializer(registry, json.dumps(SCHEMA))
     ctx = SerializationContext(topic, MessageField.VALUE)
-    producer = b.clients.producer()
-    errors: list[str] = []
     expect: Counter[str] = Counter()
     size = 0
 
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
+    def records() -> Iterator[Outgoing]:
+        nonlocal size
+        doc = (bi.BASE_PIPELINE, b.base_body)
+        for s in sample_stream(bi._pipeline(doc), b.args.events, 1, tag=b.tag,
+                               partitions=b.args.partitions):
+            value = avro_value(s, lambda event: serializer(event, ctx))
+            size += len(value or b"")
+            expect[AVRO_EXPECT.get(s.kind, NOT_WIRE_FORMAT)] += 1
+            yield s.key, value, s.partition, None
 
-    doc = (bi.BASE_PIPELINE, b.base_body)
-    for s in sample_stream(bi._pipeline(doc), b.args.events, 1, tag=b.tag,
-                           partitions=b.args.partitions):
-        value = avro_value(s, lambda event: serializer(event, ctx))
-        size += len(value or b"")
-        while True:
-            try:
-                producer.produce(topic, value=value, key=s.key, on_delivery=on_delivery,
-                                 partition=-1 if s.partition is None else s.partition)
-                break
-            except BufferError:
-                producer.poll(0.5)
-        producer.poll(0)
-        expect[AVRO_EXPECT.get(s.kind, NOT_WIRE_FORMAT)] += 1
-    producer.flush(120)
-    if errors:
-        raise RuntimeError(f"{len(errors)} messages to {topic} not delivered: {errors[:3]}")
+    produce_records(b.clients.producer(), topic, records())
     subject = f"{topic}-value"
     schema_id = registry.get_latest_version(subject).schema_id
     registry.close()

@@ -313,33 +313,21 @@ def produce_connect_topic(clients: KafkaClients, doc: tuple[str, dict[str, Any]]
     """The sample ``produce_sample`` wrote (same generator, tag, seed, keys, partitions),
     each value as :func:`connect_value`; returns what to expect."""
     from kafka_ingest.kafka.topics import ensure_topics
-    from kafka_ingest_dev.samples import sample_stream
+    from kafka_ingest_dev.samples import Outgoing, produce_records, sample_stream
 
     ensure_topics(clients, {topic: partitions})
-    producer = clients.producer()
-    errors: list[str] = []
     expect: dict[str, int] = {}
     size = 0
 
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
+    def records() -> Iterator[Outgoing]:
+        nonlocal size
+        for s in sample_stream(bi._pipeline(doc), count, 1, tag=tag, partitions=partitions):
+            value = connect_value(s)
+            size += len(value or b"")
+            expect[s.expect] = expect.get(s.expect, 0) + 1
+            yield s.key, value, s.partition, None
 
-    for s in sample_stream(bi._pipeline(doc), count, 1, tag=tag, partitions=partitions):
-        value = connect_value(s)
-        size += len(value or b"")
-        while True:
-            try:
-                producer.produce(topic, value=value, key=s.key, on_delivery=on_delivery,
-                                 partition=-1 if s.partition is None else s.partition)
-                break
-            except BufferError:
-                producer.poll(0.5)
-        producer.poll(0)
-        expect[s.expect] = expect.get(s.expect, 0) + 1
-    producer.flush(120)
-    if errors:
-        raise RuntimeError(f"{len(errors)} messages to {topic} not delivered: {errors[:3]}")
+    produce_records(clients.producer(), topic, records())
     return {"produced": sum(expect.values()), "expect": expect, "value_mb": size / 1e6}
 
 

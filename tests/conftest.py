@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -237,6 +238,21 @@ def webhook() -> Iterator[Any]:
         server.server_close()
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held together while they are picked, so two
+    calls cannot hand out one port twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 @pytest.fixture(scope="session")
 def registry_url(stack_env: dict[str, str]) -> str:
     """The local stack's schema registry (``stack up --registry``), started if it is not
@@ -247,3 +263,15 @@ def registry_url(stack_env: dict[str, str]) -> str:
     env = stack.up(registry=True)
     os.environ.update(env)
     return env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"]
+
+
+@pytest.fixture
+def sr(registry_url: str) -> Iterator[Any]:
+    """The producing side's registry client (confluent-kafka's own)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": registry_url})
+    try:
+        yield client
+    finally:
+        client.close()

@@ -515,10 +515,6 @@ class Pipeline(_Strict):
         return tuple(c.name for c in self.sink_columns)
 
     @property
-    def columns(self) -> tuple[str, ...]:
-        return self.column_names
-
-    @property
     def conflict_columns(self) -> tuple[str, ...]:
         """The target table's primary key: what ``ON CONFLICT`` names."""
         if self.upsert.mode is UpsertMode.LATEST:

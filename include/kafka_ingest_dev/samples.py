@@ -10,7 +10,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -152,36 +152,51 @@ def sample_stream(pipeline: Pipeline, count: int, poison_rounds: int, *, tag: st
     yield from pills
 
 
-def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poison: int,
-                   partitions: int = 3, tag: str | None = None) -> dict[str, Any]:
-    """Create the topics if missing and produce a sample; return what to expect."""
-    tag = tag or uuid.uuid4().hex[:8]
-    ensure_topics(clients, {pipeline.topic: partitions, pipeline.dlq_topic: partitions})
-    producer = clients.producer()
-    expect: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
+#: One record to produce: key, value, partition (None: the partitioner's, by key), headers.
+Outgoing = tuple[bytes | None, bytes | None, int | None, list[tuple[str, bytes]] | None]
+
+
+def produce_records(producer: Any, topic: str, records: Iterable[Outgoing], *,
+                    flush_s: float = 120.0) -> None:
+    """Produce ``records`` to ``topic``, waiting out a full local queue, then check every
+    delivery report: one undelivered record raises."""
     errors: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
 
-    for s in sample_stream(pipeline, count, poison, tag=tag, partitions=partitions):
+    for key, value, partition, headers in records:
         while True:
             try:
-                # partition -1: let the partitioner choose (by key)
-                producer.produce(pipeline.topic, value=s.value, key=s.key,
-                                 on_delivery=on_delivery,
-                                 partition=-1 if s.partition is None else s.partition)
+                producer.produce(topic, value=value, key=key, headers=headers,
+                                 partition=-1 if partition is None else partition,
+                                 on_delivery=on_delivery)
                 break
-            except BufferError:
+            except BufferError:  # the local queue is full: serve delivery reports
                 producer.poll(0.5)
         producer.poll(0)
-        expect[s.expect] += 1
-        kinds[s.kind] += 1
-    producer.flush(60)
+    producer.flush(flush_s)
     if errors:
-        raise RuntimeError(f"{len(errors)} sample messages were not delivered: {errors[:3]}")
+        raise RuntimeError(f"{len(errors)} messages to {topic} were not delivered: "
+                           f"{errors[:3]}")
+
+
+def produce_sample(clients: KafkaClients, pipeline: Pipeline, *, count: int, poison: int,
+                   partitions: int = 3, tag: str | None = None) -> dict[str, Any]:
+    """Create the topics if missing and produce a sample; return what to expect."""
+    tag = tag or uuid.uuid4().hex[:8]
+    ensure_topics(clients, {pipeline.topic: partitions, pipeline.dlq_topic: partitions})
+    expect: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+
+    def records() -> Iterator[Outgoing]:
+        for s in sample_stream(pipeline, count, poison, tag=tag, partitions=partitions):
+            expect[s.expect] += 1
+            kinds[s.kind] += 1
+            yield s.key, s.value, s.partition, None
+
+    produce_records(clients.producer(), pipeline.topic, records(), flush_s=60)
     return {"tag": tag, "topic": pipeline.topic, "produced": sum(kinds.values()),
             "expect": dict(expect), "kinds": dict(kinds)}
 
@@ -207,8 +222,6 @@ def produce_state_sample(clients: KafkaClients, pipeline: Pipeline, *, accounts:
     tag = tag or uuid.uuid4().hex[:8]
     create_pipeline_topics(clients, [pipeline])  # the state topic compacted, if it says so
     rng = random.Random(seed)
-    producer = clients.producer()
-    errors: list[str] = []
     last: dict[str, str | None] = {}
     records: list[tuple[bytes | None, bytes | None]] = []
     for i in range(updates):
@@ -232,14 +245,9 @@ def produce_state_sample(clients: KafkaClients, pipeline: Pipeline, *, accounts:
               (b"acct-poison", json.dumps({"event_id": f"{tag}-p-2", "balance": "1.00",
                                            "currency": "EURO", "updatedAt": 1}).encode()),
               (b"acct-poison", b"{not json")]
-    for n, (key, value) in enumerate([*records, *poison]):
-        producer.produce(pipeline.topic, key=key, value=value,
-                         headers=[("trace-id", f"{tag}-{n}".encode())],
-                         on_delivery=lambda err, _m: errors.extend([str(err)] if err else []))
-        producer.poll(0)
-    producer.flush(60)
-    if errors:
-        raise RuntimeError(f"{len(errors)} sample messages were not delivered: {errors[:3]}")
+    produce_records(clients.producer(), pipeline.topic,
+                    ((key, value, None, [("trace-id", f"{tag}-{n}".encode())])
+                     for n, (key, value) in enumerate([*records, *poison])), flush_s=60)
     return StateSample(
         final={a: e for a, e in last.items() if e is not None},
         deleted=frozenset(a for a, e in last.items() if e is None),

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import create_database, drop_database
 from kafka_ingest_dev.faults import Toxiproxy
 from kafka_ingest_dev.samples import produce_sample
+from tests.conftest import free_ports
 
 #: Whether the slow fault tests run too (``-m faults_full`` also turns this on, see
 #: tests/chaos/conftest.py).
@@ -54,20 +54,6 @@ _BASE_PORTS = (
 )
 _NODE_PORTS = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
                "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held together while they are picked)."""
-    socks = []
-    try:
-        for _ in range(n):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @dataclass

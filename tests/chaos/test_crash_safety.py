@@ -164,3 +164,57 @@ def test_postgres_restarted_mid_run_is_transient_and_the_rerun_is_exact(
     # The failed chunk's dead letters reached the DLQ before its transaction died, so the
     # topic may hold them twice; the dead_letters table holds each once.
     assert_invariants(pipeline, clients, pg_dsn, expected, dlq_exactly_once=False)
+
+
+# (stage, nth occurrence): where a deleting pipeline's run is killed
+DELETE_KILLS = [
+    # the chunk's upsert and its tombstones' deletes and markers written, not committed
+    pytest.param("upserted", 2, id="deletes-written-not-committed"),
+    # committed: rows deleted and markers written, the group commit never happened
+    pytest.param("db_committed", 2, id="deletes-committed-before-kafka-commit"),
+    # half the COPY of a chunk whose tombstones had not run yet
+    pytest.param("copy", 3, id="in-the-middle-of-copy"),
+]
+
+
+@pytest.mark.parametrize(("stage", "nth"), DELETE_KILLS)
+def test_a_killed_deleting_run_leaves_the_table_mirroring_the_log_after_the_next(
+        stage: str, nth: int, make_pipeline: Callable[..., Any], clients: KafkaClients,
+        db: Any, pg_dsn: str, tmp_path: Path) -> None:
+    """A state topic with updates, deletes and re-inserts (``account_balances``: the record
+    key as the upsert key, tombstones delete in log order): a SIGKILL at a step of a chunk,
+    then the retry, leaves each account's last record, no row for an account whose last
+    record is a tombstone, a marker for exactly those, and the pills dead-lettered once."""
+    from kafka_ingest_dev.samples import produce_state_sample
+    from tests.conftest import write_pipelines_file
+
+    pipeline = make_pipeline("account_balances", chunk_size=100,
+                             source_topic_config={"cleanup.policy": "compact"})
+    sample = produce_state_sample(clients, pipeline, accounts=120, updates=2_400)
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_INGEST_KAFKA_CONFIG"}
+    env.update(KAFKA_INGEST_PIPELINES=str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
+               KAFKA_INGEST_PG_DSN=pg_dsn,
+               KAFKA_BOOTSTRAP_SERVERS=clients.config["bootstrap.servers"],
+               CHAOS_KILL_STAGE=stage, CHAOS_KILL_NTH=str(nth), CHAOS_KILL_WITH_DEAD="0")
+    done = subprocess.run([sys.executable, str(WORKER), pipeline.name, "chaos-run"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout,
+                                                done.stderr[-3000:])
+    end = highs(clients, pipeline.topic)
+    assert stored_offsets(pg_dsn, pipeline) != end  # killed part way
+
+    run(pipeline, clients, db, run_id="chaos-run")  # the retry: the pinned slices
+    assert run(pipeline, clients, db) == []  # and nothing left for a new run
+
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        stored = dict(conn.execute("SELECT account_id, event_id FROM account_balances"))
+        markers = {r[0] for r in conn.execute(
+            "SELECT account_id FROM account_balances_tombstones")}
+        dead = dict(conn.execute("SELECT error_class, count(*) FROM dead_letters"
+                                 " WHERE pipeline = %s GROUP BY 1", (pipeline.name,)))
+    assert stored == sample.final
+    assert markers == set(sample.deleted) and sample.deleted
+    assert dead == sample.poison
+    assert stored_offsets(pg_dsn, pipeline) == end

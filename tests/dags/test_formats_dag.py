@@ -49,15 +49,6 @@ DAG_ID = f"{NAME}_ingest"
 
 
 @pytest.fixture
-def sr(registry_url: str) -> Iterator[SchemaRegistryClient]:
-    client = SchemaRegistryClient({"url": registry_url})
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def pipeline(topics: Any, sr: SchemaRegistryClient) -> Iterator[Pipeline]:
     """The Avro pipeline on fresh random topics; its subject deleted afterwards."""
     body = {"topic": topics(1, "src"), "dlq_topic": topics(1, "dlq"), "table": "pay_rows",

@@ -53,6 +53,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, registry_settings_from
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev import stack
+from tests.conftest import free_ports
 from tests.integration.helpers_ingest import group_offsets, highs, query, read_topic, stored_offsets
 
 with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_ingest's registry
@@ -242,16 +243,6 @@ def writer(fmt: str, sr: SchemaRegistryClient, topic: str) -> Writer:
 
 
 @pytest.fixture
-def sr(registry_url: str) -> Iterator[SchemaRegistryClient]:
-    """The producing side's registry client (confluent-kafka's own)."""
-    client = SchemaRegistryClient({"url": registry_url})
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def subjects(registry_url: str) -> Iterator[list[str]]:
     """Subjects to delete afterwards (soft, then for good); tests append theirs."""
     made: list[str] = []
@@ -271,13 +262,6 @@ def delete_subject(client: SchemaRegistryClient, subject: str) -> None:
             client.delete_subject(subject, permanent=permanent)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.fixture
 def own_registry(stack_env: dict[str, str], tmp_path: Path,
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
@@ -285,8 +269,9 @@ def own_registry(stack_env: dict[str, str], tmp_path: Path,
     touched), stopped afterwards whatever happens; yields its URL. ``stack_env`` comes
     first: the shared stack's environment is read before the state dir is changed."""
     monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(tmp_path / "own-state"))
-    monkeypatch.setenv("KAFKA_INGEST_REGISTRY_PORT", str(_free_port()))
-    monkeypatch.setenv("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT", str(_free_port()))
+    port, management = free_ports(2)
+    monkeypatch.setenv("KAFKA_INGEST_REGISTRY_PORT", str(port))
+    monkeypatch.setenv("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT", str(management))
     try:
         yield stack.start_registry(report=print)
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from kafka_ingest_dev import apicurio, stack
 from kafka_ingest_dev.procs import alive
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -208,22 +208,15 @@ def test_a_plain_up_leaves_the_registry_running(registry_url: str) -> None:
 # --------------------------------------------------------------------------- its own registry
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.fixture
 def own_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A state dir and ports of its own (Kafka's and Postgres' too, so nothing here can
     reach the shared stack); its registry is stopped afterwards whatever happens."""
     monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(tmp_path))
-    for name in ("KAFKA_INGEST_REGISTRY_PORT", "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
-                 "KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
-                 "KAFKA_INGEST_PG_PORT"):
-        monkeypatch.setenv(name, str(_free_port()))
+    names = ("KAFKA_INGEST_REGISTRY_PORT", "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
+             "KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT")
+    for name, port in zip(names, free_ports(len(names)), strict=True):
+        monkeypatch.setenv(name, str(port))
     try:
         yield tmp_path
     finally:

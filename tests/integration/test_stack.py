@@ -13,7 +13,6 @@ import logging
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ingest_dev import stack
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -234,13 +234,6 @@ def test_up_twice_is_a_noop(stack_env: dict[str, str]) -> None:
     assert took < 5.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A second, independent stack from nothing (the jar cache stays warm), on its own
@@ -251,8 +244,9 @@ def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
     """
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-cold-"))
     monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(state))
-    for name in ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT"):
-        monkeypatch.setenv(name, str(_free_port()))
+    names = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT")
+    for name, port in zip(names, free_ports(len(names)), strict=True):
+        monkeypatch.setenv(name, str(port))
     pids: dict[str, int | None] = {}
     try:
         started = time.monotonic()

@@ -60,12 +60,12 @@ def test_the_shipped_file_loads(shipped: dict[str, Pipeline]) -> None:
 def test_shipped_latest_upsert_pipeline(shipped: dict[str, Pipeline]) -> None:
     state = shipped["device_state"]
     assert state.upsert.mode is UpsertMode.LATEST
-    assert state.upsert.key in state.columns
+    assert state.upsert.key in state.column_names
 
 
 def test_the_shipped_declared_pipeline_needs_no_python(shipped: dict[str, Pipeline]) -> None:
     balances = shipped["account_balances"]
-    assert balances.model.DECLARED and balances.model.key() == "account_balance.v1"
+    assert balances.model.is_declared() and balances.model.key() == "account_balance.v1"
     assert balances.column_names == ("event_id", "balance", "currency", "updated_at",
                                      "limits", "account_id", "trace_id")
     assert balances.conflict_columns == ("account_id",)

@@ -118,8 +118,8 @@ def test_declared_examples_have_the_hand_written_columns() -> None:
 
 def test_declared_models_are_contracts_with_their_key() -> None:
     assert issubclass(METRIC_DECLARED, Contract)
-    assert (METRIC_DECLARED.key(), METRIC_DECLARED.DECLARED) == ("metric_reading.v2", True)
-    assert (MetricEventV2.DECLARED, MetricEventV2.DECLARATION) == (False, None)
+    assert (METRIC_DECLARED.key(), METRIC_DECLARED.is_declared()) == ("metric_reading.v2", True)
+    assert (MetricEventV2.is_declared(), MetricEventV2.DECLARATION) == (False, None)
     assert sorted(DECLARED) == ["metric_reading.v1", "metric_reading.v2", "order_placed.v1"]
 
 
@@ -728,7 +728,7 @@ import json, pickle, sys
 pipeline = pickle.loads(sys.stdin.buffer.read())
 model = pipeline.model
 fields = {name: [f.alias, f.is_required()] for name, f in model.model_fields.items()}
-out = {"class": model.__name__, "key": model.key(), "declared": model.DECLARED,
+out = {"class": model.__name__, "key": model.key(), "declared": model.is_declared(),
        "fields": fields, "sink_columns": model.SINK_COLUMNS, "staged": model.STAGED,
        "columns": pipeline.column_names}
 for payload in sys.argv[1:]:

@@ -58,9 +58,9 @@ class Contract(BaseModel):
     #: travels in, SQL that turns it into the column's type with ``{}`` for the value).
     #: Postgres does in C what Python would do per message (e.g. epoch -> timestamptz).
     STAGED: ClassVar[dict[str, tuple[str, str]]] = {}
-    #: Built from a declaration in the pipelines file (:mod:`~kafka_ingest.contracts.declared`).
-    DECLARED: ClassVar[bool] = False
-    #: A declared contract's declaration, as JSON (None for a hand-written one).
+    #: A contract built from a declaration in the pipelines file
+    #: (:mod:`~kafka_ingest.contracts.declared`): the declaration, as JSON; None for one
+    #: written in Python.
     DECLARATION: ClassVar[str | None] = None
 
     event_id: EventId
@@ -71,6 +71,10 @@ class Contract(BaseModel):
         ``STAGED`` column's value before Postgres converts it)."""
         values: tuple[Any, ...] = sink_getter(type(self))(self)
         return values
+
+    @classmethod
+    def is_declared(cls) -> bool:
+        return cls.DECLARATION is not None
 
     @classmethod
     def key(cls) -> str:

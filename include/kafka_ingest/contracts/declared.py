@@ -354,7 +354,6 @@ def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
                               *((f.column or n, f.final_type) for n, f in present.items()))
         model.STAGED = {f.column or n: _STAGED_TIME[f.encoding] for n, f in present.items()
                         if f.type is FieldType.TIMESTAMPTZ and f.encoding in _STAGED_TIME}
-        model.DECLARED = True
         model.DECLARATION = spec.model_dump_json(exclude_unset=True)
         models.append(model)
     return models
