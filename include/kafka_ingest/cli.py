@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import uuid
@@ -60,6 +61,9 @@ from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest.kafka.topics import create_pipeline_topics
+from kafka_ingest.ops import alert_rules
+from kafka_ingest.ops.metrics import serve
+from kafka_ingest.ops.observe import SnapshotCache, Sources, snapshot
 from kafka_ingest.ops.status import lag, pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
 
@@ -492,6 +496,54 @@ def _add_operator_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_replay)
 
 
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve every pipeline's Prometheus metrics on ``/metrics`` until stopped."""
+    clients, db = kafka_clients(), database()
+    bounded = Database(db.dsn, connect_timeout=max(1, math.ceil(args.timeout)),
+                       reply_timeout_s=args.timeout)
+    pipelines = [p for _, p in sorted(load_pipelines().items())]
+    sources = Sources(clients=lambda _p: clients, database=lambda _p: bounded)
+    cache = SnapshotCache(lambda: snapshot(pipelines, sources, timeout_s=args.timeout),
+                          max_age_s=args.cache)
+    serve(cache, host=args.host, port=args.port)
+    return 0
+
+
+def cmd_alert_rules(args: argparse.Namespace) -> int:
+    """Print (or write) the Prometheus rules file of the pipelines' alerts."""
+    text = alert_rules.render(load_pipelines().values(), hold=getattr(args, "for"),
+                              interval=args.check_interval)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_observability_commands(sub: Any) -> None:
+    p = sub.add_parser("exporter", help="serve every pipeline's Prometheus metrics "
+                       "(lag, ledger counters, DLQ, freshness) on /metrics")
+    p.add_argument("--port", type=int, default=9464)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default: loopback only)")
+    p.add_argument("--cache", type=float, default=10.0, metavar="SECONDS",
+                   help="serve one look at the pipelines for this long (default: 10)")
+    p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
+                   help="the bound of each request to Kafka and Postgres (default: 3)")
+    p.set_defaults(func=cmd_exporter)
+
+    p = sub.add_parser("alert-rules", help="print the Prometheus rules file of the "
+                       "pipelines' alerts blocks (the monitor DAG's rules)")
+    p.add_argument("--for", default="5m", metavar="DURATION",
+                   help="how long a breach lasts before its alert fires (default: 5m)")
+    p.add_argument("--check-interval", default=alert_rules.CHECK_INTERVAL, metavar="DURATION",
+                   help="the lag-growth rule's step (default: the monitor DAG's 5m)")
+    p.add_argument("-o", "--output", help="write the rules to this file")
+    p.set_defaults(func=cmd_alert_rules)
+
+
 def _add_inspection_commands(sub: Any) -> None:
     p = sub.add_parser("lag", help="stored offset, group offset, high watermark and lag")
     p.add_argument("pipeline", nargs="?")
@@ -567,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_migrate)
     _add_operator_commands(sub)
     _add_inspection_commands(sub)
+    _add_observability_commands(sub)
     for extension in entry_points(group="kafka_ingest.commands"):
         extension.load()(sub)
     return parser

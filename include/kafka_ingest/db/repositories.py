@@ -39,6 +39,18 @@ class OffsetsRepository:
         ).fetchall()
         return {int(p): int(o) for p, o in rows}
 
+    def of_pipelines(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str, int], int]:
+        """The stored offsets of several ``(pipeline, topic)``, by ``(pipeline, topic,
+        partition)``, in one query."""
+        if not wanted:
+            return {}
+        rows = self.conn.execute(
+            "SELECT o.pipeline, o.topic, o.partition, o.next_offset FROM ingest_offsets o"
+            " JOIN unnest(%s::text[], %s::text[]) AS w(pipeline, topic)"
+            " ON o.pipeline = w.pipeline AND o.topic = w.topic",
+            ([p for p, _ in wanted], [t for _, t in wanted])).fetchall()
+        return {(p, t, int(part)): int(o) for p, t, part, o in rows}
+
     def initialise(self, pipeline: str, topic: str, partition: int, offset: int) -> int:
         """Store ``offset`` unless a value exists; return the stored value."""
         self.conn.execute(

@@ -8,15 +8,22 @@ so lag tools see them. The clients come from :class:`kafka_ingest.kafka.clients.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_not, methodcaller
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from kafka_ingest.errors import KafkaUnavailable, OffsetGapError, TopicMissing
 from kafka_ingest.kafka.clients import map_kafka_error
@@ -48,6 +55,17 @@ def partitions_of(consumer: Any, topic: str, *, timeout_s: float = 10.0,
     if meta.error is not None:
         raise map_kafka_error("metadata", meta.error)
     return sorted(meta.partitions)
+
+
+def topic_partitions(consumer: Any, *, timeout_s: float = 10.0) -> dict[str, list[int]]:
+    """Every topic of the cluster and its partition ids, in one metadata request (which,
+    unlike asking for one topic by name, never makes a broker auto-create it)."""
+    try:
+        md = consumer.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise map_kafka_error("metadata", exc, consumer) from exc
+    return {name: sorted(meta.partitions) for name, meta in md.topics.items()
+            if meta.error is None}
 
 
 def watermarks(consumer: Any, topic: str, partitions: list[int],
@@ -237,6 +255,53 @@ def _raise_on_error(consumer: Any, msg: Any, topic: str, partition: int, positio
 def _position(consumer: Any, topic: str, partition: int) -> int:
     (tp,) = consumer.position([TopicPartition(topic, partition)])
     return int(tp.offset)
+
+
+def group_offsets(admin: Any, wanted: Sequence[tuple[str, str, list[int]]], *,
+                  timeout_s: float = 10.0) -> dict[tuple[str, str], dict[int, int | None]]:
+    """Committed offsets of several consumer groups, by ``(group, topic)`` then partition
+    (``None``: none committed); ``wanted``: ``(group, topic, partitions)``. One admin request
+    per group (what the protocol allows), sent together and each waited ``timeout_s``."""
+    if not wanted:
+        return {}
+    requests = {(g, t): ConsumerGroupTopicPartitions(g, [TopicPartition(t, p) for p in parts])
+                for g, t, parts in wanted}
+    out: dict[tuple[str, str], dict[int, int | None]] = {}
+    try:
+        futures = [(key, admin.list_consumer_group_offsets([req], request_timeout=timeout_s))
+                   for key, req in requests.items()]
+        for key, by_group in futures:
+            found = next(iter(by_group.values())).result(timeout=timeout_s)
+            out[key] = {tp.partition: (tp.offset if tp.offset >= 0 else None)
+                        for tp in found.topic_partitions}
+    except KafkaException as exc:
+        raise map_kafka_error("committed offsets of the consumer groups", exc) from exc
+    except concurrent.futures.TimeoutError:
+        raise KafkaUnavailable("committed offsets of the consumer groups",
+                               f"no answer within {timeout_s:g} s") from None
+    return out
+
+
+def first_timestamps(consumer: Any, positions: Mapping[tuple[str, int], int], *,
+                     timeout_s: float) -> dict[tuple[str, int], float]:
+    """The timestamp (seconds since the epoch) of the first message at or after each
+    ``(topic, partition) -> offset``; reads one fetch's worth per partition, assign +
+    seek, and stops at ``timeout_s`` with what it has (a partition whose message did not
+    arrive in time is absent). Nothing is committed."""
+    if not positions:
+        return {}
+    consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+    found: dict[tuple[str, int], float] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < len(positions) and (left := deadline - time.monotonic()) > 0:
+        for msg in consumer.consume(num_messages=500, timeout=min(left, 0.5)):
+            key = (msg.topic(), msg.partition())
+            if msg.error() is None and key not in found:
+                kind, ms = msg.timestamp()
+                if kind != TIMESTAMP_NOT_AVAILABLE and ms >= 0:
+                    found[key] = ms / 1000.0
+                consumer.pause([TopicPartition(*key)])
+    return found
 
 
 def committed_offsets(consumer: Any, topic: str, partitions: list[int],

@@ -34,6 +34,8 @@ from itertools import pairwise
 from typing import Any
 from urllib.parse import urlsplit
 
+from psycopg.types.json import Jsonb
+
 from kafka_ingest.config import Alerts, Pipeline
 
 
@@ -48,6 +50,8 @@ class Figures:
     total_lag: int | None
     group_lag: int | None = None
     partitions: int = 0
+    #: Per partition (a negative lag counts as 0); empty when the lag is not known.
+    partition_lags: Mapping[int, int] = field(default_factory=dict)
     #: Recorded totals, oldest first, ending with this check's total.
     lag_history: tuple[int, ...] = ()
     window_minutes: int = 60
@@ -220,6 +224,7 @@ def gather(pipeline: Pipeline, lag_rows: Sequence[Mapping[str, Any]] | None,
     return Figures(
         pipeline=name, now=now, total_lag=total, group_lag=group,
         partitions=len(lag_rows or ()),
+        partition_lags={int(r["partition"]): max(0, int(r["lag"])) for r in lag_rows or ()},
         lag_history=(*past, total) if total is not None else tuple(past),
         window_minutes=alerts.window_minutes, read=int(read), dead_lettered=int(dead),
         last_live_commit=_one(conn, "SELECT max(committed_at) FROM ingest_runs"
@@ -236,9 +241,10 @@ def record(conn: Any, figures: Figures, breaches: Sequence[Breach]) -> None:
         raise ValueError(f"{figures.pipeline}: a check without a lag is not recorded")
     conn.execute(
         "INSERT INTO monitor_checks (pipeline, checked_at, total_lag, group_lag, dlq_rate,"
-        " parked, breaches) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        " parked, breaches, partition_lags) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
         (figures.pipeline, figures.now, figures.total_lag, figures.group_lag,
-         figures.dlq_rate, figures.parked, [b.rule for b in breaches]))
+         figures.dlq_rate, figures.parked, [b.rule for b in breaches],
+         Jsonb({str(p): lag for p, lag in sorted(figures.partition_lags.items())})))
 
 
 def check(pipeline: Pipeline, lag_rows: Sequence[Mapping[str, Any]] | None, conn: Any,

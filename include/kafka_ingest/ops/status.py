@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,9 +15,9 @@ from psycopg import sql
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository
-from kafka_ingest.errors import IngestError
+from kafka_ingest.errors import IngestError, TopicMissing
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import committed_offsets, partitions_of, watermarks
+from kafka_ingest.kafka.reader import group_offsets, topic_partitions, watermarks
 from kafka_ingest.ops.monitor import CheckResult, Figures, check
 
 
@@ -30,25 +31,49 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
     differ after a kill between the database commit and the Kafka commit, until the next
     live run re-syncs the group to the stored offset.
     """
-    wait_s = clients.request_timeout_s  # a cluster out of reach fails after its time-out
-    consumer = clients.consumer(pipeline.group_id)
+    found = lags([pipeline], clients, db)[pipeline.name]
+    if isinstance(found, IngestError):
+        raise found
+    return found
+
+
+def lags(pipelines: Sequence[Pipeline], clients: KafkaClients, db: Database, *,
+         timeout_s: float | None = None) -> dict[str, list[dict[str, Any]] | IngestError]:
+    """:func:`lag` of several pipelines of one cluster and database, with one consumer,
+    one metadata request, one admin request per consumer group and one query: per
+    pipeline its rows, or the error that kept them from being known (a missing topic) so
+    one pipeline's trouble does not hide the others'. A cluster or database out of reach
+    raises. Every request waits ``timeout_s`` at most (default: the config's
+    ``socket.timeout.ms``)."""
+    wait_s = timeout_s or clients.request_timeout_s  # a cluster out of reach fails after it
+    out: dict[str, list[dict[str, Any]] | IngestError] = {}
+    marks: dict[str, dict[int, tuple[int, int]]] = {}
+    consumer = clients.consumer("kafka-ingest.lag")
     try:
-        parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)
-        marks = watermarks(consumer, pipeline.topic, parts, timeout_s=wait_s)
-        group = committed_offsets(consumer, pipeline.topic, parts, timeout_s=wait_s)
+        topics = topic_partitions(consumer, timeout_s=wait_s)
+        for p in pipelines:
+            if p.topic not in topics:
+                out[p.name] = TopicMissing(p.topic)
+                continue
+            marks[p.name] = watermarks(consumer, p.topic, topics[p.topic], timeout_s=wait_s)
     finally:
         consumer.close()
+    live = [p for p in pipelines if p.name in marks]
+    groups = group_offsets(clients.admin(), [(p.group_id, p.topic, list(marks[p.name]))
+                                             for p in live], timeout_s=wait_s)
     with db.session() as conn:
-        stored = OffsetsRepository(conn).all(pipeline.name, pipeline.topic)
-    rows = []
-    for p in parts:
-        low, high = marks[p]
-        s, g = stored.get(p), group.get(p)
-        rows.append({"pipeline": pipeline.name, "topic": pipeline.topic, "partition": p,
-                     "stored_offset": s, "group_offset": g, "low": low,
-                     "high": high, "lag": high - (s if s is not None else low),
-                     "group_lag": high - g if g is not None else None})
-    return rows
+        stored = OffsetsRepository(conn).of_pipelines([(p.name, p.topic) for p in live])
+    for p in live:
+        rows: list[dict[str, Any]] = []
+        out[p.name] = rows
+        group = groups.get((p.group_id, p.topic), {})
+        for part, (low, high) in sorted(marks[p.name].items()):
+            s, g = stored.get((p.name, p.topic, part)), group.get(part)
+            rows.append({"pipeline": p.name, "topic": p.topic, "partition": part,
+                         "stored_offset": s, "group_offset": g, "low": low,
+                         "high": high, "lag": high - (s if s is not None else low),
+                         "group_lag": high - g if g is not None else None})
+    return out
 
 
 def status_rows(conn: Any, pipeline: str | None, *,

@@ -1,0 +1,241 @@
+"""One look at every pipeline, for the Prometheus metrics and the pipelines page.
+
+:func:`snapshot` reads, for each pipeline: the lag per partition (:func:`kafka_ingest.ops.
+status.lags`: Kafka's watermarks against the stored offsets, and the consumer group's
+offsets), the age of the oldest unread message (the timestamp of the message at the stored
+offset), the monitor's figures and the rules they breach now (:func:`kafka_ingest.ops.
+monitor.check`, nothing recorded), the ledger's totals by mode (``ingest_runs``: counters
+that survive restarts and never go backwards, since the ledger is append-only), the
+parked dead letters by reason, and, where the caller can tell (the Airflow plugin), the
+outcome of the ingest DAG's last run.
+
+Pipelines are grouped by their Kafka and Postgres connections; each group's cluster and
+database are asked once for all its pipelines, every request bounded by ``timeout_s``. A
+cluster or database out of reach is not an error here: the snapshot says which is down
+(:attr:`Snapshot.up`) and shows what the other one could tell.
+
+:class:`SnapshotCache` keeps the last snapshot for a few seconds, so scrapes from several
+Prometheus servers and page views cost one look, and a slow broker is asked once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database
+from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, SettingsError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.reader import first_timestamps
+from kafka_ingest.ops.monitor import CheckResult, check
+from kafka_ingest.ops.status import lags
+
+log = logging.getLogger(__name__)
+
+#: How long one request of a snapshot may wait, unless the caller says otherwise: under
+#: Prometheus' default scrape time-out (10 s) with room for the rest of the scrape.
+DEFAULT_TIMEOUT_S = 3.0
+#: The ledger's counters, per pipeline and mode (``live``, ``backfill``, ``replay``).
+COUNTERS = ("read", "inserted", "duplicates", "dead_lettered", "deleted")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How the ingest DAG's newest finished run ended (known to the Airflow plugin)."""
+
+    state: str
+    run_id: str
+    ended_at: float  # seconds since the epoch
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "success"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineView:
+    """What one snapshot knows of one pipeline; ``None``: could not be known."""
+
+    pipeline: Pipeline
+    #: Rows of :func:`kafka_ingest.ops.status.lag`; ``None`` with ``lag_error`` saying why.
+    lag_rows: tuple[dict[str, Any], ...] | None = None
+    lag_error: str | None = None
+    #: Per partition, the timestamp (epoch seconds) of the oldest message not ingested.
+    oldest_unread: Mapping[int, float] = field(default_factory=dict)
+    #: The monitor's figures and the rules breached now; ``None``: the database was down.
+    result: CheckResult | None = None
+    #: mode -> counter (:data:`COUNTERS`) -> total over the ledger.
+    totals: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    parked_by_reason: Mapping[str, int] = field(default_factory=dict)
+    outcome: RunOutcome | None = None
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def total_lag(self) -> int | None:
+        return None if self.result is None else self.result.figures.total_lag
+
+    @property
+    def breached(self) -> frozenset[str]:
+        """The rules (``alerts`` keys) breached now."""
+        return frozenset(() if self.result is None else (b.rule for b in self.result.breaches))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    views: tuple[PipelineView, ...]
+    #: ``(component, connection) -> reachable``, component ``kafka`` or ``postgres``.
+    up: Mapping[tuple[str, str], bool]
+    taken_at: float  # seconds since the epoch
+    seconds: float  # how long the look took
+
+    def view(self, name: str) -> PipelineView | None:
+        return next((v for v in self.views if v.name == name), None)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """How to reach a pipeline's cluster and database: from Airflow's connections in the
+    plugin, from the environment in the CLI's exporter. ``outcomes``: the ingest DAGs'
+    last runs by pipeline name, where the caller can tell."""
+
+    clients: Callable[[Pipeline], KafkaClients]
+    database: Callable[[Pipeline], Database]
+    outcomes: Callable[[Sequence[Pipeline]], Mapping[str, RunOutcome]] | None = None
+
+
+def snapshot(pipelines: Sequence[Pipeline], sources: Sources, *,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> Snapshot:
+    """Every pipeline, as one snapshot (see the module's text)."""
+    started = time.monotonic()
+    groups: dict[tuple[str, str], list[Pipeline]] = {}
+    for p in pipelines:
+        groups.setdefault((p.kafka_conn_id, p.postgres_conn_id), []).append(p)
+    up: dict[tuple[str, str], bool] = {}
+    views: dict[str, PipelineView] = {}
+    for (kafka_id, pg_id), members in groups.items():
+        kafka_ok, pg_ok, found = _look(members, sources, timeout_s)
+        up[("kafka", kafka_id)] = up.get(("kafka", kafka_id), True) and kafka_ok
+        up[("postgres", pg_id)] = up.get(("postgres", pg_id), True) and pg_ok
+        views.update(found)
+    outcomes: Mapping[str, RunOutcome] = {}
+    if sources.outcomes is not None:
+        try:
+            outcomes = sources.outcomes(pipelines)
+        except Exception:  # the page and the metrics go on without the last runs
+            log.exception("the ingest DAGs' last runs could not be read")
+    ordered = tuple(_with_outcome(views[p.name], outcomes.get(p.name)) for p in pipelines)
+    return Snapshot(ordered, up, time.time(), time.monotonic() - started)
+
+
+def _with_outcome(view: PipelineView, outcome: RunOutcome | None) -> PipelineView:
+    if outcome is None:
+        return view
+    return replace(view, outcome=outcome)
+
+
+def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
+          ) -> tuple[bool, bool, dict[str, PipelineView]]:
+    """One group's cluster and database: (kafka up, postgres up, views)."""
+    kafka_ok = pg_ok = True
+    errors: dict[str, str] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    oldest: dict[tuple[str, int], float] = {}
+    db = sources.database(members[0])
+    try:
+        clients = sources.clients(members[0])
+        for name, found in lags(members, clients, db, timeout_s=timeout_s).items():
+            if isinstance(found, IngestError):
+                errors[name] = str(found)
+            else:
+                rows[name] = found
+        oldest = _oldest_unread(clients, [r for rs in rows.values() for r in rs], timeout_s)
+    except (KafkaUnavailable, KafkaRefused, SettingsError, ValueError) as exc:
+        kafka_ok = False  # the cluster out of reach, refused, or not configured
+        errors = dict.fromkeys((p.name for p in members), f"lag not known: {exc}")
+        rows = {}
+    except IngestError as exc:  # Kafka answered; the stored offsets did not
+        pg_ok = False
+        errors = dict.fromkeys((p.name for p in members), f"lag not known: {exc}")
+        rows = {}
+    views: dict[str, PipelineView] = {}
+    try:
+        with db.session() as conn:
+            for p in members:
+                lag_rows = rows.get(p.name)
+                views[p.name] = PipelineView(
+                    pipeline=p, lag_rows=None if lag_rows is None else tuple(lag_rows),
+                    lag_error=errors.get(p.name),
+                    oldest_unread={part: ts for (t, part), ts in oldest.items()
+                                   if t == p.topic and lag_rows is not None},
+                    result=check(p, lag_rows, conn, record_check=False),
+                    totals=_totals(conn, p.name), parked_by_reason=_parked(conn, p.name))
+                conn.rollback()  # read only: end each pipeline's snapshot of the database
+    except IngestError as exc:
+        pg_ok = False
+        log.warning("pipelines %s: the database is out of reach: %s",
+                    ", ".join(p.name for p in members), exc)
+        views = {p.name: PipelineView(pipeline=p, lag_error=errors.get(
+            p.name, f"lag not known: {exc}")) for p in members}
+    return kafka_ok, pg_ok, views
+
+
+def _oldest_unread(clients: KafkaClients, rows: Sequence[Mapping[str, Any]],
+                   timeout_s: float) -> dict[tuple[str, int], float]:
+    """The timestamp of the first message not ingested, per lagging partition."""
+    positions = {(r["topic"], r["partition"]): (r["stored_offset"] if r["stored_offset"]
+                                                is not None else r["low"])
+                 for r in rows if r["lag"] > 0}
+    if not positions:
+        return {}
+    consumer = clients.consumer("kafka-ingest.metrics")
+    try:
+        return first_timestamps(consumer, positions, timeout_s=timeout_s)
+    finally:
+        consumer.close()
+
+
+def _totals(conn: Any, pipeline: str) -> dict[str, dict[str, int]]:
+    sums = ", ".join(f"coalesce(sum({c}), 0)" for c in COUNTERS)
+    rows = conn.execute(f"SELECT mode, {sums} FROM ingest_runs WHERE pipeline = %s"  # noqa: S608
+                        " GROUP BY mode", (pipeline,)).fetchall()
+    return {mode: dict(zip(COUNTERS, map(int, values), strict=True))
+            for mode, *values in rows}
+
+
+def _parked(conn: Any, pipeline: str) -> dict[str, int]:
+    rows = conn.execute("SELECT error_class, count(*) FROM dead_letters"
+                        " WHERE pipeline = %s AND status = 'parked' GROUP BY 1",
+                        (pipeline,)).fetchall()
+    return {reason: int(n) for reason, n in rows}
+
+
+class SnapshotCache:
+    """The newest snapshot, taken again when older than ``max_age_s``. One look at a
+    time: a caller arriving while one is under way waits for it (each look is bounded by
+    its requests' time-outs) rather than starting another."""
+
+    def __init__(self, take: Callable[[], Snapshot], *, max_age_s: float = 10.0) -> None:
+        self._take = take
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._last: Snapshot | None = None
+        self._at = 0.0
+
+    def get(self) -> Snapshot:
+        with self._lock:
+            if self._last is None or time.monotonic() - self._at > self.max_age_s:
+                self._last = self._take()
+                self._at = time.monotonic()
+            return self._last
+
+    def clear(self) -> None:
+        with self._lock:
+            self._last = None
