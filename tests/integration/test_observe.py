@@ -6,9 +6,7 @@ the snapshot's time-out, never as an error; the exporter serves all of it over H
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from kafka_ingest.ops.metrics import exposition, registry_of
 from kafka_ingest.ops.observe import Snapshot, SnapshotCache, Sources, snapshot
 from kafka_ingest.ops.status import lag
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import free_ports, write_pipelines_file
+from tests.conftest import free_ports, running_exporter, write_pipelines_file
 from tests.integration.helpers_ingest import run, total
 
 pytestmark = pytest.mark.integration
@@ -136,30 +134,10 @@ def test_a_database_out_of_reach_is_up_0(pipeline: Pipeline, clients: KafkaClien
 @pytest.fixture
 def exporter(pipeline: Pipeline, pg_dsn: str, stack_env: dict[str, str],
              tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = free_ports(1)[0]
-    env = {**os.environ, **stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
+    env = {**stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
            "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline))}
-    log = (tmp_path / "exporter.log").open("w")
-    proc = subprocess.Popen(  # the console script's module, so the test needs no PATH
-        [sys.executable, "-m", "kafka_ingest.cli", "exporter", "--port", str(port),
-         "--cache", "0.5", "--timeout", str(TIMEOUT_S)], env=env, stdout=log,
-        stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url, timeout=5).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, (tmp_path / "exporter.log").read_text()
-                assert time.monotonic() < deadline, "the exporter did not answer in 60 s"
-                time.sleep(0.2)
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    with running_exporter(env, tmp_path / "exporter.log", timeout_s=TIMEOUT_S) as found:
+        yield found
 
 
 def test_the_exporter_serves_the_lag_over_http(

@@ -5,8 +5,14 @@ of the database (the monitor's recorded checks, the dead letters); the Airflow p
 
 Each figure is coloured by the alert rule that judges it (the monitor DAG's rules, judged
 now): red when breached, green when not, grey when it cannot be judged (Kafka or the
-database out of reach). Charts are inline SVG: no script, no external asset, nothing the
-page fetches from elsewhere. No connection setting, DSN or credential is ever on it.
+database out of reach). Charts are inline SVG: no external asset, nothing the page fetches
+from elsewhere. No connection setting, DSN or credential is ever on it.
+
+Links to Airflow's own pages (``data-airflow``) must move the whole UI, not the frame the
+UI shows this page in, and that frame's sandbox forbids navigating the top window. The
+page's one script therefore hands such a link to the UI's router (``history.pushState``
+on the top window, then a ``popstate`` event, as a click inside the UI does); opened on
+its own, outside the UI, the links are plain links.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ def chart(checks: Sequence[Check], *, width: int = 760, height: int = 240) -> st
              for i, p in enumerate(parts)]
     legend = "".join(f'<span class="key" style="color:{PALETTE[i % len(PALETTE)]}">&#9632;'
                      f'</span> partition {p} ' for i, p in enumerate(parts))
-    fmt = "%H:%M"
+    fmt = "%H:%M" if span >= 3600 else "%H:%M:%S"
     axes = (f'<line x1="{left}" y1="{top_pad + h}" x2="{left + w}" y2="{top_pad + h}" '
             f'stroke="#999"/><line x1="{left}" y1="{top_pad}" x2="{left}" '
             f'y2="{top_pad + h}" stroke="#999"/>'
@@ -145,7 +151,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:16px;
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:20px 0 6px}
 table{border-collapse:collapse;margin-top:8px} th,td{padding:6px 10px;text-align:left;
 border-bottom:1px solid #e3e3e3;vertical-align:middle} th{font-size:12px;color:#555}
-td.ok{background:#e8f5e9} td.bad{background:#ffcdd2;font-weight:600}
+td.ok{background:#c8e6c9} td.bad{background:#ef9a9a;font-weight:600}
 td.unknown{background:#eeeeee;color:#555} .muted{color:#777;font-size:12px}
 .badge{display:inline-block;padding:2px 8px;border-radius:10px;font-size:12px;color:#fff}
 .badge.ok{background:#2e7d32} .badge.bad{background:#c62828} .badge.unknown{background:#757575}
@@ -154,14 +160,32 @@ svg text{font-size:11px;fill:#555} code{background:#f5f5f5;padding:1px 4px}
 """
 
 
+_SCRIPT = """
+document.addEventListener("click", function (e) {
+  var a = e.target.closest && e.target.closest("a[data-airflow]");
+  if (!a || window.top === window || e.ctrlKey || e.metaKey || e.shiftKey) return;
+  try {
+    window.top.history.pushState({}, "", a.getAttribute("href"));
+    window.top.dispatchEvent(new PopStateEvent("popstate", {state: {}}));
+    e.preventDefault();
+  } catch (err) { /* another origin: let the browser follow the link */ }
+});
+"""
+
+
 def _document(title: str, body: str) -> str:
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<title>{escape(title)}</title><style>{_STYLE}</style></head>'
-            f'<body>{body}</body></html>')
+            f'<body>{body}<script>{_SCRIPT}</script></body></html>')
 
 
 def _cell(view: PipelineView, rules: Sequence[str], text: str, name: str) -> str:
     return f'<td class="{_state(view, rules)}" data-figure="{name}">{text}</td>'
+
+
+def _badge(state: str) -> str:
+    label = {"ok": "healthy", "bad": "alert", "unknown": "unknown"}[state]
+    return f'<span class="badge {state}" data-state="{state}">{label}</span>'
 
 
 def _overall(view: PipelineView) -> str:
@@ -174,11 +198,11 @@ def _last_run(view: PipelineView, airflow: str) -> str:
     dag = f"{view.name}_ingest"
     runs = f'{airflow}/dags/{quote(dag)}/runs'
     if view.outcome is None:
-        return f'<a target="_top" href="{runs}">runs</a>'
+        return f'<a data-airflow target="_top" href="{runs}">runs</a>'
     o = view.outcome
     cls = "ok" if o.succeeded else "bad"
     return (f'<span class="badge {cls}">{escape(o.state)}</span> '
-            f'<a target="_top" href="{airflow}/dags/{quote(dag)}/runs/{quote(o.run_id)}">'
+            f'<a data-airflow target="_top" href="{airflow}/dags/{quote(dag)}/runs/{quote(o.run_id)}">'
             f'{escape(o.run_id)}</a>')
 
 
@@ -199,8 +223,7 @@ def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: 
             f'<td><a href="{here}/{quote(v.name)}">{escape(v.name)}</a><br>'
             f'<span class="muted">{escape(v.pipeline.topic)} &rarr; '
             f'{escape(v.pipeline.table)}</span></td>'
-            f'<td><span class="badge {state}" data-state="{state}">'
-            f'{ {"ok": "healthy", "bad": "alert", "unknown": "unknown"}[state] }</span></td>'
+            f'<td>{_badge(state)}</td>'
             + _cell(v, LAG_RULES, _number(v.total_lag)
                     + ("" if v.lag_error is None else
                        f'<br><span class="muted">{escape(v.lag_error[:160])}</span>'), "lag")
@@ -247,11 +270,10 @@ def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[s
         f'</td></tr>' for d in dead) or '<tr><td colspan="5" class="muted">none</td></tr>'
     body = (
         f'<p><a href="{back}">&larr; all pipelines</a></p>'
-        f'<h1>{escape(name)} <span class="badge {_overall(view)}" data-state="'
-        f'{_overall(view)}">{_overall(view)}</span></h1>'
+        f'<h1>{escape(name)} {_badge(_overall(view))}</h1>'
         f'<p class="muted">{escape(p.topic)} &rarr; {escape(p.table)}; '
-        f'<a target="_top" id="ingest-runs" href="{airflow}/dags/{quote(ingest)}/runs">'
-        f'{escape(ingest)} runs</a> &middot; <a target="_top" id="replay-dag" '
+        f'<a data-airflow target="_top" id="ingest-runs" href="{airflow}/dags/{quote(ingest)}/runs">'
+        f'{escape(ingest)} runs</a> &middot; <a data-airflow target="_top" id="replay-dag" '
         f'href="{airflow}/dags/{quote(replay)}">{escape(replay)}</a> &middot; '
         f'last run: {_last_run(view, airflow)}</p>{breaches}'
         f"<h2>Lag per partition, last {HISTORY_HOURS} h</h2>{chart(checks)}"
@@ -272,5 +294,5 @@ def replay_conf(reason: str) -> dict[str, Any]:
 
 def _replay_link(airflow: str, dag_id: str, reason: str) -> str:
     conf = json.dumps(replay_conf(reason))
-    return (f'<a target="_top" class="replay" href="{airflow}/dags/{quote(dag_id)}">'
+    return (f'<a data-airflow target="_top" class="replay" href="{airflow}/dags/{quote(dag_id)}">'
             f'replay {escape(reason)}</a> <code class="conf">{escape(conf)}</code>')
