@@ -183,6 +183,11 @@ def _cell(view: PipelineView, rules: Sequence[str], text: str, name: str) -> str
     return f'<td class="{_state(view, rules)}" data-figure="{name}">{text}</td>'
 
 
+def _airflow_link(href: str, text: str, attrs: str = "") -> str:
+    """A link to a page of the Airflow UI (see the module's text: ``data-airflow``)."""
+    return f'<a data-airflow target="_top" {attrs} href="{href}">{escape(text)}</a>'
+
+
 def _badge(state: str) -> str:
     label = {"ok": "healthy", "bad": "alert", "unknown": "unknown"}[state]
     return f'<span class="badge {state}" data-state="{state}">{label}</span>'
@@ -198,12 +203,11 @@ def _last_run(view: PipelineView, airflow: str) -> str:
     dag = f"{view.name}_ingest"
     runs = f'{airflow}/dags/{quote(dag)}/runs'
     if view.outcome is None:
-        return f'<a data-airflow target="_top" href="{runs}">runs</a>'
+        return _airflow_link(runs, "runs")
     o = view.outcome
     cls = "ok" if o.succeeded else "bad"
     return (f'<span class="badge {cls}">{escape(o.state)}</span> '
-            f'<a data-airflow target="_top" href="{airflow}/dags/{quote(dag)}/runs/{quote(o.run_id)}">'
-            f'{escape(o.run_id)}</a>')
+            + _airflow_link(f"{runs}/{quote(o.run_id)}", o.run_id))
 
 
 def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: str,
@@ -272,9 +276,10 @@ def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[s
         f'<p><a href="{back}">&larr; all pipelines</a></p>'
         f'<h1>{escape(name)} {_badge(_overall(view))}</h1>'
         f'<p class="muted">{escape(p.topic)} &rarr; {escape(p.table)}; '
-        f'<a data-airflow target="_top" id="ingest-runs" href="{airflow}/dags/{quote(ingest)}/runs">'
-        f'{escape(ingest)} runs</a> &middot; <a data-airflow target="_top" id="replay-dag" '
-        f'href="{airflow}/dags/{quote(replay)}">{escape(replay)}</a> &middot; '
+        + _airflow_link(f"{airflow}/dags/{quote(ingest)}/runs", f"{ingest} runs",
+                        'id="ingest-runs"') + " &middot; "
+        + _airflow_link(f"{airflow}/dags/{quote(replay)}", replay, 'id="replay-dag"')
+        + " &middot; "
         f'last run: {_last_run(view, airflow)}</p>{breaches}'
         f"<h2>Lag per partition, last {HISTORY_HOURS} h</h2>{chart(checks)}"
         '<h2>Partitions now</h2><table id="partitions"><tr><th>partition</th>'
@@ -294,5 +299,5 @@ def replay_conf(reason: str) -> dict[str, Any]:
 
 def _replay_link(airflow: str, dag_id: str, reason: str) -> str:
     conf = json.dumps(replay_conf(reason))
-    return (f'<a data-airflow target="_top" class="replay" href="{airflow}/dags/{quote(dag_id)}">'
-            f'replay {escape(reason)}</a> <code class="conf">{escape(conf)}</code>')
+    return (_airflow_link(f"{airflow}/dags/{quote(dag_id)}", f"replay {reason}",
+                          'class="replay"') + f' <code class="conf">{escape(conf)}</code>')
