@@ -37,6 +37,7 @@ from fastapi.responses import HTMLResponse
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.db import Database
+from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE
 from kafka_ingest.ops import page
 from kafka_ingest.ops.metrics import CONTENT_TYPE, exposition, registry_of, token_matches
 from kafka_ingest.ops.observe import RunOutcome, SnapshotCache, Sources, snapshot
@@ -98,6 +99,8 @@ class _Looks:
     def cache(self) -> SnapshotCache:
         with self._lock:
             if self._cache is None:
+                # a cluster out of reach is asked at every look: log each failure once
+                LIBRDKAFKA_LOG.addFilter(LIBRDKAFKA_ONCE)
                 self._cache = SnapshotCache(self._take, max_age_s=_seconds(CACHE_ENV, 10.0))
             return self._cache
 

@@ -57,7 +57,7 @@ from kafka_ingest.errors import (
     TopicMissing,
     TriggerParamsError,
 )
-from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, KafkaClients
+from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE, KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest.kafka.topics import create_pipeline_topics
@@ -625,27 +625,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _EachLineOnce(logging.Filter):
-    """Lets a log line through the first time only. librdkafka logs a connection that
-    fails on every attempt, about twenty a second while a request waits for the cluster:
-    a broker out of reach would bury the one line that says so."""
-
-    def __init__(self, *, limit: int = 1000) -> None:
-        super().__init__()
-        self._seen: set[str] = set()
-        self._limit = limit  # distinct lines remembered (a long run's memory stays bounded)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        line = record.getMessage()
-        if line in self._seen:
-            return False
-        if len(self._seen) >= self._limit:
-            self._seen.clear()
-        self._seen.add(line)
-        return True
-
-
-_LIBRDKAFKA_ONCE = _EachLineOnce()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -653,9 +632,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verbose:  # -v shows every repeat
-        LIBRDKAFKA_LOG.removeFilter(_LIBRDKAFKA_ONCE)
+        LIBRDKAFKA_LOG.removeFilter(LIBRDKAFKA_ONCE)
     else:
-        LIBRDKAFKA_LOG.addFilter(_LIBRDKAFKA_ONCE)
+        LIBRDKAFKA_LOG.addFilter(LIBRDKAFKA_ONCE)
     try:
         return int(args.func(args))
     except (IngestError, ValueError) as exc:

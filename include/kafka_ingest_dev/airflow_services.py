@@ -182,13 +182,25 @@ class AirflowServices:
 
     def password(self) -> str:
         """The admin's password, made once (the simple auth manager reads this file)."""
-        if not self.passwords_file.is_file():
+        return self._secret(self.passwords_file, USER, 18)
+
+    @property
+    def metrics_token_file(self) -> Path:
+        return self.home / "metrics-token.json"
+
+    def metrics_token(self) -> str:
+        """The bearer token scrapers send to ``/kafka-ingest/metrics``, made once."""
+        return self._secret(self.metrics_token_file, "token", 24)
+
+    def _secret(self, path: Path, key: str, size: int) -> str:
+        """``key`` of the JSON file ``path``, made once with a random value (mode 0600)."""
+        if not path.is_file():
             self.home.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.passwords_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as fh:
-                json.dump({USER: secrets.token_urlsafe(18)}, fh)
-        stored: dict[str, str] = json.loads(self.passwords_file.read_text())
-        return stored[USER]
+                json.dump({key: secrets.token_urlsafe(size)}, fh)
+        stored: dict[str, str] = json.loads(path.read_text())
+        return stored[key]
 
     def settings(self, executor: Executor | None = None, *,
                  sql_alchemy_conn: str = "") -> dict[str, str]:
@@ -202,6 +214,8 @@ class AirflowServices:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
+            # The api-server's /kafka-ingest/metrics accepts this token (plugins/kafka_ingest_ui)
+            "KAFKA_INGEST_METRICS_TOKEN": self.metrics_token(),
             # New DAG files are seen within seconds, not the default five minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             **self._executor_settings(executor, sql_alchemy_conn),
@@ -224,6 +238,7 @@ class AirflowServices:
         recorded = self._recorded()
         return {"AIRFLOW_API_URL": self.url, "AIRFLOW_API_USER": USER,
                 "AIRFLOW_API_PASSWORD": self.password(),
+                "KAFKA_INGEST_METRICS_TOKEN": self.metrics_token(),
                 **(recorded[1] if recorded else {})}
 
     # ----------------------------------------------------------------------- processes

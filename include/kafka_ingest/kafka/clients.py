@@ -72,6 +72,31 @@ _PRODUCER_ONLY = {"acks", "enable.idempotence", "linger.ms", "message.timeout.ms
                   "compression.type", "batch.size", "retries", "delivery.timeout.ms"}
 
 
+class EachLineOnce(logging.Filter):
+    """Lets a log line through the first time only. librdkafka logs a connection that
+    fails on every attempt, about twenty a second while a request waits for the cluster:
+    a broker out of reach would bury the one line that says so."""
+
+    def __init__(self, *, limit: int = 1000) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._limit = limit  # distinct lines remembered (a long run's memory stays bounded)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = record.getMessage()
+        if line in self._seen:
+            return False
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(line)
+        return True
+
+
+#: Added to :data:`LIBRDKAFKA_LOG` by long-lived processes that ask an unreachable cluster
+#: again and again (the CLI, the metrics of the Airflow plugin).
+LIBRDKAFKA_ONCE = EachLineOnce()
+
+
 class _Refusals:
     """The refusals librdkafka reports only through ``error_cb`` (a wrong password, a CA
     that does not vouch for the broker): the request that failed says no more than
