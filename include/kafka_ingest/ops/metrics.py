@@ -9,7 +9,7 @@ base units (``_seconds``, ``_messages``), counters ending in ``_total``, labels 
 Every scrape answers 200: a cluster or database out of reach shows as
 ``kafka_ingest_up{component,connection} 0`` and the figures that needed it are absent
 (never made up, never a stale copy passed off as current). :data:`METRICS` lists each
-metric with its help text; the README's metric table is generated from the same list.
+metric with its help text; a test keeps the README's metric table in step with it.
 """
 
 from __future__ import annotations
