@@ -214,8 +214,6 @@ class AirflowServices:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
-            # The api-server's /kafka-ingest/metrics accepts this token (plugins/kafka_ingest_ui)
-            "KAFKA_INGEST_METRICS_TOKEN": self.metrics_token(),
             # New DAG files are seen within seconds, not the default five minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             **self._executor_settings(executor, sql_alchemy_conn),
@@ -302,8 +300,11 @@ class AirflowServices:
         executor_env = self._executor_settings(
             wanted, env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))
         self._record(wanted, executor_env)
-        full = {**env, **self.settings(wanted, sql_alchemy_conn=env.get(
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))}
+        # The api-server's /kafka-ingest/metrics accepts this token (plugins/kafka_ingest_ui)
+        # unless ``env`` brings its own.
+        full = {"KAFKA_INGEST_METRICS_TOKEN": self.metrics_token(), **env,
+                **self.settings(wanted, sql_alchemy_conn=env.get(
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))}
         since = time.monotonic()
         started = []
         if wanted.celery:

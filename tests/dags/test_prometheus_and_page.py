@@ -123,6 +123,14 @@ def test_prometheus_stores_the_cli_lag_from_both_endpoints_and_fires_the_lag_ale
     assert before == sample["produced"] > MAX_LAG
 
     airflow = httpx.URL(api.url)
+    # behind authentication: no token, a wrong one, and the page without a session
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+        refused = httpx.get(f"{api.url}/kafka-ingest/metrics", headers=headers, timeout=30)
+        assert refused.status_code in (401, 403), refused.status_code
+    assert httpx.get(f"{api.url}/kafka-ingest/pipelines", timeout=30).status_code == 401
+    jwt = api.client.headers["Authorization"]  # an Airflow token is accepted too
+    assert httpx.get(f"{api.url}/kafka-ingest/metrics", headers={"Authorization": jwt},
+                     timeout=30).status_code == 200
     exporter_env = {**stack_env, **env, "KAFKA_INGEST_PG_DSN": pg_dsn}
     with running_exporter(exporter_env, tmp_path / "exporter.log") as (exporter_url, _):
         targets = [

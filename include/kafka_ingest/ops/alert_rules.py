@@ -33,7 +33,9 @@ CHECK_INTERVAL = "5m"
 LAG_SUM = "kafka_ingest:lag_messages:sum"
 #: Where the on-call reads what an alert means and what to do (the project's README).
 RUNBOOK = "README.md, Runbook: what each alert means and what to do"
-_DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")
+#: Prometheus' own duration syntax (model.ParseDuration): each unit at most once, largest first.
+_DURATION = re.compile(r"^(0|(?=[0-9])([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?"
+                       r"([0-9]+s)?([0-9]+ms)?)$")
 
 
 def _duration(value: str, what: str) -> str:
@@ -46,6 +48,14 @@ def _minutes(duration: str) -> float:
     scale = {"ms": 1 / 60_000, "s": 1 / 60, "m": 1, "h": 60, "d": 1440, "w": 10080,
              "y": 525600}
     return sum(int(n) * scale[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration))
+
+
+def _lag_sum(selector: str, minutes_ago: int = 0) -> str:
+    """The summed lag, written out rather than read from the recording rule: a rule of
+    another group may be evaluated before or after it, so the alert would see it one
+    evaluation late, or not."""
+    offset = f" offset {minutes_ago}m" if minutes_ago else ""
+    return f"sum by (pipeline) (clamp_min(kafka_ingest_lag_messages{selector}{offset}, 0))"
 
 
 def _selector(pipeline: Pipeline) -> str:
@@ -66,11 +76,10 @@ def _rule(pipeline: Pipeline, rule: str, alert: str, expr: str, summary: str, *,
 def pipeline_rules(pipeline: Pipeline, *, hold: str, interval: str) -> list[dict[str, Any]]:
     """The five monitor rules of one pipeline, its limits written in."""
     a, sel = pipeline.alerts, _selector(pipeline)
-    lag = f"{LAG_SUM}{sel}"
-    steps = " and ".join(
-        f"({lag}{'' if k == 0 else f' offset {k * int(_minutes(interval))}m'}"
-        f" > {lag} offset {(k + 1) * int(_minutes(interval))}m)"
-        for k in range(a.lag_growth_checks))
+    step = int(_minutes(interval))
+    lag = _lag_sum(sel)
+    steps = " and ".join(f"({_lag_sum(sel, k * step)} > {_lag_sum(sel, (k + 1) * step)})"
+                         for k in range(a.lag_growth_checks))
     stale_s = a.freshness_minutes * 60
     return [
         _rule(pipeline, "max_lag", "KafkaIngestLagHigh", f"{lag} > {a.max_lag}",

@@ -185,7 +185,7 @@ def _cell(view: PipelineView, rules: Sequence[str], text: str, name: str) -> str
 
 def _airflow_link(href: str, text: str, attrs: str = "") -> str:
     """A link to a page of the Airflow UI (see the module's text: ``data-airflow``)."""
-    return f'<a data-airflow target="_top" {attrs} href="{href}">{escape(text)}</a>'
+    return f'<a data-airflow target="_top" {attrs} href="{escape(href)}">{escape(text)}</a>'
 
 
 def _badge(state: str) -> str:
@@ -224,7 +224,7 @@ def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: 
         state = _overall(v)
         rows.append(
             f'<tr data-pipeline="{escape(v.name)}">'
-            f'<td><a href="{here}/{quote(v.name)}">{escape(v.name)}</a><br>'
+            f'<td><a href="{escape(here)}/{quote(v.name)}">{escape(v.name)}</a><br>'
             f'<span class="muted">{escape(v.pipeline.topic)} &rarr; '
             f'{escape(v.pipeline.table)}</span></td>'
             f'<td>{_badge(state)}</td>'
@@ -273,7 +273,7 @@ def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[s
         f'<td>{_replay_link(airflow, replay, d["reason"]) if d["status"] == "parked" else ""}'
         f'</td></tr>' for d in dead) or '<tr><td colspan="5" class="muted">none</td></tr>'
     body = (
-        f'<p><a href="{back}">&larr; all pipelines</a></p>'
+        f'<p><a href="{escape(back)}">&larr; all pipelines</a></p>'
         f'<h1>{escape(name)} {_badge(_overall(view))}</h1>'
         f'<p class="muted">{escape(p.topic)} &rarr; {escape(p.table)}; '
         + _airflow_link(f"{airflow}/dags/{quote(ingest)}/runs", f"{ingest} runs",
