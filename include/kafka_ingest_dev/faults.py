@@ -32,11 +32,9 @@ sources; the fault tests rely on it):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -47,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka_ingest_dev.gotools import cache_dir, go_install
 from kafka_ingest_dev.procs import (
     CHILDREN,
     StackError,
@@ -79,46 +78,17 @@ BOTH = (DOWNSTREAM, UPSTREAM)
 def install_dir() -> Path:
     """``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/toxiproxy-<version>``, shared by every
     checkout and state directory, like the Kafka jars."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kafka-ingest" / f"toxiproxy-{TOXIPROXY_VERSION}"
-
-
-def _go() -> str:
-    found = shutil.which("go") or next(
-        (str(p) for p in (Path("/usr/local/go/bin/go"),) if p.is_file()), None)
-    if found is None:
-        raise StackError(
-            "go not found on PATH: Toxiproxy is built from its Go module and needs Go 1.23+ "
-            "(https://go.dev/dl/; Debian bookworm's golang-go 1.19 is too old)")
-    return found
+    return cache_dir("toxiproxy", TOXIPROXY_VERSION)
 
 
 def install() -> Path:
     """The Toxiproxy server binary, built with ``go install`` the first time (a few tens of
-    seconds; later calls only check a marker). Safe to call from several processes."""
-    target = install_dir()
-    server = target / "server"
-    marker = target / ".complete"
-    if marker.is_file() and server.is_file():
-        return server
-    target.mkdir(parents=True, exist_ok=True)
-    with (target / ".install.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and server.is_file():  # another process built it meanwhile
-            return server
-        started = time.monotonic()
-        cmd = [_go(), "install", f"{TOXIPROXY_MODULE}@v{TOXIPROXY_VERSION}"]
-        done = subprocess.run(cmd, env={**os.environ, "GOBIN": str(target)},
-                              capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S,
-                              check=False)
-        if done.returncode != 0 or not server.is_file():
-            detail = (done.stdout + done.stderr).strip().splitlines()[-3:] or ["no output"]
-            raise StackError(f"`go install {TOXIPROXY_MODULE}@v{TOXIPROXY_VERSION}` failed: "
-                             + " | ".join(detail))
-        marker.write_text(f"{TOXIPROXY_VERSION}\n")
-        log.info("toxiproxy %s built into %s in %.1f s", TOXIPROXY_VERSION, target,
-                 time.monotonic() - started)
-    return server
+    seconds; :func:`kafka_ingest_dev.gotools.go_install`)."""
+    target = go_install("toxiproxy", TOXIPROXY_VERSION,
+                        [f"{TOXIPROXY_MODULE}@v{TOXIPROXY_VERSION}"], ["server"],
+                        timeout_s=_INSTALL_TIMEOUT_S,
+                        needs="Toxiproxy is built from its Go module and needs Go 1.23+")
+    return target / "server"
 
 
 # --------------------------------------------------------------------------- the server

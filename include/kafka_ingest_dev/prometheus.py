@@ -23,11 +23,9 @@ follows); the runtime never imports it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +37,7 @@ from typing import Any, TypeVar
 import httpx
 import yaml
 
+from kafka_ingest_dev.gotools import cache_dir, go_install
 from kafka_ingest_dev.procs import (
     CHILDREN,
     StackError,
@@ -81,18 +80,7 @@ class Binaries:
 def install_dir() -> Path:
     """``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/prometheus-<version>``, shared by every
     checkout and state directory, like Toxiproxy and the Kafka jars."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kafka-ingest" / f"prometheus-{PROMETHEUS_VERSION}"
-
-
-def _go() -> str:
-    found = shutil.which("go") or next(
-        (str(p) for p in (Path("/usr/local/go/bin/go"),) if p.is_file()), None)
-    if found is None:
-        raise StackError(
-            "go not found on PATH: Prometheus is built from its Go module and needs Go "
-            "1.26.7+ (https://go.dev/dl/)")
-    return found
+    return cache_dir("prometheus", PROMETHEUS_VERSION)
 
 
 def _install_timeout_s(timeout_s: float | None) -> float:
@@ -106,57 +94,16 @@ def _install_timeout_s(timeout_s: float | None) -> float:
 
 
 def install(*, timeout_s: float | None = None) -> Binaries:
-    """Prometheus and promtool, built with one ``go install`` the first time (its output
-    in ``<install dir>/install.log``). Safe to call from several processes: the second
-    waits for the first's build. ``timeout_s``: the build's bound (default 30 min, or
-    ``$KAFKA_INGEST_PROMETHEUS_INSTALL_TIMEOUT_S``); a build that overruns is killed with
-    its compilers (the whole process group) before the error is raised."""
-    target = install_dir()
-    built = Binaries(target / "prometheus", target / "promtool")
-    marker = target / ".complete"
-
-    def complete() -> bool:
-        return marker.is_file() and built.prometheus.is_file() and built.promtool.is_file()
-
-    if complete():
-        return built
-    bound = _install_timeout_s(timeout_s)
-    target.mkdir(parents=True, exist_ok=True)
-    with (target / ".install.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if complete():  # another process built it meanwhile
-            return built
-        started = time.monotonic()
-        packages = [f"{PROMETHEUS_MODULE}/cmd/{c}@v{PROMETHEUS_VERSION}" for c in COMMANDS]
-        _go_install(packages, target, bound)
-        marker.write_text(f"{PROMETHEUS_VERSION}\n")
-        log.info("prometheus %s and promtool built into %s in %.1f s", PROMETHEUS_VERSION,
-                 target, time.monotonic() - started)
-    return built
-
-
-def _go_install(packages: list[str], target: Path, timeout_s: float) -> None:
-    """``go install packages`` with ``GOBIN=target``; cwd: the target, so a ``go.mod`` in
-    the caller's directory never takes part."""
-    logfile = target / "install.log"
-    cmd = [_go(), "install", *packages]
-    with logfile.open("wb") as out:
-        child = subprocess.Popen(cmd, env={**os.environ, "GOBIN": str(target)},
-                                 stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, cwd=target,
-                                 start_new_session=True)
-    try:
-        code = child.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        terminate(child.pid, _STOP_TIMEOUT_S, group=True)
-        child.wait(_STOP_TIMEOUT_S)
-        raise StackError(f"`go install` of Prometheus {PROMETHEUS_VERSION} did not finish "
-                         f"within {timeout_s:.0f} s (set {INSTALL_TIMEOUT_ENV} for more); "
-                         f"see {logfile}") from None
-    missing = [c for c in COMMANDS if not (target / c).is_file()]
-    if code != 0 or missing:
-        raise StackError(f"`go install {' '.join(packages)}` failed (exit {code}): "
-                         f"{tail(logfile, 3) or 'no output'}; see {logfile}")
+    """Prometheus and promtool, built with one ``go install`` the first time
+    (:func:`kafka_ingest_dev.gotools.go_install`). ``timeout_s``: the build's bound
+    (default 30 min, or ``$KAFKA_INGEST_PROMETHEUS_INSTALL_TIMEOUT_S``)."""
+    target = go_install(
+        "prometheus", PROMETHEUS_VERSION,
+        [f"{PROMETHEUS_MODULE}/cmd/{c}@v{PROMETHEUS_VERSION}" for c in COMMANDS], COMMANDS,
+        timeout_s=_install_timeout_s(timeout_s),
+        needs="Prometheus is built from its Go module and needs Go 1.26.7+",
+        timeout_hint=f"set {INSTALL_TIMEOUT_ENV} for more")
+    return Binaries(target / "prometheus", target / "promtool")
 
 
 # --------------------------------------------------------------------------- promtool

@@ -180,3 +180,12 @@ def _import_errors(api: AirflowApi) -> list[str]:
     errors = api.get("/importErrors")["import_errors"]
     return [f"{e['filename']}: {''.join((e.get('stack_trace') or '').strip().splitlines()[-1:])}"
             for e in errors]
+
+
+def chromium() -> str:
+    """Debian's Chromium, which the UI tests drive (Playwright downloads no browser here)."""
+    import shutil
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "Debian's chromium is not installed (scripts/bootstrap.sh installs it)"
+    return found

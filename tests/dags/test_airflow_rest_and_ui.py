@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import pytest
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import ROOT, dag_env
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.airflow_api import AirflowApi, chromium, poll, running_airflow
 from tests.dags.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
@@ -115,12 +114,6 @@ def test_rest_api_live_run_backfill_by_offsets_and_dry_run_replay(
                 pipeline.dlq_topic) == 0
 
 
-def _browser() -> Any:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is not installed (scripts/bootstrap.sh installs it)"
-    return chromium
-
-
 def test_ui_trigger_form_runs_a_backfill_by_offsets(
         api: AirflowApi, pipeline: Pipeline, clients: Any, pg_dsn: str) -> None:
     from playwright.sync_api import sync_playwright
@@ -133,7 +126,7 @@ def test_ui_trigger_form_runs_a_backfill_by_offsets(
         assert conn.execute("SELECT count(*) FROM telemetry_metrics").fetchone() == (0,)
     end = 60
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_browser(),
+        browser = p.chromium.launch(executable_path=chromium(),
                                     args=["--no-sandbox", "--disable-gpu",
                                           "--disable-dev-shm-usage"])
         try:

@@ -35,7 +35,7 @@ from kafka_ingest.ops.status import check_pipeline, lag
 from kafka_ingest_dev import prometheus
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import ROOT, dag_env, free_ports, running_exporter
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.airflow_api import AirflowApi, chromium, poll, running_airflow
 from tests.dags.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
@@ -170,14 +170,6 @@ def test_prometheus_stores_the_cli_lag_from_both_endpoints_and_fires_the_lag_ale
     (out / "lag-before-and-after.json").write_text(json.dumps(answers, indent=2, default=str))
 
 
-def _browser() -> str:
-    import shutil
-
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is not installed (scripts/bootstrap.sh installs it)"
-    return chromium
-
-
 def test_the_pipelines_page_shows_a_real_run_its_breach_and_links_to_airflow(
         api: AirflowApi, pipeline: Pipeline, clients: Any, db: Database) -> None:
     from playwright.sync_api import expect, sync_playwright
@@ -197,7 +189,7 @@ def test_the_pipelines_page_shows_a_real_run_its_breach_and_links_to_airflow(
     assert parked is not None and parked[0] > 0
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_browser(), args=[
+        browser = p.chromium.launch(executable_path=chromium(), args=[
             "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--disable-background-networking", "--disable-component-update"])
         try:
