@@ -1,11 +1,14 @@
 """The monitor DAG: ``kafka_ingest_monitor`` checks every pipeline every 5 minutes.
 
-One task per pipeline, ``check_<pipeline>``: the lag (Kafka's watermarks against the stored
-offsets), the DLQ rate, the freshness of live chunks and the parked dead letters, judged
-by the pipeline's ``alerts`` rules (``kafka_ingest.ops.monitor``); each check is recorded in
-``monitor_checks`` (lag growth is judged over the recorded checks). On a breach the
-pipeline's notifiers are called (webhooks, Airflow notifiers), then the task fails
-without retry, naming the pipeline, the rule and the figures, so Airflow's own failure
+One task per group of pipelines with the same owner, retries, Kafka and Postgres
+connections (``kafka_ingest.ops.monitor.monitor_groups``; the shipped pipelines make one):
+one look at the cluster and the database for all of them, then per pipeline the lag
+(Kafka's watermarks against the stored offsets), the DLQ rate, the freshness of live
+chunks and the parked dead letters, judged by the pipeline's ``alerts`` rules
+(``kafka_ingest.ops.monitor``); each check is recorded in ``monitor_checks`` (lag growth is
+judged over the recorded checks). On a breach the pipeline's notifiers are called
+(webhooks, Airflow notifiers), then the task fails without retry, naming each pipeline,
+rule and figures (and any pipeline whose topic is missing), so Airflow's own failure
 alerting fires as well; the next check judges again. Kafka or Postgres out of reach is
 retried with backoff, like any task of the pipeline. What each alert means and what to
 do: the README's runbook.
@@ -19,10 +22,12 @@ from typing import Any
 from airflow.sdk import dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
-from kafka_ingest.ops.status import check_pipeline
+from kafka_ingest.errors import IngestError
+from kafka_ingest.ops.monitor import monitor_groups
+from kafka_ingest.ops.status import check_pipelines
 from kafka_ingest_hook import (
     KafkaIngestHook,
-    alert_on_breaches,
+    alert_on_checks,
     dag_default_args,
     emit_metrics,
     fail_without_retry,
@@ -34,19 +39,28 @@ MONITOR_SCHEDULE = "*/5 * * * *"
 CHECK_TIMEOUT = timedelta(minutes=4)
 
 
-def check_task(pipeline: Pipeline) -> Any:
-    """The check of one pipeline, with that pipeline's owner and retries."""
+def check_task(task_id: str, pipelines: list[Pipeline]) -> Any:
+    """The check of one group of pipelines (one owner, retries and pair of connections),
+    with their owner and retries."""
+    first = pipelines[0]
 
-    @task(task_id=f"check_{pipeline.name}",
-          **{**dag_default_args(pipeline), "execution_timeout": CHECK_TIMEOUT})
+    @task(task_id=task_id,
+          **{**dag_default_args(first), "execution_timeout": CHECK_TIMEOUT})
     def check() -> dict[str, Any]:
-        with fail_without_retry():  # a missing topic, refused credentials: no retry helps
-            result = check_pipeline(pipeline, KafkaIngestHook(pipeline.kafka_conn_id).clients,
-                                    postgres_database(pipeline.postgres_conn_id))
-        figures = result.figures.to_dict()
-        print(f"{pipeline.name}: {figures}")
-        emit_metrics("monitor", pipeline.name, figures)
-        alert_on_breaches(pipeline, result.breaches, get_current_context())
+        with fail_without_retry():  # refused credentials: no retry helps
+            results = check_pipelines(pipelines, KafkaIngestHook(first.kafka_conn_id).clients,
+                                      postgres_database(first.postgres_conn_id))
+        figures: dict[str, Any] = {}
+        found, unknown = [], []
+        for pipeline, result in results:
+            if isinstance(result, IngestError):  # a missing topic: the others still count
+                unknown.append(f"{pipeline.name}: {result}")
+                continue
+            figures[pipeline.name] = result.figures.to_dict()
+            print(f"{pipeline.name}: {figures[pipeline.name]}")
+            emit_metrics("monitor", pipeline.name, figures[pipeline.name])
+            found.append((pipeline, result.breaches))
+        alert_on_checks(found, get_current_context(), unknown=unknown)
         return figures
 
     return check
@@ -62,8 +76,8 @@ def check_task(pipeline: Pipeline) -> Any:
     tags=["kafka-ingest", "monitor"],
 )
 def kafka_ingest_monitor() -> None:
-    for pipeline in load_pipelines().values():
-        check_task(pipeline)()
+    for task_id, pipelines in monitor_groups(load_pipelines().values()).items():
+        check_task(task_id, pipelines)()
 
 
 kafka_ingest_monitor()

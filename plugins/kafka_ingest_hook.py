@@ -263,13 +263,25 @@ def notify_breaches(pipeline: Any, breaches: Sequence[Breach],
 
 def alert_on_breaches(pipeline: Any, breaches: Sequence[Breach],
                       context: Mapping[str, Any]) -> None:
-    """On any breach: call the pipeline's notifiers, then fail the task without retry
-    (the next scheduled check judges again) with a message naming the pipeline, each rule
-    and its figures, so Airflow's own failure alerting fires too."""
-    if not breaches:
+    """:func:`alert_on_checks` of one pipeline."""
+    alert_on_checks([(pipeline, breaches)], context)
+
+
+def alert_on_checks(found: Sequence[tuple[Any, Sequence[Breach]]],
+                    context: Mapping[str, Any], *, unknown: Sequence[str] = ()) -> None:
+    """On any breach: call each breaching pipeline's notifiers, then fail the task without
+    retry (the next scheduled check judges again) with a message naming each pipeline,
+    rule and figures, and each pipeline whose lag was ``unknown`` (a missing topic), so
+    Airflow's own failure alerting fires too."""
+    lines, failed = [], []
+    for pipeline, breaches in found:
+        failed += notify_breaches(pipeline, breaches, context)
+        lines += [f"{b.message} (figures: {json.dumps(b.figures, default=str)})"
+                  for b in breaches]
+    if not lines and not unknown:
         return
-    failed = notify_breaches(pipeline, breaches, context)
-    lines = [f"{b.message} (figures: {json.dumps(b.figures, default=str)})" for b in breaches]
     note = f"; notifiers that failed: {', '.join(failed)}" if failed else ""
-    raise AirflowFailException(f"{len(breaches)} alert rule(s) breached: "
-                               + " | ".join(lines) + note)
+    text = f"{len(lines)} alert rule(s) breached: " + " | ".join(lines) if lines else ""
+    if unknown:
+        text += ("; " if text else "") + "lag not known: " + " | ".join(unknown)
+    raise AirflowFailException(text + note)

@@ -21,7 +21,7 @@ import pytest
 
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest.db import Database
-from kafka_ingest.ops.monitor import Breach
+from kafka_ingest.ops.monitor import Breach, monitor_groups
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import dag_env, last_task_state
@@ -55,7 +55,7 @@ def test_lag_above_max_notifies_and_fails_then_a_caught_up_pipeline_passes(
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH"))
                                          if p),
            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
-    task_id = f"check_{pipeline.name}"
+    (task_id,) = monitor_groups([pipeline])  # the test's pipelines file has this one
 
     # Messages produced, none ingested: made-up lag above max_lag.
     proc = run_dag(DAG_ID, env, log_file=tmp_path / "monitor1.log")
@@ -153,7 +153,7 @@ def test_no_breach_no_notifier_no_failure(webhook: Any) -> None:
     assert webhook.received == []
 
 
-def test_the_monitor_dag_has_one_check_per_pipeline_with_its_owner(
+def test_the_monitor_dag_has_one_check_per_group_with_its_owner(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
@@ -165,9 +165,28 @@ def test_the_monitor_dag_has_one_check_per_pipeline_with_its_owner(
     assert bag.import_errors == {}
     dag = bag.dags[DAG_ID]
     shipped = load_pipelines()
-    assert {t.task_id for t in dag.tasks} == {f"check_{name}" for name in shipped}
+    groups = monitor_groups(shipped.values())
+    assert {t.task_id for t in dag.tasks} == set(groups)
+    assert sorted(p.name for ps in groups.values() for p in ps) == sorted(shipped)
     assert dag.catchup is False and dag.max_active_runs == 1
     assert "kafka-ingest" in dag.tags and "monitor" in dag.tags
-    for name, pipeline in shipped.items():
-        task = dag.get_task(f"check_{name}")
-        assert (task.owner, task.retries) == (pipeline.owner, pipeline.retries)
+    for task_id, pipelines in groups.items():
+        task = dag.get_task(task_id)
+        for pipeline in pipelines:
+            assert (task.owner, task.retries) == (pipeline.owner, pipeline.retries)
+
+
+def test_pipelines_are_grouped_by_owner_retries_and_connections() -> None:
+    def one(name: str, **body: Any) -> Any:
+        return parse_pipelines({"pipelines": {name: {
+            "topic": f"t-{name}", "dlq_topic": f"t-{name}-dlq", "table": "t_rows",
+            "contract": {"event_type": "metric_event", "version": 2}, **body}}})[name]
+
+    pipelines = [one("a"), one("b"), one("c", owner="payments team"),
+                 one("d", owner="payments_team"), one("e", retries=0),
+                 one("f", kafka_conn_id="kafka_eu"), one("g", postgres_conn_id="pg_eu")]
+    groups = {k: [p.name for p in v] for k, v in monitor_groups(pipelines).items()}
+    assert sorted(groups.values()) == [["a", "b"], ["c"], ["d"], ["e"], ["f"], ["g"]]
+    assert groups["check_data-platform__kafka_default__postgres_default__r3"] == ["a", "b"]
+    # an owner a task id cannot spell keeps a group of its own (no merge with "payments_team")
+    assert len({k for k, v in groups.items() if v in (["c"], ["d"])}) == 2

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -155,3 +156,25 @@ def test_the_exporter_serves_the_lag_over_http(
     assert len(lags) == PARTITIONS and sum(lags) == sample["produced"]
     proc.terminate()  # SIGTERM ends it cleanly
     assert proc.wait(timeout=30) == 0
+
+
+def test_the_monitor_checks_a_group_at_once_and_a_missing_topic_spares_the_others(
+        pipeline: Pipeline, clients: KafkaClients, db: Database, pg_dsn: str) -> None:
+    from kafka_ingest.config import parse_pipelines
+    from kafka_ingest.errors import TopicMissing
+    from kafka_ingest.ops.status import check_pipelines
+
+    sample = produce_sample(clients, pipeline, count=50, poison=0, partitions=PARTITIONS)
+    body = pipeline.model_dump(mode="json", exclude={"name"})
+    body.update(topic=f"never-created-{pipeline.topic}")
+    missing = parse_pipelines({"pipelines": {"gone": body}})["gone"]
+    results = dict((p.name, r) for p, r in check_pipelines([missing, pipeline], clients, db))
+    assert isinstance(results["gone"], TopicMissing)
+    found = results[pipeline.name]
+    assert not isinstance(found, Exception)
+    assert found.figures.total_lag == sample["produced"]
+    with psycopg.connect(pg_dsn) as conn:
+        recorded = conn.execute("SELECT pipeline, total_lag, partition_lags FROM monitor_checks"
+                                ).fetchall()
+    assert recorded == [(pipeline.name, sample["produced"],
+                         {str(r["partition"]): r["lag"] for r in lag(pipeline, clients, db)})]

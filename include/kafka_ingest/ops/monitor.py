@@ -25,9 +25,11 @@ plain HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -258,6 +260,24 @@ def check(pipeline: Pipeline, lag_rows: Sequence[Mapping[str, Any]] | None, conn
     if record_check:
         record(conn, figures, breaches)
     return CheckResult(figures, tuple(breaches))
+
+
+# --------------------------------------------------------------------------- the DAG's tasks
+
+
+def monitor_groups(pipelines: Iterable[Pipeline]) -> dict[str, list[Pipeline]]:
+    """The monitor DAG's tasks, by task id: one per owner, retries and pair of connections,
+    checking all its pipelines with one look at the cluster and the database (a task per
+    pipeline costs a task process per pipeline every 5 minutes, which hundreds of
+    pipelines cannot afford). The owner and retries are its pipelines' own."""
+    groups: dict[str, list[Pipeline]] = {}
+    for p in sorted(pipelines, key=lambda p: p.name):
+        raw = f"check_{p.owner}__{p.kafka_conn_id}__{p.postgres_conn_id}__r{p.retries}"
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+        if key != raw:  # two owners that differ only where a task id cannot say it
+            key += "_" + hashlib.sha1(raw.encode(), usedforsecurity=False).hexdigest()[:6]
+        groups.setdefault(key, []).append(p)
+    return groups
 
 
 # --------------------------------------------------------------------------- webhooks

@@ -14,7 +14,7 @@ from typing import Any
 from psycopg import sql
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database, OffsetsRepository
+from kafka_ingest.db import Database, OffsetsRepository, translate_errors
 from kafka_ingest.errors import IngestError, TopicMissing
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import group_offsets, topic_partitions, watermarks
@@ -39,41 +39,87 @@ def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[st
 
 def lags(pipelines: Sequence[Pipeline], clients: KafkaClients, db: Database, *,
          timeout_s: float | None = None) -> dict[str, list[dict[str, Any]] | IngestError]:
-    """:func:`lag` of several pipelines of one cluster and database, with one consumer,
-    one metadata request, one admin request per consumer group and one query: per
-    pipeline its rows, or the error that kept them from being known (a missing topic) so
-    one pipeline's trouble does not hide the others'. A cluster or database out of reach
-    raises. Every request waits ``timeout_s`` at most (default: the config's
-    ``socket.timeout.ms``)."""
-    wait_s = timeout_s or clients.request_timeout_s  # a cluster out of reach fails after it
-    out: dict[str, list[dict[str, Any]] | IngestError] = {}
-    marks: dict[str, dict[int, tuple[int, int]]] = {}
-    consumer = clients.consumer("kafka-ingest.lag")
-    try:
-        topics = topic_partitions(consumer, timeout_s=wait_s)
+    """:func:`lag` of several pipelines of one cluster and database (see
+    :class:`LagReader`), with clients and a connection of their own, closed after."""
+    with LagReader(clients, db, timeout_s=timeout_s) as reader:
+        return reader.read(pipelines)
+
+
+class LagReader:
+    """Reads the lag of many pipelines of one cluster and one database, again and again
+    (the lag trigger's loop), over one consumer, one admin client and one Postgres
+    connection kept between reads: per read, one metadata request, the watermarks, one
+    admin request per consumer group and one query.
+
+    :meth:`read` gives, per pipeline, its rows (as :func:`lag`'s) or the error that kept
+    them from being known (a missing topic), so one pipeline's trouble does not hide the
+    others'; a cluster or database out of reach raises, and the clients and connection are
+    made anew at the next read. Every request waits ``timeout_s`` at most (default: the
+    config's ``socket.timeout.ms``).
+    """
+
+    def __init__(self, clients: KafkaClients, db: Database, *,
+                 timeout_s: float | None = None) -> None:
+        self.clients, self.db = clients, db
+        self.timeout_s = timeout_s or clients.request_timeout_s
+        self._consumer: Any = None
+        self._admin: Any = None
+        self._conn: Any = None
+
+    def __enter__(self) -> LagReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        consumer, conn = self._consumer, self._conn
+        self._consumer = self._admin = self._conn = None
+        if consumer is not None:
+            consumer.close()
+        if conn is not None:
+            conn.close()
+
+    def read(self, pipelines: Sequence[Pipeline]) -> dict[str, list[dict[str, Any]] | IngestError]:
+        try:
+            return self._read(pipelines)
+        except BaseException:
+            self.close()  # whatever broke, the next read starts afresh
+            raise
+
+    def _read(self, pipelines: Sequence[Pipeline]) -> dict[str, list[dict[str, Any]] | IngestError]:
+        wait_s = self.timeout_s
+        if self._consumer is None:
+            self._consumer = self.clients.consumer("kafka-ingest.lag")
+            self._admin = self.clients.admin()
+        out: dict[str, list[dict[str, Any]] | IngestError] = {}
+        marks: dict[str, dict[int, tuple[int, int]]] = {}
+        topics = topic_partitions(self._consumer, timeout_s=wait_s)
         for p in pipelines:
             if p.topic not in topics:
                 out[p.name] = TopicMissing(p.topic)
                 continue
-            marks[p.name] = watermarks(consumer, p.topic, topics[p.topic], timeout_s=wait_s)
-    finally:
-        consumer.close()
-    live = [p for p in pipelines if p.name in marks]
-    groups = group_offsets(clients.admin(), [(p.group_id, p.topic, list(marks[p.name]))
+            marks[p.name] = watermarks(self._consumer, p.topic, topics[p.topic],
+                                       timeout_s=wait_s)
+        live = [p for p in pipelines if p.name in marks]
+        groups = group_offsets(self._admin, [(p.group_id, p.topic, list(marks[p.name]))
                                              for p in live], timeout_s=wait_s)
-    with db.session() as conn:
-        stored = OffsetsRepository(conn).of_pipelines([(p.name, p.topic) for p in live])
-    for p in live:
-        rows: list[dict[str, Any]] = []
-        out[p.name] = rows
-        group = groups.get((p.group_id, p.topic), {})
-        for part, (low, high) in sorted(marks[p.name].items()):
-            s, g = stored.get((p.name, p.topic, part)), group.get(part)
-            rows.append({"pipeline": p.name, "topic": p.topic, "partition": part,
-                         "stored_offset": s, "group_offset": g, "low": low,
-                         "high": high, "lag": high - (s if s is not None else low),
-                         "group_lag": high - g if g is not None else None})
-    return out
+        if self._conn is None:
+            self._conn = self.db.connect(autocommit=True)
+        with translate_errors("stored offsets"):
+            stored = OffsetsRepository(self._conn).of_pipelines([(p.name, p.topic)
+                                                                 for p in live])
+        for p in live:
+            rows: list[dict[str, Any]] = []
+            out[p.name] = rows
+            group = groups.get((p.group_id, p.topic), {})
+            for part, (low, high) in sorted(marks[p.name].items()):
+                s, g = stored.get((p.name, p.topic, part)), group.get(part)
+                rows.append({"pipeline": p.name, "topic": p.topic, "partition": part,
+                             "stored_offset": s, "group_offset": g, "low": low,
+                             "high": high, "lag": high - (s if s is not None else low),
+                             "group_lag": high - g if g is not None else None})
+        return out
 
 
 def status_rows(conn: Any, pipeline: str | None, *,
@@ -103,14 +149,31 @@ def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, A
 
 
 def check_pipeline(pipeline: Pipeline, clients: KafkaClients, db: Database) -> CheckResult:
-    """The monitor DAG's check of one pipeline: its lag (Kafka's watermarks against the
-    stored offsets), the rules of :mod:`kafka_ingest.ops.monitor`, and the check recorded in
-    ``monitor_checks`` (committed)."""
-    rows = lag(pipeline, clients, db)
+    """The monitor's check of one pipeline (:func:`check_pipelines`); a pipeline whose lag
+    cannot be known (a missing topic) raises."""
+    found = check_pipelines([pipeline], clients, db)[0][1]
+    if isinstance(found, IngestError):
+        raise found
+    return found
+
+
+def check_pipelines(pipelines: Sequence[Pipeline], clients: KafkaClients, db: Database
+                    ) -> list[tuple[Pipeline, CheckResult | IngestError]]:
+    """The monitor DAG's check of pipelines of one cluster and database: their lag
+    (:func:`lags`: Kafka's watermarks against the stored offsets, one look for all), the
+    rules of :mod:`kafka_ingest.ops.monitor`, and each check recorded in ``monitor_checks``
+    (committed together). A pipeline whose lag cannot be known (a missing topic) comes
+    back as its error, unrecorded, and does not keep the others from being checked; a
+    cluster or database out of reach raises."""
+    found = lags(pipelines, clients, db)
+    out: list[tuple[Pipeline, CheckResult | IngestError]] = []
     with db.session() as conn:
-        result = check(pipeline, rows, conn, record_check=True)
+        for p in pipelines:
+            rows = found[p.name]
+            out.append((p, rows if isinstance(rows, IngestError)
+                        else check(p, rows, conn, record_check=True)))
         conn.commit()
-    return result
+    return out
 
 
 def pipeline_status(pipeline: Pipeline, clients: KafkaClients | None,
