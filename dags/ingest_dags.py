@@ -5,6 +5,10 @@ plan (pins this run's offset ranges) → ingest (mapped, one task per partition 
 run with ``partitions`` or ``from``/``to`` is a backfill: it never moves the live stored
 offset. Airflow's own backfill (``airflow backfill create``) maps each data interval to
 offsets by time.
+
+``schedule: on_data`` pipelines are scheduled on an Asset their lag trigger watches
+(``plugins/kafka_ingest_triggers.py``): a run starts when enough new data is there, never
+while the topic is quiet, plus a slow safety cron.
 """
 
 from __future__ import annotations
@@ -12,7 +16,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import DAG, CronDataIntervalTimetable, dag, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetOrTimeSchedule,
+    AssetWatcher,
+    CronDataIntervalTimetable,
+    CronTriggerTimetable,
+    dag,
+    get_current_context,
+    task,
+)
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
@@ -28,6 +42,7 @@ from kafka_ingest_hook import (
     slice_task_args,
     table_updated_task,
 )
+from kafka_ingest_triggers import LagTrigger
 
 
 def _request(context: Any) -> RangeRequest:
@@ -42,7 +57,19 @@ def _request(context: Any) -> RangeRequest:
     )
 
 
-def _schedule(expression: str | None) -> Any:
+def _schedule(pipeline: Pipeline) -> Any:
+    """The DAG's schedule: ``on_data``, the pipeline's lag Asset (watched by the lag
+    trigger in the triggerer) or its slow safety cron; else :func:`_cron`."""
+    if not pipeline.event_driven:
+        return _cron(pipeline.schedule)
+    watcher = AssetWatcher(name=f"{pipeline.name}_lag", trigger=LagTrigger.of(pipeline))
+    return AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(pipeline.on_data.safety_schedule, timezone="UTC"),
+        assets=Asset(name=f"{pipeline.name}_new_data", uri=f"kafka-ingest://{pipeline.name}/lag",
+                     watchers=[watcher]))
+
+
+def _cron(expression: str | None) -> Any:
     """A cron schedule with data intervals ``[previous tick, tick)``.
 
     Airflow 3 turns a cron string into ``CronTriggerTimetable``, whose runs have a point
@@ -59,7 +86,7 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
 
     @dag(
         dag_id=f"{pipeline.name}_ingest",
-        schedule=_schedule(pipeline.schedule),
+        schedule=_schedule(pipeline),
         start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         max_active_runs=1,

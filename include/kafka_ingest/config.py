@@ -311,6 +311,36 @@ class Alerts(_Strict):
         return tuple(_notifier(i, v) for i, v in enumerate(value))
 
 
+#: ``schedule: on_data``: the ingest DAG runs when the lag trigger sees new data.
+ON_DATA = "on_data"
+
+
+class OnData(_Strict):
+    """When a ``schedule: on_data`` pipeline runs: its lag trigger (in Airflow's triggerer)
+    compares the high watermarks with the stored offsets every ``poll_seconds`` and starts
+    a run as soon as the lag reaches ``min_batch`` messages, or has stayed above zero for
+    ``max_wait_seconds``. It then stays quiet until that run has moved the stored offsets
+    (or ``rearm_seconds`` passed without: a failed run, a paused DAG), so a run in flight
+    causes at most one follow-up. ``safety_schedule`` also runs the DAG on a slow cron, so
+    a broken trigger cannot stop the pipeline for good."""
+
+    min_batch: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
+    max_wait_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 30.0
+    poll_seconds: Annotated[float, Field(ge=0.2, le=3600)] = 2.0
+    rearm_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 900.0
+    safety_schedule: str = "0 * * * *"
+
+    @model_validator(mode="after")
+    def _check(self) -> OnData:
+        if self.poll_seconds > self.max_wait_seconds:
+            raise ValueError(f"poll_seconds ({self.poll_seconds:g}) must not exceed "
+                             f"max_wait_seconds ({self.max_wait_seconds:g})")
+        if len(self.safety_schedule.split()) != 5:
+            raise ValueError(f"safety_schedule {self.safety_schedule!r} is not a cron "
+                             "expression of five fields")
+        return self
+
+
 class Pipeline(_Strict):
     """One pipeline. Field names are the YAML keys."""
 
@@ -319,7 +349,9 @@ class Pipeline(_Strict):
     contract: ContractRef
     table: Annotated[str, Field(pattern=_NAME)]
     dlq_topic: Annotated[str, Field(pattern=_TOPIC)]
+    #: A cron expression, ``on_data`` (see :class:`OnData`), or None (manual runs only).
     schedule: str | None = "*/5 * * * *"
+    on_data: OnData = OnData()
     replay_schedule: str | None = None
     max_records_per_partition: Annotated[int, Field(ge=1, le=100_000_000)] = 200_000
     chunk_size: Annotated[int, Field(ge=1, le=500_000)] = 20_000
@@ -426,7 +458,15 @@ class Pipeline(_Strict):
                              "registry: set schema_registry (at least {} for the defaults)")
         if self.pool_slots is not None and self.pool is None:
             raise ValueError("pool_slots is the size of the pipeline's pool: set pool too")
+        if self.on_data != OnData() and not self.event_driven:  # set, but never used
+            raise ValueError(f"on_data is for `schedule: {ON_DATA}`; this pipeline's schedule "
+                             f"is {self.schedule!r}")
         return self
+
+    @property
+    def event_driven(self) -> bool:
+        """Whether the lag trigger starts this pipeline's runs (``schedule: on_data``)."""
+        return self.schedule == ON_DATA
 
     def _check_columns(self) -> None:
         seen = set(self.contract_column_names)

@@ -194,11 +194,11 @@ def test_rearms_after_rearm_seconds_without_a_move_and_fires_if_the_lag_is_still
         (700.0, [row(0, 150, stored=1000)]),  # 600 s: armed, and 150 >= min_batch
         (702.0, [row(0, 150, stored=1000)]),  # fired again: quiet again
     ]
-    assert play(watch, readings) == [(700.0, Fire("min_batch", 150, {0: 150}, 0.0))]
+    assert play(watch, readings) == [(700.0, Fire("min_batch", 150, {0: 150}, 600.0))]
     assert not watch.armed
 
 
-def test_after_rearm_seconds_a_small_lag_waits_max_wait_and_no_lag_stays_armed() -> None:
+def test_after_rearm_seconds_a_lag_still_there_fires_at_once_and_no_lag_stays_armed() -> None:
     watch = LagWatch(SETTINGS)
     fired(watch, 0.0, [row(0, 100, stored=1000)])
     assert watch.observe(600.0, [row(0, 0, stored=1000)]) is None  # caught up another way
@@ -206,10 +206,11 @@ def test_after_rearm_seconds_a_small_lag_waits_max_wait_and_no_lag_stays_armed()
 
     watch = LagWatch(SETTINGS)
     fired(watch, 0.0, [row(0, 100, stored=1000)])
-    readings: list[Reading] = [(600.0, [row(0, 9, stored=1000)]),
-                               (629.9, [row(0, 9, stored=1000)]),
+    readings: list[Reading] = [(599.9, [row(0, 9, stored=1000)]),
+                               (600.0, [row(0, 9, stored=1000)]),
                                (630.0, [row(0, 9, stored=1000)])]
-    assert play(watch, readings) == [(630.0, Fire("max_wait", 9, {0: 9}, 30.0))]
+    # below min_batch, but it has waited since the fire at 0: max_wait is long past
+    assert play(watch, readings) == [(600.0, Fire("max_wait", 9, {0: 9}, 600.0))]
 
 
 def test_a_burst_during_a_run_starts_one_follow_up_and_then_waits_for_its_move() -> None:

@@ -1,0 +1,98 @@
+"""When an ``on_data`` pipeline should run: the lag trigger's decision, without Airflow.
+
+The trigger (``plugins/kafka_ingest_triggers.py``) reads every watched pipeline's lag
+with one :class:`kafka_ingest.ops.status.LagReader` per cluster and database, and hands
+each reading to the pipeline's :class:`LagWatch`, which says whether to start a run:
+
+- **armed**: fire when the lag reaches ``min_batch`` messages, or when it has stayed
+  above zero for ``max_wait_seconds`` (counted from the first reading that saw it);
+- **fired**: quiet until the run it caused has moved the stored offset of every partition
+  that lagged when it fired (the stored offsets are the run's own commits: Postgres is the
+  source of truth), then armed again at once, so data that arrived during the run starts
+  exactly one follow-up run. A run that fails, or a paused DAG, moves nothing: after
+  ``rearm_seconds`` the watch is armed again and fires at once if the lag is still there
+  (it has waited since the fire), so no lag is ever forgotten.
+
+Nothing is consumed and nothing is committed: the watch only compares numbers that
+``kafka-ingest lag`` shows. Time is passed in (monotonic seconds), so the decision is
+tested without a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka_ingest.config import OnData
+
+
+@dataclass(frozen=True)
+class Fire:
+    """Start a run: why, and the lag that made it (the asset event's extra)."""
+
+    reason: str  # "min_batch" or "max_wait"
+    total_lag: int
+    partitions: Mapping[int, int]
+    waited_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "total_lag": self.total_lag,
+                "partitions": {str(p): lag for p, lag in sorted(self.partitions.items())},
+                "waited_seconds": round(self.waited_s, 3)}
+
+
+@dataclass
+class LagWatch:
+    """One pipeline's trigger state (see the module's text)."""
+
+    settings: OnData
+    #: When the lag was first seen above zero while armed (None: not lagging).
+    lag_since: float | None = None
+    #: While fired: when, and the stored offsets of the partitions that lagged then.
+    fired_at: float | None = None
+    fired_offsets: dict[int, int | None] = field(default_factory=dict)
+
+    @property
+    def armed(self) -> bool:
+        return self.fired_at is None
+
+    def observe(self, now: float, rows: Sequence[Mapping[str, Any]]) -> Fire | None:
+        """One reading of the pipeline's lag rows (:func:`kafka_ingest.ops.status.lag`'s);
+        a :class:`Fire` when a run should start now."""
+        if not self.armed and not self._rearm(now, rows):
+            return None
+        lagging = {int(r["partition"]): int(r["lag"]) for r in rows if int(r["lag"]) > 0}
+        total = sum(lagging.values())
+        if not total:
+            self.lag_since = None
+            return None
+        if self.lag_since is None:
+            self.lag_since = now
+        waited = now - self.lag_since
+        if total >= self.settings.min_batch:
+            reason = "min_batch"
+        elif waited >= self.settings.max_wait_seconds:
+            reason = "max_wait"
+        else:
+            return None
+        self.fired_at, self.lag_since = now, None
+        self.fired_offsets = {int(r["partition"]): r["stored_offset"] for r in rows
+                              if int(r["partition"]) in lagging}
+        return Fire(reason, total, lagging, waited)
+
+    def _rearm(self, now: float, rows: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether the fired watch is armed again: the run moved every partition that
+        lagged when it fired, or ``rearm_seconds`` passed without."""
+        assert self.fired_at is not None  # noqa: S101 (only called while fired)
+        stored = {int(r["partition"]): r["stored_offset"] for r in rows}
+        moved = all(stored.get(p) is not None and stored.get(p) != before
+                    for p, before in self.fired_offsets.items())
+        if moved:
+            self.fired_at, self.fired_offsets = None, {}
+            return True
+        if now - self.fired_at >= self.settings.rearm_seconds:
+            # a lag still there has waited since the fire: max_wait is long past
+            self.lag_since, self.fired_at, self.fired_offsets = self.fired_at, None, {}
+            return True
+        return False

@@ -1,0 +1,151 @@
+"""``schedule: on_data`` on the real scheduler and triggerer (``stack up --airflow``): the
+lag trigger starts a run within ``max_wait_seconds`` (plus the scheduler's own loops) of
+new data, none while the topic is quiet, exactly one follow-up for a burst that lands
+during a run, and a paused DAG picks up its lag once unpaused. Rows, dead letters and
+stored offsets are exact after each, as for any run.
+
+Each wait follows a deadline derived from the pipeline's settings and Airflow's
+(:mod:`tests.dags.deadlines`); the measured delays are printed, never asserted as timings.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest_dev.samples import produce_sample
+from tests.conftest import dag_env
+from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.deadlines import MARGIN_S, run_deadline_s
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+MIN_BATCH = 400
+MAX_WAIT_S = 6.0
+POLL_S = 1.0
+REARM_S = 40.0
+
+
+@pytest.fixture
+def pipeline(topics: Callable[..., str]) -> Pipeline:
+    name = f"ondata_{uuid.uuid4().hex[:8]}"
+    doc = {"pipelines": {name: {
+        "topic": topics(PARTITIONS, "src"), "dlq_topic": topics(PARTITIONS, "dlq"),
+        "table": "telemetry_metrics", "contract": {"event_type": "metric_event", "version": 2},
+        "schedule": "on_data", "retries": 0, "task_timeout_minutes": 2,
+        "on_data": {"min_batch": MIN_BATCH, "max_wait_seconds": MAX_WAIT_S,
+                    "poll_seconds": POLL_S, "rearm_seconds": REARM_S,
+                    "safety_schedule": "0 0 1 1 *"},  # never during the test
+    }}}
+    return parse_pipelines(doc)[name]
+
+
+@pytest.fixture
+def api(pipeline: Pipeline, pg_dsn: str, tmp_path: Path) -> Iterator[AirflowApi]:
+    env = dag_env(tmp_path, pg_dsn, pipeline)
+    with running_airflow(env, [f"{pipeline.name}_ingest"]) as a:
+        yield a
+
+
+def _runs(api: AirflowApi, dag_id: str) -> list[dict[str, Any]]:
+    runs = api.get(f"/dags/{dag_id}/dagRuns?order_by=run_after&limit=100")["dag_runs"]
+    return [r for r in runs if r["run_type"] != "manual"]
+
+
+def _one(dsn: str, query: str, *args: Any) -> Any:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query, args).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _fire_deadline_s(api: AirflowApi) -> float:
+    """From new data to a queued run: the watch's wait, a poll, the scheduler's loops."""
+    return MAX_WAIT_S + 2 * POLL_S + MARGIN_S
+
+
+def _new_run(api: AirflowApi, dag_id: str, seen: set[str], timeout_s: float
+             ) -> dict[str, Any]:
+    def fresh() -> dict[str, Any] | None:
+        return next((r for r in _runs(api, dag_id) if r["dag_run_id"] not in seen), None)
+    run = poll(f"a run of {dag_id} caused by new data", fresh, timeout_s, interval_s=0.5)
+    seen.add(run["dag_run_id"])
+    return dict(run)
+
+
+def _finish(api: AirflowApi, pipeline: Pipeline, dag_id: str, run: dict[str, Any]) -> None:
+    state = api.wait_for_run(dag_id, run["dag_run_id"],
+                             run_deadline_s(pipeline, api.settings, slices=PARTITIONS))
+    assert state == "success", api.task_states(dag_id, run["dag_run_id"])
+
+
+def _stays_quiet(api: AirflowApi, dag_id: str, seen: set[str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        extra = [r["dag_run_id"] for r in _runs(api, dag_id) if r["dag_run_id"] not in seen]
+        assert not extra, f"runs started while nothing was new: {extra}"
+        time.sleep(1)
+
+
+def _queued_after(run: dict[str, Any], produced_at: float) -> float:
+    return datetime.fromisoformat(run["queued_at"]).timestamp() - produced_at
+
+
+def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_pause(
+        api: AirflowApi, pipeline: Pipeline, clients: Any, pg_dsn: str) -> None:
+    dag_id = f"{pipeline.name}_ingest"
+    seen: set[str] = set()
+    api.unpause(dag_id)
+
+    # quiet: the topic is empty, the trigger starts nothing
+    _stays_quiet(api, dag_id, seen, 3 * MAX_WAIT_S)
+
+    # a few events (below min_batch): a run after max_wait
+    produced_at = time.time()
+    first = produce_sample(clients, pipeline, count=60, poison=2, partitions=PARTITIONS)
+    assert first["produced"] < MIN_BATCH
+    run = _new_run(api, dag_id, seen, _fire_deadline_s(api))
+    print(f"max_wait: queued {_queued_after(run, produced_at):.1f} s after the produce")
+    assert run["run_type"] == "asset_triggered"
+
+    # a burst once that run has pinned its ranges: exactly one follow-up run
+    poll("the run's plan to be done", lambda: any(
+        t["state"] == "success" for t in api.task_instances(dag_id, run["dag_run_id"], "plan")),
+         run_deadline_s(pipeline, api.settings, slices=PARTITIONS), interval_s=0.5)
+    burst = produce_sample(clients, pipeline, count=1000, poison=5, partitions=PARTITIONS)
+    assert burst["produced"] >= MIN_BATCH
+    _finish(api, pipeline, dag_id, run)
+    follow = _new_run(api, dag_id, seen, _fire_deadline_s(api))
+    _finish(api, pipeline, dag_id, follow)
+    _stays_quiet(api, dag_id, seen, 3 * MAX_WAIT_S)
+    rows = first["expect"]["row"] + burst["expect"]["row"]
+    assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == rows
+    dead = _one(pg_dsn, "SELECT count(*) FROM dead_letters WHERE pipeline = %s", pipeline.name)
+    assert dead == sum(n for s in (first, burst) for k, n in s["expect"].items()
+                       if k not in ("row", "duplicate", "tombstone"))
+    assert _one(pg_dsn, "SELECT sum(next_offset) FROM ingest_offsets WHERE pipeline = %s",
+                pipeline.name) == first["produced"] + burst["produced"]
+
+    # paused: the lag waits; unpaused, a run picks it up (at the latest after rearm_seconds)
+    api.client.patch(f"/dags/{dag_id}", json={"is_paused": True}).raise_for_status()
+    later = produce_sample(clients, pipeline, count=80, poison=0, partitions=PARTITIONS)
+    time.sleep(MAX_WAIT_S + 2 * POLL_S)  # long enough for the trigger to have seen it
+    assert not [r for r in _runs(api, dag_id) if r["dag_run_id"] not in seen]
+    unpaused_at = time.time()
+    api.unpause(dag_id)
+    run = _new_run(api, dag_id, seen, REARM_S + _fire_deadline_s(api))
+    print(f"after the pause: queued {_queued_after(run, unpaused_at):.1f} s after unpausing")
+    _finish(api, pipeline, dag_id, run)
+    assert _one(pg_dsn, "SELECT count(*) FROM telemetry_metrics") == rows + later["expect"]["row"]
+    total = first["produced"] + burst["produced"] + later["produced"]
+    assert _one(pg_dsn, "SELECT sum(next_offset) FROM ingest_offsets WHERE pipeline = %s",
+                pipeline.name) == total
