@@ -132,10 +132,12 @@ class LagTrigger(BaseEventTrigger):
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
                                    ) -> AsyncIterator[TriggerEvent]:
         watch = LagWatch(OnData(**self.on_data))
+        unwatched = False
         async for reading in shared_stream:
             rows = reading.rows.get(self.pipeline)
             if rows is None:
-                if reading.error is None:
+                if reading.error is None and not unwatched:  # said once, not every poll
+                    unwatched = True
                     log.warning("%s: not an on_data pipeline on %s and %s in the pipelines "
                                 "file any more; not watched", self.pipeline,
                                 self.kafka_conn_id, self.postgres_conn_id)

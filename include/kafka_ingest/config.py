@@ -320,14 +320,15 @@ class OnData(_Strict):
     compares the high watermarks with the stored offsets every ``poll_seconds`` and starts
     a run as soon as the lag reaches ``min_batch`` messages, or has stayed above zero for
     ``max_wait_seconds``. It then stays quiet until that run has moved the stored offsets
-    (or ``rearm_seconds`` passed without: a failed run, a paused DAG), so a run in flight
-    causes at most one follow-up. ``safety_schedule`` also runs the DAG on a slow cron, so
-    a broken trigger cannot stop the pipeline for good."""
+    (or ``rearm_seconds`` passed without: a failed run, or a paused DAG, whose asset
+    events Airflow drops), so a run in flight causes at most one follow-up. Keep
+    ``rearm_seconds`` above the pipeline's longest run. ``safety_schedule`` also runs the
+    DAG on a slow cron, so a broken trigger cannot stop the pipeline for good."""
 
     min_batch: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
     max_wait_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 30.0
     poll_seconds: Annotated[float, Field(ge=0.2, le=3600)] = 2.0
-    rearm_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 900.0
+    rearm_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 300.0
     safety_schedule: str = "0 * * * *"
 
     @model_validator(mode="after")

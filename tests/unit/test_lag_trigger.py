@@ -69,7 +69,7 @@ def test_serialize_round_trips_through_the_classpath_and_json() -> None:
     assert kwargs == {"pipeline": "p1", "kafka_conn_id": "kafka_default",
                       "postgres_conn_id": "postgres_default",
                       "on_data": {"min_batch": 100, "max_wait_seconds": 10.0,
-                                  "poll_seconds": 0.5, "rearm_seconds": 900.0,
+                                  "poll_seconds": 0.5, "rearm_seconds": 300.0,
                                   "safety_schedule": "0 * * * *"}}
 
 

@@ -26,14 +26,14 @@ def test_on_data_without_a_block_takes_the_documented_defaults() -> None:
     assert p.event_driven and ON_DATA == "on_data"
     assert (p.on_data.min_batch, p.on_data.max_wait_seconds, p.on_data.poll_seconds,
             p.on_data.rearm_seconds, p.on_data.safety_schedule) == (
-        10_000, 30.0, 2.0, 900.0, "0 * * * *")
+        10_000, 30.0, 2.0, 300.0, "0 * * * *")
 
 
 def test_an_on_data_block_overrides_key_by_key() -> None:
     p = one(schedule="on_data", on_data={"min_batch": 5000, "max_wait_seconds": 20,
                                          "safety_schedule": "17 * * * *"})
     assert p.on_data == OnData(min_batch=5000, max_wait_seconds=20.0, poll_seconds=2.0,
-                               rearm_seconds=900.0, safety_schedule="17 * * * *")
+                               rearm_seconds=300.0, safety_schedule="17 * * * *")
 
 
 def test_the_defaults_section_can_carry_the_on_data_block() -> None:
