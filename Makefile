@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke faults-full lock
+.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-freshness faults-full lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -27,6 +27,9 @@ bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, m
 
 bench-scale: bootstrap  ## the scaling rows: 0.1M, 1M, 3M events on 1 partition, then 1M on 1, 2, 3 partitions (median of 3); results/scale.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --scale-only --partitions 1 --events 1000000 --repeat 3
+
+bench-freshness: bootstrap  ## freshness (p50/p95/p99, cron every minute vs on_data at 2,000 events/s for 5 min), per-run overhead, quiet pipelines' CPU, under the real scheduler; results/freshness.json
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_freshness.py --rate 2000 --seconds 300
 
 faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`), on stacks of their own
 	.venv/bin/kafka-ingest stack up && KAFKA_INGEST_FAULTS_FULL=1 .venv/bin/pytest -m "faults or faults_full" tests/chaos

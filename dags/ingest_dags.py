@@ -1,7 +1,8 @@
 """Ingest DAGs: one ``<pipeline>_ingest`` per pipeline in ``include/pipelines.yaml``.
 
 plan (pins this run's offset ranges) → ingest (mapped, one task per partition range)
-→ report (sums, metrics) → table_updated (the table's Asset, if rows landed). A manual
+→ report (sums, metrics) → table_updated (the table's Asset, if rows landed). A run with
+nothing to read ends at plan: the rest is skipped without starting a task. A manual
 run with ``partitions`` or ``from``/``to`` is a backfill: it never moves the live stored
 offset. Airflow's own backfill (``airflow backfill create``) maps each data interval to
 offsets by time.
@@ -96,7 +97,9 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         default_args=dag_default_args(pipeline),
     )
     def ingest_dag() -> None:
-        @task
+        # Nothing planned (an empty list): plan skips everything downstream itself, so a
+        # quiet run ends at plan, with no task process and no scheduler loop per task after.
+        @task.short_circuit
         def plan() -> list[dict[str, Any]]:
             context = get_current_context()
             with fail_without_retry():  # a bad form fails here, before anything is read
