@@ -143,6 +143,12 @@ def main(args: argparse.Namespace) -> int:
         code = _state_demo(args, env, get_pipeline(args.state_pipeline), db)
         if code:
             return code
+    event_driven = sorted(p.name for p in load_pipelines().values() if p.event_driven)
+    if event_driven:
+        print(f"    event-driven (schedule: on_data): {', '.join(event_driven)}: under the real "
+              "scheduler (`kafka-ingest stack up --airflow`) a lag trigger starts their runs "
+              "as soon as new data is there; the UI's Browse > Kafka ingest shows every "
+              "pipeline")
     print(f"done in {time.monotonic() - t0:.1f}s. Try: kafka-ingest status {pipeline.name}")
     return 0
 

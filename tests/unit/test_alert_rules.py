@@ -50,8 +50,8 @@ def rules_of(doc: dict[str, Any], group: str) -> dict[str, dict[str, Any]]:
 
 def lag_sum(pipeline: str, offset: str = "") -> str:
     """The summed lag each alert writes out (not the recording rule of another group)."""
-    return (f'sum by (pipeline) (clamp_min(kafka_ingest_lag_messages{{pipeline="{pipeline}"}}'
-            f"{offset}, 0))")
+    return ("sum by (pipeline) (max by (pipeline, topic, partition) (clamp_min("
+            f'kafka_ingest_lag_messages{{pipeline="{pipeline}"}}{offset}, 0)))')
 
 
 def test_each_limit_is_written_into_its_rules_expression() -> None:
@@ -62,7 +62,8 @@ def test_each_limit_is_written_into_its_rules_expression() -> None:
         f"{lag_sum('p1')} > 1234")
     assert p1["KafkaIngestDlqRateHigh"]["expr"] == 'kafka_ingest_dlq_ratio{pipeline="p1"} > 0.125'
     assert p1["KafkaIngestParkedLetters"]["expr"] == (
-        'sum by (pipeline) (kafka_ingest_parked_letters{pipeline="p1"}) > 9')
+        'sum by (pipeline) (max by (pipeline, reason) (kafka_ingest_parked_letters'
+        '{pipeline="p1"})) > 9')
     stale = p1["KafkaIngestStale"]["expr"]
     # 7 minutes, in the seconds the age metrics are in; both branches use it
     assert 'kafka_ingest_last_live_commit_age_seconds{pipeline="p1"} > 420 ' in stale
@@ -80,8 +81,8 @@ def test_each_limit_is_written_into_its_rules_expression() -> None:
     assert p2["KafkaIngestParkedLetters"]["expr"].endswith(") > 1000")
 
 
-_SUM = (r"sum by \(pipeline\) \(clamp_min\(kafka_ingest_lag_messages\{pipeline=\"p1\"\}"
-        r"%s, 0\)\)")
+_SUM = (r"sum by \(pipeline\) \(max by \(pipeline, topic, partition\) "
+        r"\(clamp_min\(kafka_ingest_lag_messages\{pipeline=\"p1\"\}%s, 0\)\)\)")
 _STEP = re.compile(r"\(" + _SUM % r"(?: offset (\d+)m)?" + " > " + _SUM % r" offset (\d+)m"
                    + r"\)")
 
@@ -128,7 +129,8 @@ def test_the_yaml_parses_into_groups_with_the_recording_rule_first() -> None:
         "kafka-ingest", "kafka-ingest-alpha", "kafka-ingest-zeta"]  # sorted by name
     first = doc["groups"][0]["rules"][0]
     assert first == {"record": "kafka_ingest:lag_messages:sum",
-                     "expr": "sum by (pipeline) (clamp_min(kafka_ingest_lag_messages, 0))"}
+                     "expr": "sum by (pipeline) (max by (pipeline, topic, partition) "
+                             "(clamp_min(kafka_ingest_lag_messages, 0)))"}
     assert first["record"] == LAG_SUM
     zeta = rules_of(doc, "kafka-ingest-zeta")
     assert list(zeta) == ["KafkaIngestLagHigh", "KafkaIngestLagGrowing",
@@ -147,8 +149,8 @@ def test_a_double_quote_in_a_pipeline_name_is_escaped_in_every_selector() -> Non
     rules = rules_of(doc, f"kafka-ingest-{ODD_NAME}")
 
     assert rules["KafkaIngestLagHigh"]["expr"] == (
-        'sum by (pipeline) (clamp_min(kafka_ingest_lag_messages{pipeline="we\\"ird\\\\x"},'
-        ' 0)) > 1234')
+        'sum by (pipeline) (max by (pipeline, topic, partition) (clamp_min('
+        'kafka_ingest_lag_messages{pipeline="we\\"ird\\\\x"}, 0))) > 1234')
     selectors = 0
     for rule in rules.values():
         assert rule["labels"]["pipeline"] == ODD_NAME  # a label value: YAML, not PromQL
@@ -191,7 +193,7 @@ def test_good_durations_are_taken_as_written() -> None:
                          interval="120s")
     rules = rules_of(doc, "kafka-ingest-p1")
     assert rules["KafkaIngestLagHigh"]["for"] == "1h30m"
-    assert rules["KafkaIngestLagGrowing"]["expr"].endswith(" offset 2m, 0)))")
+    assert rules["KafkaIngestLagGrowing"]["expr"].endswith(" offset 2m, 0))))")
 
 
 # --------------------------------------------------------------------------- promtool

@@ -50,12 +50,18 @@ def _minutes(duration: str) -> float:
     return sum(int(n) * scale[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration))
 
 
+#: One series per partition before summing: the same metrics scraped from both endpoints
+#: (the api-server and an exporter) would otherwise count each partition twice.
+_ONE_PER_PARTITION = "max by (pipeline, topic, partition)"
+
+
 def _lag_sum(selector: str, minutes_ago: int = 0) -> str:
     """The summed lag, written out rather than read from the recording rule: a rule of
     another group may be evaluated before or after it, so the alert would see it one
     evaluation late, or not."""
     offset = f" offset {minutes_ago}m" if minutes_ago else ""
-    return f"sum by (pipeline) (clamp_min(kafka_ingest_lag_messages{selector}{offset}, 0))"
+    return (f"sum by (pipeline) ({_ONE_PER_PARTITION} "
+            f"(clamp_min(kafka_ingest_lag_messages{selector}{offset}, 0)))")
 
 
 def _selector(pipeline: Pipeline) -> str:
@@ -103,7 +109,8 @@ def pipeline_rules(pipeline: Pipeline, *, hold: str, interval: str) -> list[dict
               f" while messages wait, above freshness_minutes {a.freshness_minutes}",
               hold=hold, severity="critical"),
         _rule(pipeline, "max_parked", "KafkaIngestParkedLetters",
-              f"sum by (pipeline) (kafka_ingest_parked_letters{sel}) > {a.max_parked}",
+              f"sum by (pipeline) (max by (pipeline, reason) (kafka_ingest_parked_letters{sel}))"
+              f" > {a.max_parked}",
               f"{pipeline.name}: {{{{ $value }}}} dead letters parked, above max_parked "
               f"{a.max_parked}", hold=hold),
     ]
@@ -119,7 +126,7 @@ def rules_document(pipelines: Iterable[Pipeline], *, hold: str = "5m",
         raise ValueError(f"--check-interval {interval!r} must be a whole number of minutes")
     common = {"name": "kafka-ingest", "rules": [
         {"record": LAG_SUM,
-         "expr": "sum by (pipeline) (clamp_min(kafka_ingest_lag_messages, 0))"},
+         "expr": _lag_sum("")},
         {"alert": "KafkaIngestTargetDown", "expr": "kafka_ingest_up == 0", "for": "2m",
          "labels": {"severity": "critical"},
          "annotations": {"summary": "the kafka-ingest metrics cannot reach {{ $labels."
