@@ -88,7 +88,9 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
     @dag(
         dag_id=f"{pipeline.name}_ingest",
         schedule=_schedule(pipeline),
-        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+        # on_data: no start date, so unpausing runs no past safety tick (a quiet pipeline
+        # starts no run); the safety cron's first run is its next tick
+        start_date=None if pipeline.event_driven else datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         max_active_runs=1,
         doc_md=__doc__,
