@@ -114,7 +114,7 @@ class LagTrigger(BaseEventTrigger):
                     if pipelines:
                         if reader is None:
                             reader = await asyncio.to_thread(_reader, pipelines[0])
-                        rows = await asyncio.to_thread(reader.read, pipelines)
+                        rows = await asyncio.to_thread(reader.read, pipelines, group=False)
                         yield LagReading(time.monotonic(), rows)
                     failures = 0
                 except Exception as exc:  # out of reach, refused, a bad pipelines file

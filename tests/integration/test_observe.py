@@ -21,7 +21,7 @@ from kafka_ingest.db import Database
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.ops.metrics import exposition, registry_of
 from kafka_ingest.ops.observe import Snapshot, SnapshotCache, Sources, snapshot
-from kafka_ingest.ops.status import lag
+from kafka_ingest.ops.status import LagReader, lag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import free_ports, running_exporter, write_pipelines_file
 from tests.integration.helpers_ingest import run, total
@@ -65,6 +65,9 @@ def test_the_snapshot_tells_the_lag_the_oldest_unread_and_the_ledger(
     assert snap.up == {("kafka", pipeline.kafka_conn_id): True,
                        ("postgres", pipeline.postgres_conn_id): True}
     assert list(view.lag_rows) == lag(pipeline, clients, db)  # one implementation of lag
+    with LagReader(clients, db) as reader:  # the lag trigger's reads: no group offsets
+        without = reader.read([pipeline], group=False)[pipeline.name]
+    assert without == [{**r, "group_offset": None, "group_lag": None} for r in view.lag_rows]
     assert sum(r["lag"] for r in view.lag_rows) == sample["produced"]
     # the oldest unread message of each partition is its first, produced just now
     assert set(view.oldest_unread) == set(range(PARTITIONS))
