@@ -43,11 +43,13 @@ import psutil
 import psycopg
 import yaml
 from confluent_kafka import Producer
+from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
@@ -179,6 +181,10 @@ def freshness(api: Api, env: dict[str, str], dsn: str, pipeline: Pipeline, rate:
     dag_id = f"{pipeline.name}_ingest"
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
     api.pause(dag_id, False)
+    if pipeline.event_driven:  # its trigger starts after the unpause: tens of seconds
+        airflow_dsn = make_conninfo(env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+        wait(f"{pipeline.name}'s lag trigger", lambda: watchers_running(
+            airflow_dsn, f"{pipeline.name}_new_data"), 300, 1)
     produced = steady(env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.topic, rate, seconds)
     drain = time.monotonic()
     wait(f"{pipeline.name} to drain", lambda: _lag_zero(dsn, pipeline, produced), 300, 1)
@@ -205,19 +211,26 @@ def freshness(api: Api, env: dict[str, str], dsn: str, pipeline: Pipeline, rate:
 # --------------------------------------------------------------------------- 3. quiet
 
 
-def _airflow_cpu_s() -> float:
-    """CPU seconds of the stack's Airflow services, their reaped task processes included."""
-    total = 0.0
-    for pid in stack.settings().airflow.pids().values():
+def cpu_by_service() -> dict[str, float]:
+    """CPU seconds of each of the stack's Airflow services, their reaped task processes
+    included."""
+    out = {}
+    for name, pid in stack.settings().airflow.pids().items():
         if pid is None:
             continue
+        total = 0.0
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
             for p in (proc, *proc.children(recursive=True)):
                 with contextlib.suppress(psutil.Error):
                     t = p.cpu_times()
                     total += t.user + t.system + t.children_user + t.children_system
-    return total
+        out[name] = total
+    return out
+
+
+def _airflow_cpu_s() -> float:
+    return sum(cpu_by_service().values())
 
 
 def quiet(api: Api, dag_ids: list[str], seconds: float, label: str) -> dict[str, Any]:
@@ -267,6 +280,8 @@ def main() -> int:
     parser.add_argument("--max-wait", type=float, default=5.0)
     parser.add_argument("--parts", default="overhead,freshness,quiet",
                         help="which parts to run, comma-separated")
+    parser.add_argument("--schedules", default="cron,ondata",
+                        help="the freshness part's pipelines, comma-separated")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
@@ -301,7 +316,7 @@ def main() -> int:
                                                args.repeat)
             results["freshness"] = [
                 freshness(api, env, dsn, pipelines[f"{kind}_{tag}"], args.rate, args.seconds)
-                for kind in ("cron", "ondata") if "freshness" in parts]
+                for kind in args.schedules.split(",") if "freshness" in parts]
             results["quiet"] = {} if "quiet" not in parts else {
                 "paused (baseline)": quiet(api, [], args.quiet_seconds, "every DAG paused"),
                 "cron * * * * *": quiet(api, [f"qcron{i}_{tag}_ingest"

@@ -46,11 +46,12 @@ from kafka_ingest.config import parse_pipelines
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_freshness import Api, wait
+from bench_freshness import Api, cpu_by_service, wait
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pipelines.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,32 +80,6 @@ def parse_seconds(pipelines_file: Path) -> dict[str, float]:
 
 def _airflow_dsn(env: dict[str, str]) -> str:
     return make_conninfo(env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-
-
-def _watching(env: dict[str, str], tag: str) -> int:
-    with psycopg.connect(_airflow_dsn(env)) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM asset_watcher w JOIN asset a ON a.id = w.asset_id"
-            " JOIN trigger t ON t.id = w.trigger_id WHERE a.name LIKE %s"
-            " AND t.triggerer_id IS NOT NULL", (f"%{tag}%_new_data",)).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _services() -> dict[str, psutil.Process]:
-    return {name: psutil.Process(pid) for name, pid in stack.settings().airflow.pids().items()
-            if pid is not None}
-
-
-def _cpu(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    out = {}
-    for name, proc in procs.items():
-        total = 0.0
-        for p in (proc, *proc.children(recursive=True)):
-            with contextlib.suppress(psutil.Error):
-                t = p.cpu_times()
-                total += t.user + t.system + t.children_user + t.children_system
-        out[name] = total
-    return out
 
 
 def _connections(proc: psutil.Process, ports: dict[str, int]) -> dict[str, int]:
@@ -147,6 +122,7 @@ def main() -> int:
     dsn = create_database(env["KAFKA_INGEST_PG_DSN"], prefix="bench")
     pg_port = int(conninfo_to_dict(dsn).get("port") or 5432)
     kafka_port = int(env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
+    api: Api | None = None
     try:
         stack.stop_airflow()
         started = time.monotonic()
@@ -163,21 +139,25 @@ def main() -> int:
         started = time.monotonic()
         api.client.patch(f"/dags?dag_id_pattern=%25{tag}_ingest", json={"is_paused": False}
                          ).raise_for_status()
-        wait("every lag trigger to run", lambda: _watching(env, tag) >= len(names), 900, 2)
+        wait("every lag trigger to run", lambda: watchers_running(
+            _airflow_dsn(env), f"%{tag}%_new_data") >= len(names), 900, 2)
         results["all_triggers_running_s"] = round(time.monotonic() - started, 1)
         print(f"{len(names)} lag triggers running {results['all_triggers_running_s']} s after "
               "the unpause", flush=True)
 
-        procs = _services()
-        before, runs_before = _cpu(procs), api.get("/dags/~/dagRuns?limit=1")["total_entries"]
+        before, runs_before = (cpu_by_service(),
+                               api.get("/dags/~/dagRuns?limit=1")["total_entries"])
         time.sleep(args.window)
-        after = _cpu(procs)
+        after = cpu_by_service()
+        triggerer = stack.settings().airflow.pids()["triggerer"]
+        if triggerer is None:
+            raise SystemExit("the triggerer is not running")
         results["quiet"] = {
             "window_s": args.window,
             "cpu_s_per_minute": {k: round((after[k] - before[k]) * 60 / args.window, 2)
-                                 for k in procs},
+                                 for k in after if k in before},
             "runs_started": api.get("/dags/~/dagRuns?limit=1")["total_entries"] - runs_before,
-            "triggerer_connections": _connections(procs["triggerer"],
+            "triggerer_connections": _connections(psutil.Process(triggerer),
                                                   {"kafka": kafka_port, "postgres": pg_port}),
         }
         print(f"quiet: {results['quiet']}", flush=True)
@@ -219,6 +199,10 @@ def main() -> int:
             row = conn.execute("SELECT count(*) FROM pg_stat_activity").fetchone()
         results["postgres_sessions"] = int(row[0]) if row else 0
     finally:
+        with contextlib.suppress(Exception):  # the bench's DAGs leave the metadata database
+            for n in names if api is not None else ():
+                for dag_id in (f"{n}_ingest", f"{n}_dlq_replay"):
+                    api.client.delete(f"/dags/{dag_id}")
         stack.stop_airflow()
         drop_database(env["KAFKA_INGEST_PG_DSN"], dsn)
         with contextlib.suppress(Exception):

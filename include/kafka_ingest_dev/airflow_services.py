@@ -546,3 +546,18 @@ class AirflowServices:
             parts.append(PartStatus(name, address, pid is not None and up, pid))
         return parts
 
+
+
+def watchers_running(airflow_dsn: str, asset_name_like: str) -> int:
+    """How many Asset watchers whose Asset's name is ``LIKE asset_name_like`` a triggerer
+    runs (Airflow's metadata database: the watcher, its trigger, the triggerer it is
+    assigned to). Airflow registers a watcher when it parses an unpaused DAG scheduled on
+    the Asset, and a triggerer picks the trigger up after that: tens of seconds."""
+    import psycopg
+
+    with psycopg.connect(airflow_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM asset_watcher w JOIN asset a ON a.id = w.asset_id"
+            " JOIN trigger t ON t.id = w.trigger_id WHERE a.name LIKE %s"
+            " AND t.triggerer_id IS NOT NULL", (asset_name_like,)).fetchone()
+    return int(row[0]) if row else 0

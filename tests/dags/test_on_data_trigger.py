@@ -22,6 +22,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import dag_env
 from tests.dags.airflow_api import AirflowApi, poll, running_airflow
@@ -99,18 +100,6 @@ def _stays_quiet(api: AirflowApi, dag_id: str, seen: set[str], seconds: float) -
         time.sleep(1)
 
 
-def _watching(stack_env: dict[str, str], pipeline: Pipeline) -> bool:
-    """Whether a triggerer runs the pipeline's lag trigger (Airflow's metadata database:
-    the Asset's watcher, its trigger, the triggerer it is assigned to)."""
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT t.triggerer_id FROM asset_watcher w JOIN asset a ON a.id = w.asset_id"
-            " JOIN trigger t ON t.id = w.trigger_id WHERE a.name = %s",
-            (f"{pipeline.name}_new_data",)).fetchone()
-    return row is not None and row[0] is not None
-
-
 def _queued_after(run: dict[str, Any], produced_at: float) -> float:
     return datetime.fromisoformat(run["queued_at"]).timestamp() - produced_at
 
@@ -122,7 +111,9 @@ def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_p
     seen: set[str] = set()
     api.unpause(dag_id)
     # the scheduler registers the Asset's watcher, a triggerer picks its trigger up
-    poll("the lag trigger to run in the triggerer", lambda: _watching(stack_env, pipeline),
+    airflow_dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    poll("the lag trigger to run in the triggerer",
+         lambda: watchers_running(airflow_dsn, f"{pipeline.name}_new_data"),
          parse_deadline_s(api.settings) + MARGIN_S)
 
     # quiet: the topic is empty, the trigger starts nothing
