@@ -126,8 +126,8 @@ class LagTrigger(BaseEventTrigger):
                            default=OnData().poll_seconds)
                 await asyncio.sleep(min(MAX_BACKOFF_S, poll * 2 ** min(failures, 10)))
         finally:
-            if reader is not None:
-                reader.close()
+            if reader is not None:  # after a read still running in its thread, if any
+                await asyncio.to_thread(reader.close)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
                                    ) -> AsyncIterator[TriggerEvent]:

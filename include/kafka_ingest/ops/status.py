@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -65,6 +66,8 @@ class LagReader:
         self._consumer: Any = None
         self._admin: Any = None
         self._conn: Any = None
+        #: A read and a close never overlap (the trigger closes from another thread).
+        self._lock = threading.Lock()
 
     def __enter__(self) -> LagReader:
         return self
@@ -73,6 +76,10 @@ class LagReader:
         self.close()
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         consumer, conn = self._consumer, self._conn
         self._consumer = self._admin = self._conn = None
         if consumer is not None:
@@ -85,11 +92,12 @@ class LagReader:
         """``group=False``: leave the consumer groups' offsets out (``group_offset`` and
         ``group_lag`` None), one admin request per pipeline fewer (the lag trigger's
         reads, which judge by the stored offsets only)."""
-        try:
-            return self._read(pipelines, group)
-        except BaseException:
-            self.close()  # whatever broke, the next read starts afresh
-            raise
+        with self._lock:
+            try:
+                return self._read(pipelines, group)
+            except BaseException:
+                self._close()  # whatever broke, the next read starts afresh
+                raise
 
     def _read(self, pipelines: Sequence[Pipeline], group: bool
               ) -> dict[str, list[dict[str, Any]] | IngestError]:
