@@ -80,22 +80,24 @@ class LagTrigger(BaseEventTrigger):
     """
 
     def __init__(self, pipeline: str, kafka_conn_id: str, postgres_conn_id: str,
-                 on_data: dict[str, Any]) -> None:
+                 on_data: dict[str, Any], max_records: int = 2**62) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.on_data = dict(on_data)
+        self.max_records = max_records
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> LagTrigger:
         return cls(pipeline.name, pipeline.kafka_conn_id, pipeline.postgres_conn_id,
-                   pipeline.on_data.model_dump(mode="json"))
+                   pipeline.on_data.model_dump(mode="json"),
+                   pipeline.max_records_per_partition)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
                            "postgres_conn_id": self.postgres_conn_id,
-                           "on_data": self.on_data}
+                           "on_data": self.on_data, "max_records": self.max_records}
 
     def shared_stream_key(self) -> Hashable:
         return ("kafka_ingest.lag", self.kafka_conn_id, self.postgres_conn_id)
@@ -119,6 +121,9 @@ class LagTrigger(BaseEventTrigger):
                     failures = 0
                 except Exception as exc:  # out of reach, refused, a bad pipelines file
                     failures += 1
+                    if reader is not None:  # the next read re-reads the Airflow connections
+                        stale, reader = reader, None
+                        await asyncio.to_thread(stale.close)
                     log.warning("lag of the on_data pipelines on %s and %s not read (%d in a "
                                 "row): %s", kafka_id, pg_id, failures, exc)
                     yield LagReading(time.monotonic(), error=str(exc))
@@ -127,11 +132,14 @@ class LagTrigger(BaseEventTrigger):
                 await asyncio.sleep(min(MAX_BACKOFF_S, poll * 2 ** min(failures, 10)))
         finally:
             if reader is not None:  # after a read still running in its thread, if any
-                await asyncio.to_thread(reader.close)
+                try:
+                    await asyncio.to_thread(reader.close)
+                except Exception:  # never in place of the cancellation being handled
+                    log.warning("the lag reader was not closed cleanly", exc_info=True)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
                                    ) -> AsyncIterator[TriggerEvent]:
-        watch = LagWatch(OnData(**self.on_data))
+        watch = LagWatch(OnData(**self.on_data), max_records=self.max_records)
         unwatched = False
         async for reading in shared_stream:
             rows = reading.rows.get(self.pipeline)

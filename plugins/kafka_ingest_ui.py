@@ -34,6 +34,7 @@ from airflow.api_fastapi.core_api.security import bearer_scheme, get_user, requi
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
+from starlette.concurrency import run_in_threadpool
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.db import Database
@@ -132,10 +133,17 @@ def _metrics_token() -> str | None:
 
 
 async def _scraper(request: Request) -> None:
-    """The metrics token, else Airflow's own authentication (401/403 from Airflow)."""
-    if token_matches(request.headers.get("authorization"), _metrics_token()):
+    """The metrics token, else Airflow's own authentication and the right to read DAGs,
+    as for the pages (401/403 from Airflow)."""
+    try:
+        token = _metrics_token()
+    except OSError as exc:  # the token file is gone: refuse, do not fail
+        log.error("%s unreadable: %s", TOKEN_FILE_ENV, exc)
+        token = None
+    if token_matches(request.headers.get("authorization"), token):
         return
-    await get_user(request, None, await bearer_scheme(request))
+    user = await get_user(request, None, await bearer_scheme(request))
+    await run_in_threadpool(requires_access_dag("GET"), request, user)
 
 
 def _airflow_root(request: Request) -> str:
@@ -176,9 +184,14 @@ def pipeline_page(request: Request, name: str) -> HTMLResponse:
     view = LOOKS.cache().get().view(name)
     if view is None:
         raise HTTPException(404, f"no pipeline named {name!r} in the pipelines file")
-    with LOOKS.database(view.pipeline).session() as conn:
-        checks = page.history(conn, [name])[name]
-        dead = page.letters(conn, name)
+    checks: list[page.Check] = []
+    dead: list[dict[str, Any]] = []
+    try:
+        with LOOKS.database(view.pipeline).session() as conn:
+            checks = page.history(conn, [name])[name]
+            dead = page.letters(conn, name)
+    except Exception as exc:  # the page shows what the snapshot has; it says who is down
+        log.warning("%s: history and dead letters not read: %s", name, exc)
     root = _airflow_root(request)
     return HTMLResponse(page.detail(view, checks, dead, airflow=root,
                                     back=f"{root}{URL_PREFIX}/pipelines", now=time.time()))

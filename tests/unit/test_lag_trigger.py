@@ -70,7 +70,8 @@ def test_serialize_round_trips_through_the_classpath_and_json() -> None:
                       "postgres_conn_id": "postgres_default",
                       "on_data": {"min_batch": 100, "max_wait_seconds": 10.0,
                                   "poll_seconds": 0.5, "rearm_seconds": 300.0,
-                                  "safety_schedule": "0 * * * *"}}
+                                  "safety_schedule": "0 * * * *"},
+                      "max_records": 200_000}  # the pipeline's max_records_per_partition
 
 
 def test_the_settings_are_copied_not_shared() -> None:
@@ -242,8 +243,9 @@ def test_the_loop_survives_a_failed_read_and_backs_off(monkeypatch: pytest.Monke
     # the smallest poll of the watched pipelines (p1's 0.5 s), doubled after the failure
     assert sleeps.delays == [0.5, 1.0, 0.5]
     assert reader.asked == [["p1", "p2"]] * 4
-    assert built == ["p1"]  # one reader for the stream, kept across the failure
-    assert reader.closed == 1  # by aclose()
+    # a failed read drops its reader: the next one re-reads the Airflow connections
+    assert built == ["p1", "p1"]
+    assert reader.closed == 2  # after the failure, and by aclose()
 
 
 def test_the_backoff_doubles_per_failure_up_to_its_cap(monkeypatch: pytest.MonkeyPatch,

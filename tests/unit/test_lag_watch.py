@@ -247,3 +247,23 @@ def test_fire_to_dict_is_the_asset_events_extra() -> None:
                      "partitions": {"2": 4, "10": 3}, "waited_seconds": 30.123}
     assert list(extra["partitions"]) == ["2", "10"]  # by partition number, not as text
     assert json.loads(json.dumps(extra)) == extra  # JSON as it is: keys already strings
+
+
+def test_a_run_committing_chunk_by_chunk_re_arms_only_at_its_end() -> None:
+    # fired with 100,000 waiting; the run commits 20,000 at a time while more arrives
+    watch = LagWatch(SETTINGS)
+    fired(watch, 0.0, [row(0, 100_000, stored=0)])
+    assert play(watch, [(float(t), [row(0, 100_000 - 20_000 * t + 500 * t, stored=20_000 * t)])
+                        for t in range(1, 5)]) == []  # its first commits are not its end
+    assert not watch.armed
+    assert play(watch, [(5.0, [row(0, 2_500, stored=100_000)])]) == [
+        (5.0, Fire("min_batch", 2_500, {0: 2_500}, 0.0))]  # the end: one follow-up
+
+
+def test_a_run_capped_by_max_records_ends_there() -> None:
+    watch = LagWatch(SETTINGS, max_records=30_000)
+    fired(watch, 0.0, [row(0, 100_000, stored=0)])
+    assert watch.observe(1.0, [row(0, 80_000, stored=20_000)]) is None
+    assert not watch.armed
+    fire = watch.observe(2.0, [row(0, 70_000, stored=30_000)])  # the run's cap: it ended
+    assert fire == Fire("min_batch", 70_000, {0: 70_000}, 0.0)

@@ -479,3 +479,60 @@ def test_callers_arriving_during_a_slow_look_wait_for_it_instead_of_looking_agai
     assert take.calls == 1
     assert len(results) == 6
     assert all(r is results[0] for r in results)
+
+
+def test_while_a_look_is_under_way_callers_get_the_previous_snapshot_at_once() -> None:
+    started, release = threading.Event(), threading.Event()
+    slow = {"on": False}
+
+    def maybe_slow() -> None:
+        if slow["on"]:
+            started.set()
+            assert release.wait(10), "the test never released the look"
+
+    take = Looks(maybe_slow)
+    cache = SnapshotCache(take, max_age_s=0)  # every get looks again
+    first = cache.get()
+    slow["on"] = True
+    looker = threading.Thread(target=cache.get, name="scrape-slow")
+    looker.start()
+    try:
+        assert started.wait(10), "the second look never began"
+        assert cache.get() is first  # at once, not behind the slow look
+        assert take.calls == 2
+    finally:
+        release.set()
+        looker.join(10)
+    assert not looker.is_alive()
+
+
+def test_a_failed_look_is_remembered_for_max_age_and_then_tried_again() -> None:
+    fail = {"on": True}
+
+    def broken() -> None:
+        if fail["on"]:
+            raise RuntimeError("no connection named postgres_eu")
+
+    take = Looks(broken)
+    cache = SnapshotCache(take, max_age_s=1e9)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="postgres_eu"):
+            cache.get()
+    assert take.calls == 1  # one failing look per period, not one per caller
+    fail["on"] = False
+    cache.max_age_s = 0
+    assert isinstance(cache.get(), Snapshot)
+    assert take.calls == 2
+
+
+def test_a_connection_that_does_not_exist_shows_as_down_not_as_an_error() -> None:
+    def no_such_connection(_p: Pipeline) -> Any:
+        raise LookupError("The conn_id `postgres_eu` isn't defined")
+
+    found = pipelines()
+    snapshot = observe.snapshot(list(found.values()), observe.Sources(
+        clients=no_such_connection, database=no_such_connection), timeout_s=1.0)
+    assert {v.name for v in snapshot.views} == set(found)
+    assert all(v.result is None and v.lag_rows is None and "postgres_eu" in (v.lag_error or "")
+               for v in snapshot.views)
+    assert not any(ok for (component, _), ok in snapshot.up.items() if component == "postgres")

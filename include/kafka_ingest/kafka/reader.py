@@ -270,8 +270,10 @@ def group_offsets(admin: Any, wanted: Sequence[tuple[str, str, list[int]]], *,
     try:
         futures = [(key, admin.list_consumer_group_offsets([req], request_timeout=timeout_s))
                    for key, req in requests.items()]
+        deadline = time.monotonic() + timeout_s  # all of them together, not each
         for key, by_group in futures:
-            found = next(iter(by_group.values())).result(timeout=timeout_s)
+            found = next(iter(by_group.values())).result(
+                timeout=max(0.0, deadline - time.monotonic()))
             out[key] = {tp.partition: (tp.offset if tp.offset >= 0 else None)
                         for tp in found.topic_partitions}
     except KafkaException as exc:
@@ -292,15 +294,19 @@ def first_timestamps(consumer: Any, positions: Mapping[tuple[str, int], int], *,
         return {}
     consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
     found: dict[tuple[str, int], float] = {}
+    done: set[tuple[str, int]] = set()  # answered: a message, or an error (out of range)
     deadline = time.monotonic() + timeout_s
-    while len(found) < len(positions) and (left := deadline - time.monotonic()) > 0:
+    while len(done) < len(positions) and (left := deadline - time.monotonic()) > 0:
         for msg in consumer.consume(num_messages=500, timeout=min(left, 0.5)):
             key = (msg.topic(), msg.partition())
-            if msg.error() is None and key not in found:
+            if key in done or key not in positions:
+                continue
+            if msg.error() is None:
                 kind, ms = msg.timestamp()
                 if kind != TIMESTAMP_NOT_AVAILABLE and ms >= 0:
                     found[key] = ms / 1000.0
-                consumer.pause([TopicPartition(*key)])
+            done.add(key)
+            consumer.pause([TopicPartition(*key)])
     return found
 
 

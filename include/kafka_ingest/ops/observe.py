@@ -148,7 +148,12 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
     errors: dict[str, str] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
     oldest: dict[tuple[str, int], float] = {}
-    db = sources.database(members[0])
+    try:
+        db = sources.database(members[0])
+    except Exception as exc:  # no such Airflow connection, a DSN libpq refuses
+        log.warning("pipelines %s: no database: %s", ", ".join(p.name for p in members), exc)
+        return True, False, {p.name: PipelineView(pipeline=p, lag_error=f"lag not known: {exc}")
+                             for p in members}
     try:
         clients = sources.clients(members[0])
         for name, found in lags(members, clients, db, timeout_s=timeout_s).items():
@@ -165,6 +170,11 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
         pg_ok = False
         errors = dict.fromkeys((p.name for p in members), f"lag not known: {exc}")
         rows = {}
+    except Exception as exc:  # e.g. the Kafka connection is missing in Airflow
+        log.exception("pipelines %s: lag not read", ", ".join(p.name for p in members))
+        kafka_ok = False
+        errors = dict.fromkeys((p.name for p in members), f"lag not known: {exc}")
+        rows = {}
     views: dict[str, PipelineView] = {}
     try:
         with db.session() as conn:
@@ -178,7 +188,7 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
                     result=check(p, lag_rows, conn, record_check=False),
                     totals=_totals(conn, p.name), parked_by_reason=_parked(conn, p.name))
                 conn.rollback()  # read only: end each pipeline's snapshot of the database
-    except IngestError as exc:
+    except Exception as exc:  # IngestError, or a psycopg error the mapping left alone
         pg_ok = False
         log.warning("pipelines %s: the database is out of reach: %s",
                     ", ".join(p.name for p in members), exc)
@@ -190,8 +200,8 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
 def _oldest_unread(clients: KafkaClients, rows: Sequence[Mapping[str, Any]],
                    timeout_s: float) -> dict[tuple[str, int], float]:
     """The timestamp of the first message not ingested, per lagging partition."""
-    positions = {(r["topic"], r["partition"]): (r["stored_offset"] if r["stored_offset"]
-                                                is not None else r["low"])
+    positions = {(r["topic"], r["partition"]): max(r["low"], r["stored_offset"]
+                                                   if r["stored_offset"] is not None else 0)
                  for r in rows if r["lag"] > 0}
     if not positions:
         return {}
@@ -219,8 +229,10 @@ def _parked(conn: Any, pipeline: str) -> dict[str, int]:
 
 class SnapshotCache:
     """The newest snapshot, taken again when older than ``max_age_s``. One look at a
-    time: a caller arriving while one is under way waits for it (each look is bounded by
-    its requests' time-outs) rather than starting another."""
+    time: while one is under way, a caller gets the previous snapshot at once (the very
+    first look is waited for), so scrapes and page views never queue behind a slow
+    broker in the api-server's thread pool; a look that failed is remembered for
+    ``max_age_s`` too, so a failing source is asked once per period, not once per caller."""
 
     def __init__(self, take: Callable[[], Snapshot], *, max_age_s: float = 10.0) -> None:
         self._take = take
@@ -228,14 +240,28 @@ class SnapshotCache:
         self._lock = threading.Lock()
         self._last: Snapshot | None = None
         self._at = 0.0
+        self._error: tuple[float, Exception] | None = None
 
     def get(self) -> Snapshot:
-        with self._lock:
-            if self._last is None or time.monotonic() - self._at > self.max_age_s:
-                self._last = self._take()
-                self._at = time.monotonic()
+        last = self._last
+        if not self._lock.acquire(blocking=last is None):
+            assert last is not None  # noqa: S101 (a non-blocking acquire only with one)
+            return last  # a look is under way: the previous one meanwhile
+        try:
+            now = time.monotonic()
+            if self._last is not None and now - self._at <= self.max_age_s:
+                return self._last
+            if self._error is not None and now - self._error[0] <= self.max_age_s:
+                raise self._error[1]
+            try:
+                self._last, self._at, self._error = self._take(), time.monotonic(), None
+            except Exception as exc:
+                self._error = (time.monotonic(), exc)
+                raise
             return self._last
+        finally:
+            self._lock.release()
 
     def clear(self) -> None:
         with self._lock:
-            self._last = None
+            self._last, self._error = None, None

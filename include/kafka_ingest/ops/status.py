@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -16,10 +17,12 @@ from psycopg import sql
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository, translate_errors
-from kafka_ingest.errors import IngestError, TopicMissing
+from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, TopicMissing
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import group_offsets, topic_partitions, watermarks
 from kafka_ingest.ops.monitor import CheckResult, Figures, check
+
+log = logging.getLogger(__name__)
 
 
 def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
@@ -105,6 +108,7 @@ class LagReader:
         if self._consumer is None:
             self._consumer = self.clients.consumer("kafka-ingest.lag")
             self._admin = self.clients.admin()
+        self._consumer.poll(0)  # serve its queued events (it is kept between reads)
         out: dict[str, list[dict[str, Any]] | IngestError] = {}
         marks: dict[str, dict[int, tuple[int, int]]] = {}
         topics = topic_partitions(self._consumer, timeout_s=wait_s)
@@ -115,8 +119,12 @@ class LagReader:
             marks[p.name] = watermarks(self._consumer, p.topic, topics[p.topic],
                                        timeout_s=wait_s)
         live = [p for p in pipelines if p.name in marks]
-        groups = group_offsets(self._admin, [(p.group_id, p.topic, list(marks[p.name]))
-                                             for p in live if group], timeout_s=wait_s)
+        try:
+            groups = group_offsets(self._admin, [(p.group_id, p.topic, list(marks[p.name]))
+                                                 for p in live if group], timeout_s=wait_s)
+        except (KafkaRefused, KafkaUnavailable) as exc:  # group lag unknown, lag still known
+            log.warning("consumer group offsets not read: %s", exc)
+            groups = {}
         if self._conn is None:
             self._conn = self.db.connect(autocommit=True)
         with translate_errors("stored offsets"):

@@ -6,12 +6,15 @@ each reading to the pipeline's :class:`LagWatch`, which says whether to start a 
 
 - **armed**: fire when the lag reaches ``min_batch`` messages, or when it has stayed
   above zero for ``max_wait_seconds`` (counted from the first reading that saw it);
-- **fired**: quiet until the run it caused has moved the stored offset of every partition
-  that lagged when it fired (the stored offsets are the run's own commits: Postgres is the
-  source of truth), then armed again at once, so data that arrived during the run starts
-  exactly one follow-up run. A run that fails, or a paused DAG, moves nothing: after
-  ``rearm_seconds`` the watch is armed again and fires at once if the lag is still there
-  (it has waited since the fire), so no lag is ever forgotten.
+- **fired**: quiet until the run it caused has brought the stored offset of every
+  partition that lagged when it fired to where that run ends: the high watermark seen
+  then, or ``max_records`` (the pipeline's ``max_records_per_partition``) past the stored
+  offset (the stored offsets are the run's own commits: Postgres is the source of truth;
+  a run commits chunk by chunk, and its first commit is not its end). Then armed again at
+  once, so data that arrived during the run starts exactly one follow-up run. A run that
+  fails, or a paused DAG, moves nothing: after ``rearm_seconds`` the watch is armed again
+  and fires at once if the lag is still there (it has waited since the fire), so no lag
+  is ever forgotten.
 
 Nothing is consumed and nothing is committed: the watch only compares numbers that
 ``kafka-ingest lag`` shows. Time is passed in (monotonic seconds), so the decision is
@@ -47,11 +50,13 @@ class LagWatch:
     """One pipeline's trigger state (see the module's text)."""
 
     settings: OnData
+    #: How far one run reads per partition (the pipeline's ``max_records_per_partition``).
+    max_records: int = 2**62
     #: When the lag was first seen above zero while armed (None: not lagging).
     lag_since: float | None = None
-    #: While fired: when, and the stored offsets of the partitions that lagged then.
+    #: While fired: when, and where the run it caused ends, per partition that lagged.
     fired_at: float | None = None
-    fired_offsets: dict[int, int | None] = field(default_factory=dict)
+    fired_offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def armed(self) -> bool:
@@ -77,17 +82,19 @@ class LagWatch:
         else:
             return None
         self.fired_at, self.lag_since = now, None
-        self.fired_offsets = {int(r["partition"]): r["stored_offset"] for r in rows
-                              if int(r["partition"]) in lagging}
+        self.fired_offsets = {
+            int(r["partition"]): min(int(r["high"]),
+                                     int(r["high"]) - int(r["lag"]) + self.max_records)
+            for r in rows if int(r["partition"]) in lagging}
         return Fire(reason, total, lagging, waited)
 
     def _rearm(self, now: float, rows: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether the fired watch is armed again: the run moved every partition that
-        lagged when it fired, or ``rearm_seconds`` passed without."""
+        """Whether the fired watch is armed again: the run reached its end on every
+        partition that lagged when it fired, or ``rearm_seconds`` passed without."""
         assert self.fired_at is not None  # noqa: S101 (only called while fired)
         stored = {int(r["partition"]): r["stored_offset"] for r in rows}
-        moved = all(stored.get(p) is not None and stored.get(p) != before
-                    for p, before in self.fired_offsets.items())
+        moved = all((s := stored.get(p)) is not None and int(s) >= end
+                    for p, end in self.fired_offsets.items())
         if moved:
             self.fired_at, self.fired_offsets = None, {}
             return True
