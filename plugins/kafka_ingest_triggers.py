@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.config import OnData
-from kafka_ingest.db import Database
 from kafka_ingest.errors import IngestError
 from kafka_ingest.ops.status import LagReader
 from kafka_ingest.ops.watch import LagWatch
@@ -64,10 +62,8 @@ def watched(kafka_conn_id: str, postgres_conn_id: str) -> list[Pipeline]:
 def _reader(pipeline: Pipeline) -> LagReader:
     from kafka_ingest_hook import KafkaIngestHook, postgres_database
 
-    db = postgres_database(pipeline.postgres_conn_id)
-    bounded = Database(db.dsn, connect_timeout=math.ceil(READ_TIMEOUT_S),
-                       reply_timeout_s=READ_TIMEOUT_S)
-    return LagReader(KafkaIngestHook(pipeline.kafka_conn_id).clients, bounded,
+    return LagReader(KafkaIngestHook(pipeline.kafka_conn_id).clients,
+                     postgres_database(pipeline.postgres_conn_id).bounded(READ_TIMEOUT_S),
                      timeout_s=READ_TIMEOUT_S)
 
 

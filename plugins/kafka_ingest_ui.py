@@ -22,7 +22,6 @@ manager imports every file here, in every Airflow process.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -59,12 +58,6 @@ def _seconds(name: str, default: float) -> float:
     if value <= 0:
         raise ValueError(f"{name}={raw!r} must be above 0")
     return value
-
-
-def _bounded(db: Database, timeout_s: float) -> Database:
-    """The same database, each connect and request bounded by ``timeout_s``."""
-    return Database(db.dsn, connect_timeout=max(1, math.ceil(timeout_s)),
-                    reply_timeout_s=timeout_s)
 
 
 def _outcomes(pipelines: Sequence[Pipeline]) -> Mapping[str, RunOutcome]:
@@ -111,14 +104,14 @@ class _Looks:
         timeout_s = self.timeout_s
         sources = Sources(
             clients=pipeline_clients,
-            database=lambda p: _bounded(postgres_database(p.postgres_conn_id), timeout_s),
+            database=lambda p: postgres_database(p.postgres_conn_id).bounded(timeout_s),
             outcomes=_outcomes)
         return snapshot(list(load_pipelines().values()), sources, timeout_s=timeout_s)
 
     def database(self, pipeline: Pipeline) -> Database:
         from kafka_ingest_hook import postgres_database
 
-        return _bounded(postgres_database(pipeline.postgres_conn_id), self.timeout_s)
+        return postgres_database(pipeline.postgres_conn_id).bounded(self.timeout_s)
 
 
 LOOKS = _Looks()

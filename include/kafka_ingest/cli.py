@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 import uuid
@@ -498,9 +497,7 @@ def _add_operator_commands(sub: Any) -> None:
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     """Serve every pipeline's Prometheus metrics on ``/metrics`` until stopped."""
-    clients, db = kafka_clients(), database()
-    bounded = Database(db.dsn, connect_timeout=max(1, math.ceil(args.timeout)),
-                       reply_timeout_s=args.timeout)
+    clients, bounded = kafka_clients(), database().bounded(args.timeout)
     pipelines = [p for _, p in sorted(load_pipelines().items())]
     sources = Sources(clients=lambda _p: clients, database=lambda _p: bounded)
     cache = SnapshotCache(lambda: snapshot(pipelines, sources, timeout_s=args.timeout),

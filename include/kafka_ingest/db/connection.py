@@ -22,6 +22,7 @@ mapping (:func:`map_psycopg_error`) can say it whichever code path raised it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -205,6 +206,12 @@ class Database:
         self.lock_timeout_s = lock_timeout_s
         self.reply_timeout_s = (reply_timeout_from_env() if reply_timeout_s is None
                                 else reply_timeout_s or None)
+
+    def bounded(self, timeout_s: float) -> Database:
+        """The same database with connecting and every request bounded by ``timeout_s``
+        (the metrics' looks and the lag trigger's reads: a slow server fails them fast)."""
+        return Database(self.dsn, connect_timeout=max(1, math.ceil(timeout_s)),
+                        lock_timeout_s=self.lock_timeout_s, reply_timeout_s=timeout_s)
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         # Defaults for what the DSN leaves unset; whatever the DSN says wins.

@@ -33,7 +33,7 @@ from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, Set
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import first_timestamps
 from kafka_ingest.ops.monitor import CheckResult, check
-from kafka_ingest.ops.status import lags
+from kafka_ingest.ops.status import dead_letter_counts, lags
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,8 @@ def _totals(conn: Any, pipeline: str) -> dict[str, dict[str, int]]:
 
 
 def _parked(conn: Any, pipeline: str) -> dict[str, int]:
-    rows = conn.execute("SELECT error_class, count(*) FROM dead_letters"
-                        " WHERE pipeline = %s AND status = 'parked' GROUP BY 1",
-                        (pipeline,)).fetchall()
-    return {reason: int(n) for reason, n in rows}
+    return {r["error_class"]: int(r["n"]) for r in dead_letter_counts(conn, pipeline)
+            if r["status"] == "parked"}
 
 
 class SnapshotCache:

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kafka_ingest.ops.observe import PipelineView, Snapshot
+from kafka_ingest.ops.status import dead_letter_counts
 
 #: How far back the charts look.
 HISTORY_HOURS = 24
@@ -59,11 +60,10 @@ def history(conn: Any, pipelines: Sequence[str], *,
 
 def letters(conn: Any, pipeline: str) -> list[dict[str, Any]]:
     """The pipeline's dead letters by reason and status, newest failure first."""
-    cur = conn.execute(
-        "SELECT error_class, status, count(*), max(last_failed_at) FROM dead_letters"
-        " WHERE pipeline = %s GROUP BY 1, 2 ORDER BY 4 DESC", (pipeline,))
-    return [{"reason": r, "status": s, "count": int(n), "last": last}
-            for r, s, n, last in cur.fetchall()]
+    rows = [{"reason": r["error_class"], "status": r["status"], "count": int(r["n"]),
+             "last": r["last"]} for r in dead_letter_counts(conn, pipeline)]
+    return sorted(rows, key=lambda r: r["last"].timestamp() if r["last"] else 0.0,
+                  reverse=True)
 
 
 # --------------------------------------------------------------------------- pieces

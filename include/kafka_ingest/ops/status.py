@@ -154,10 +154,17 @@ def status_rows(conn: Any, pipeline: str | None, *,
         " round(seconds::numeric, 3) AS seconds,"
         " committed_at FROM ingest_runs {} ORDER BY id DESC LIMIT %s").format(where),
         [*args, limit])
-    dead = _rows(conn, sql.SQL(
+    return runs, dead_letter_counts(conn, pipeline)
+
+
+def dead_letter_counts(conn: Any, pipeline: str | None) -> list[dict[str, Any]]:
+    """The dead letters (of one pipeline, or all) by pipeline, status and error class:
+    how many, and the newest failure (``kafka-ingest status``, the pipelines page)."""
+    where = sql.SQL("WHERE pipeline = %s" if pipeline else "")
+    return _rows(conn, sql.SQL(
         "SELECT pipeline, status, error_class, count(*) AS n, max(last_failed_at) AS last"
-        " FROM dead_letters {} GROUP BY 1, 2, 3 ORDER BY 1, 2, 4 DESC").format(where), args)
-    return runs, dead
+        " FROM dead_letters {} GROUP BY 1, 2, 3 ORDER BY 1, 2, 4 DESC").format(where),
+        [pipeline] if pipeline else [])
 
 
 def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, Any]]:

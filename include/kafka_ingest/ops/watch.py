@@ -56,7 +56,7 @@ class LagWatch:
     lag_since: float | None = None
     #: While fired: when, and where the run it caused ends, per partition that lagged.
     fired_at: float | None = None
-    fired_offsets: dict[int, int] = field(default_factory=dict)
+    run_ends: dict[int, int] = field(default_factory=dict)
 
     @property
     def armed(self) -> bool:
@@ -82,7 +82,7 @@ class LagWatch:
         else:
             return None
         self.fired_at, self.lag_since = now, None
-        self.fired_offsets = {
+        self.run_ends = {
             int(r["partition"]): min(int(r["high"]),
                                      int(r["high"]) - int(r["lag"]) + self.max_records)
             for r in rows if int(r["partition"]) in lagging}
@@ -94,12 +94,12 @@ class LagWatch:
         assert self.fired_at is not None  # noqa: S101 (only called while fired)
         stored = {int(r["partition"]): r["stored_offset"] for r in rows}
         moved = all((s := stored.get(p)) is not None and int(s) >= end
-                    for p, end in self.fired_offsets.items())
+                    for p, end in self.run_ends.items())
         if moved:
-            self.fired_at, self.fired_offsets = None, {}
+            self.fired_at, self.run_ends = None, {}
             return True
         if now - self.fired_at >= self.settings.rearm_seconds:
             # a lag still there has waited since the fire: max_wait is long past
-            self.lag_since, self.fired_at, self.fired_offsets = self.fired_at, None, {}
+            self.lag_since, self.fired_at, self.run_ends = self.fired_at, None, {}
             return True
         return False
