@@ -84,7 +84,9 @@ def airflow_postgres_conn(dsn: str) -> str:
     conn: dict[str, object] = {"conn_type": "postgres"}
     extra = {}
     for key, value in params.items():
-        if key in _CONN_FIELDS:
+        if key == "port" and "," in str(value):  # several servers: no integer holds it
+            extra[key] = value
+        elif key in _CONN_FIELDS:
             conn[_CONN_FIELDS[key]] = int(str(value)) if key == "port" else value
         else:
             extra[key] = value

@@ -164,4 +164,4 @@ class PartStatus:
         state = "up" if self.up else "down"
         pid = f" pid {self.pid}" if self.pid else ""
         detail = f" ({self.detail})" if self.detail else ""
-        return f"{self.name:<11} {state:<5} {self.address}{pid}{detail}"
+        return f"{self.name:<16} {state:<5} {self.address}{pid}{detail}"

@@ -38,6 +38,16 @@ Two options change the shape of the stack, and stick to its state directory:
   database stays direct: the orchestrator that retries must survive the data path's
   faults) and adds ``TOXIPROXY_URL``.
 
+- ``up --replica`` (``--sync``): a streaming standby of Postgres under
+  ``<state>/postgres-standby`` on ``127.0.0.1:15434`` (``KAFKA_INGEST_PG_STANDBY_PORT``),
+  made by ``pg_basebackup`` through a replication slot; asynchronous, or synchronous
+  (``synchronous_standby_names``, ``synchronous_commit = remote_apply``) with ``--sync``.
+  ``stack env --replica`` names both nodes (``host=127.0.0.1,127.0.0.1
+  port=15432,15434 target_session_attrs=read-write``), Airflow's metadata database
+  included; ``stack failover`` SIGKILLs the primary, promotes the standby and makes the
+  dead primary's place a fresh standby of the new one (:func:`failover`);
+  ``down --replica`` removes the standby.
+
 Everything lives in the state directory (data survives ``down``/``up``); ``down`` stops
 only the processes whose pid files this module wrote. Trade-off: the processes are not
 supervised, so a crashed broker stays down until the next ``up`` (which is idempotent and
@@ -95,8 +105,12 @@ __all__ = [
     "broker_pid",
     "down",
     "env",
+    "failover",
     "kill_broker",
     "main",
+    "pause_replication",
+    "primary_node",
+    "remove_replica",
     "restart_kafka",
     "restart_postgres",
     "start_broker",
@@ -168,6 +182,37 @@ class KafkaNode:
 
 
 @dataclass(frozen=True)
+class PgNode:
+    """One Postgres server of the stack: its directory (``data``, ``run`` for the unix
+    socket, ``postgres.log``) and its loopback port."""
+
+    name: str
+    home: Path
+    port: int
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "postgres.log"
+
+    @property
+    def standby(self) -> bool:
+        """A standby (it has ``standby.signal``; promotion removes it)."""
+        return (self.data / "standby.signal").is_file()
+
+    @property
+    def exists(self) -> bool:
+        return (self.data / "PG_VERSION").is_file()
+
+
+@dataclass(frozen=True)
 class Settings:
     """Where the stack lives and which loopback ports it uses (env-overridable)."""
 
@@ -187,6 +232,8 @@ class Settings:
     kafka_proxy_port: int = 19095
     kafka_faults_port: int = 19096
     pg_proxy_port: int = 15433
+    #: ``up --replica``: the streaming standby's port.
+    pg_standby_port: int = 15434
     #: ``--registry``: the schema registry's API and its management interface.
     registry_port: int = apicurio.DEFAULT_PORT
     registry_management_port: int = apicurio.DEFAULT_MANAGEMENT_PORT
@@ -218,6 +265,25 @@ class Settings:
     @property
     def pg_socket_dir(self) -> Path:
         return self.pg_dir / "run"
+
+    @property
+    def pg_nodes(self) -> tuple[PgNode, PgNode]:
+        """The stack's Postgres server and the place of its standby (``up --replica``);
+        either may be the primary: ``stack failover`` swaps them."""
+        return (PgNode("postgres", self.pg_dir, self.pg_port),
+                PgNode("postgres-standby", self.pg_dir.with_name("postgres-standby"),
+                       self.pg_standby_port))
+
+    @property
+    def replica_marker(self) -> Path:
+        """Present once ``up --replica`` ran; holds ``async`` or ``sync``."""
+        return self.state / "postgres-replica"
+
+    @property
+    def replica(self) -> str | None:
+        """The standby's replication mode (``async``/``sync``), None without one."""
+        text = read_or_none(self.replica_marker)
+        return text.strip() if text else None
 
     @property
     def airflow_home(self) -> Path:
@@ -378,6 +444,7 @@ def settings() -> Settings:
         kafka_proxy_port=_port("KAFKA_INGEST_KAFKA_PROXY_PORT", 19095),
         kafka_faults_port=_port("KAFKA_INGEST_KAFKA_FAULTS_PORT", 19096),
         pg_proxy_port=_port("KAFKA_INGEST_PG_PROXY_PORT", 15433),
+        pg_standby_port=_port("KAFKA_INGEST_PG_STANDBY_PORT", 15434),
         registry_port=_port("KAFKA_INGEST_REGISTRY_PORT", apicurio.DEFAULT_PORT),
         registry_management_port=_port("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
                                        apicurio.DEFAULT_MANAGEMENT_PORT),
@@ -950,19 +1017,41 @@ def _check_traversable(s: Settings) -> None:
             )
 
 
-def _pg_config(s: Settings) -> str:
-    """Settings for tests: durable (fsync stays on), loopback only, room for workers."""
+#: The standby's ``application_name`` (what ``synchronous_standby_names`` names) and its
+#: replication slot on the primary.
+STANDBY_NAME = "kafka_ingest_standby"
+_FAILOVER_TIMEOUT_S = 60.0
+
+
+def _pg_config(s: Settings, node: PgNode) -> str:
+    """Settings for tests: durable (fsync stays on), loopback only, room for workers; a
+    standby streams from the primary through its slot (``primary_conninfo`` empty while
+    :func:`pause_replication` holds it); a primary with a standby under ``--replica
+    --sync`` acknowledges a commit only once the standby applied it."""
+    other = _other_node(s, node)
+    if node.standby:
+        conninfo = "" if _paused_marker(node).is_file() else (
+            f"host={other.socket_dir} port={other.port} user=postgres "
+            f"application_name={STANDBY_NAME}")
+        replication = (f"primary_conninfo = '{conninfo}'\n"
+                       f"primary_slot_name = '{STANDBY_NAME}'\n")
+    elif s.replica == "sync" and other.standby:
+        replication = (f"synchronous_standby_names = '{STANDBY_NAME}'\n"
+                       "synchronous_commit = remote_apply\n")
+    else:
+        replication = ""
     return (
         "# Written by kafka-ingest stack up on every start; edit stack.py instead.\n"
         "listen_addresses = '127.0.0.1'\n"
-        f"port = {s.pg_port}\n"
-        f"unix_socket_directories = '{s.pg_socket_dir}'\n"
+        f"port = {node.port}\n"
+        f"unix_socket_directories = '{node.socket_dir}'\n"
         "max_connections = 200\n"
         "shared_buffers = 128MB\n"
         "fsync = on\n"
         "password_encryption = 'scram-sha-256'\n"
         "log_min_messages = warning\n"
         "log_line_prefix = '%m [%p] %q%u@%d '\n"
+        + replication
         + ("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
            "ssl_min_protocol_version = 'TLSv1.2'\n" if s.secure else "")
     )
@@ -984,17 +1073,17 @@ def _pg_hba(s: Settings) -> str:
     )
 
 
-def _configure_postgres(s: Settings) -> bool:
+def _configure_postgres(s: Settings, node: PgNode) -> bool:
     """Write the settings, pg_hba.conf and (secure) the server's certificate into the data
     directory; return whether anything changed."""
-    wanted = {"kafka_ingest.conf": _pg_config(s), "pg_hba.conf": _pg_hba(s)}
+    wanted = {"kafka_ingest.conf": _pg_config(s, node), "pg_hba.conf": _pg_hba(s)}
     if s.secure:
         files = tls.TlsFiles(s.tls_dir)
         wanted["server.crt"] = files.server_cert.read_text()
         wanted["server.key"] = files.server_key.read_text()
     changed = False
     for name, text in wanted.items():
-        path = s.pg_data / name
+        path = node.data / name
         if read_or_none(path) == text:
             continue
         path.write_text(text)
@@ -1002,6 +1091,13 @@ def _configure_postgres(s: Settings) -> bool:
         _chown_postgres(path)
         changed = True
     return changed
+
+
+def _reconfigure(s: Settings, node: PgNode) -> None:
+    """Rewrite a running node's settings and reload them if they changed."""
+    if _configure_postgres(s, node) and _postmaster_pid(s, node) is not None:
+        _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "reload"],
+                "pg_ctl reload")
 
 
 def _init_postgres(s: Settings, bindir: Path) -> None:
@@ -1022,51 +1118,82 @@ def _init_postgres(s: Settings, bindir: Path) -> None:
         conf.write("\ninclude = 'kafka_ingest.conf'\n")
 
 
-def _postmaster_pid(s: Settings) -> int | None:
-    return our_pid(s.pg_data / "postmaster.pid", str(s.pg_data))
+def _primary_marker(s: Settings) -> Path:
+    return s.state / "postgres-primary"
 
 
-def _start_postgres(s: Settings) -> tuple[int, bool]:
-    """Start the cluster unless it runs; pg_ctl -w polls until it accepts connections."""
-    pid = _postmaster_pid(s)
+def primary_node(s: Settings) -> PgNode:
+    """The node that takes writes: the first unless ``stack failover`` moved it."""
+    first, second = s.pg_nodes
+    return second if read_or_none(_primary_marker(s)) == f"{second.name}\n" else first
+
+
+def _other_node(s: Settings, node: PgNode) -> PgNode:
+    first, second = s.pg_nodes
+    return second if node.name == first.name else first
+
+
+def _paused_marker(node: PgNode) -> Path:
+    return node.home / "replication-paused"
+
+
+def _postmaster_pid(s: Settings, node: PgNode | None = None) -> int | None:
+    node = node or primary_node(s)
+    return our_pid(node.data / "postmaster.pid", str(node.data))
+
+
+def _start_postgres(s: Settings, node: PgNode | None = None) -> tuple[int, bool]:
+    """Start the node (the primary unless told) unless it runs; pg_ctl -w polls until it
+    accepts connections (a standby: until it is consistent)."""
+    node = node or primary_node(s)
+    pid = _postmaster_pid(s, node)
     if pid is not None:
-        if _configure_postgres(s):  # ssl, pg_hba.conf: both take effect on a reload
-            _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(s.pg_data), "reload"],
-                    "pg_ctl reload")
+        _reconfigure(s, node)  # ssl, pg_hba.conf, replication: all take effect on a reload
         return pid, False
     bindir = _pg_bindir()
-    require_free(s.pg_port, "PostgreSQL", "KAFKA_INGEST_PG_PORT")
-    s.pg_dir.mkdir(parents=True, exist_ok=True)
+    require_free(node.port, f"PostgreSQL ({node.name})",
+                 "KAFKA_INGEST_PG_PORT" if node.home == s.pg_dir else
+                 "KAFKA_INGEST_PG_STANDBY_PORT")
+    node.home.mkdir(parents=True, exist_ok=True)
     _check_traversable(s)
-    _init_postgres(s, bindir)
-    _configure_postgres(s)
-    logfile = s.pg_dir / "postgres.log"
-    logfile.touch()
-    _chown_postgres(logfile)
+    if node.home == s.pg_dir:
+        _init_postgres(s, bindir)
+    elif not node.exists:
+        raise StackError(f"{node.name} has no data directory: `kafka-ingest stack up "
+                         "--replica` makes it from the primary")
+    node.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _chown_postgres(node.socket_dir)
+    _configure_postgres(s, node)
+    node.log.touch()
+    _chown_postgres(node.log)
     cmd = [
-        str(bindir / "pg_ctl"), "-D", str(s.pg_data), "-l", str(logfile), "-w",
+        str(bindir / "pg_ctl"), "-D", str(node.data), "-l", str(node.log), "-w",
         "-t", str(_PG_TIMEOUT_S), "start",
     ]  # fmt: skip
     done = subprocess.run(
         _as_postgres(cmd), capture_output=True, text=True, check=False, start_new_session=True
     )
     if done.returncode != 0:
-        raise StackError(f"PostgreSQL did not start: {tail(logfile, 3)}")
-    pid = _postmaster_pid(s)
+        raise StackError(f"PostgreSQL ({node.name}) did not start: {tail(node.log, 3)}")
+    pid = _postmaster_pid(s, node)
     if pid is None:
-        raise StackError(f"PostgreSQL started but left no postmaster.pid in {s.pg_data}")
+        raise StackError(f"PostgreSQL started but left no postmaster.pid in {node.data}")
     return pid, True
+
+
+def _admin(node: PgNode, dbname: str = "postgres") -> Any:
+    """A superuser connection over the node's private unix socket (autocommit)."""
+    import psycopg
+
+    return psycopg.connect(host=str(node.socket_dir), port=node.port, user="postgres",
+                           dbname=dbname, autocommit=True, connect_timeout=10)
 
 
 def _bootstrap_postgres(s: Settings) -> None:
     """Create the role and both databases if missing (cheap, so done on every ``up``)."""
-    import psycopg
     from psycopg import sql
 
-    with psycopg.connect(
-        host=str(s.pg_socket_dir), port=s.pg_port, user="postgres", dbname="postgres",
-        autocommit=True, connect_timeout=10,
-    ) as conn:  # fmt: skip
+    with _admin(primary_node(s)) as conn:
         role = conn.execute("SELECT rolcreatedb FROM pg_roles WHERE rolname = %s", (PG_ROLE,))
         found_role = role.fetchone()
         if found_role is None:
@@ -1106,18 +1233,234 @@ def _ensure_app_role(conn: Any, password: str) -> None:
         sql.Identifier(PG_APP_ROLE), sql.Literal(password)))
 
 
-def _stop_postgres(s: Settings) -> str:
-    pid = _postmaster_pid(s)
+def _stop_postgres(s: Settings, node: PgNode | None = None) -> str:
+    node = node or primary_node(s)
+    pid = _postmaster_pid(s, node)
     if pid is None:
-        return "postgres: not running"
-    cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(s.pg_data), "-m", "fast", "-w", "stop"]
+        return f"{node.name}: not running"
+    cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "-m", "fast", "-w", "stop"]
     subprocess.run(_as_postgres(cmd), capture_output=True, check=False)
     terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
-    return f"postgres: stopped (pid {pid})"
+    return f"{node.name}: stopped (pid {pid})"
+
+
+# --------------------------------------------------------------------------- standby
+
+
+def _replication(primary: PgNode) -> tuple[str, int] | None:
+    """(state, bytes the standby has yet to apply) as the primary sees its standby."""
+    with _admin(primary) as conn:
+        row = conn.execute(
+            "SELECT state, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint"
+            " FROM pg_stat_replication WHERE application_name = %s", (STANDBY_NAME,)
+        ).fetchone()
+    return None if row is None else (str(row[0]), int(row[1] or 0))
+
+
+def _await_streaming(s: Settings, primary: PgNode, timeout_s: float = _FAILOVER_TIMEOUT_S,
+                     ) -> None:
+    """Until the standby streams from ``primary`` and has applied everything it had."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = _replication(primary)
+        if seen is not None and seen[0] == "streaming" and seen[1] <= 0:
+            return
+        if time.monotonic() > deadline:
+            standby = _other_node(s, primary)
+            raise StackError(f"{standby.name} is not streaming from {primary.name} after "
+                             f"{timeout_s:.0f} s (seen: {seen}): {tail(standby.log, 3)}")
+        time.sleep(_POLL_S)
+
+
+def _make_standby(s: Settings, primary: PgNode, standby: PgNode) -> None:
+    """A fresh standby of ``primary`` in ``standby``'s place: ``pg_basebackup`` (WAL
+    streamed, a fast checkpoint) into an emptied data directory, through a replication
+    slot made for it (dropped first if an earlier standby left one)."""
+    if _postmaster_pid(s, standby) is not None:
+        raise StackError(f"{standby.name} runs: stop it before it is made again")
+    with _admin(primary) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                     " WHERE slot_name = %s", (STANDBY_NAME,))
+    shutil.rmtree(standby.data, ignore_errors=True)
+    _paused_marker(standby).unlink(missing_ok=True)
+    standby.home.mkdir(parents=True, exist_ok=True)
+    _chown_postgres(standby.home)
+    _pg_run([str(_pg_bindir() / "pg_basebackup"), "-D", str(standby.data),
+             "-h", str(primary.socket_dir), "-p", str(primary.port), "-U", "postgres",
+             "-X", "stream", "-c", "fast", "-C", "-S", STANDBY_NAME, "--no-password"],
+            f"pg_basebackup of {primary.name} into {standby.name}")
+    signal_file = standby.data / "standby.signal"
+    signal_file.touch()
+    _chown_postgres(signal_file)
+    for leftover in ("postmaster.opts", "postmaster.pid"):
+        (standby.data / leftover).unlink(missing_ok=True)
+
+
+def _ensure_standby(s: Settings, emit: Report) -> None:
+    """``--replica``: the standby made (once) and running, streaming from the primary;
+    under ``--sync`` the primary then waits for it on every commit."""
+    primary = primary_node(s)
+    standby = _other_node(s, primary)
+    since = time.monotonic()
+    made = not standby.exists or not standby.standby
+    if made:
+        _make_standby(s, primary, standby)
+    pid, started = _start_postgres(s, standby)
+    _await_streaming(s, primary)
+    _reconfigure(s, primary)  # --sync: synchronous_standby_names, once the standby streams
+    what = "made from the primary and started" if made else "started" if started else "running"
+    emit(f"{standby.name}: {what} on 127.0.0.1:{standby.port} (pid {pid}), {s.replica} "
+         f"replication from {primary.name}, streaming, in {time.monotonic() - since:.1f} s")
+
+
+@dataclass(frozen=True)
+class Failover:
+    """What :func:`failover` did: the node killed, the node promoted, how far the standby
+    was behind when the primary died (bytes of WAL it had not applied: with asynchronous
+    replication, the last transactions the old primary acknowledged are gone with them),
+    and how long the promotion and the rebuild of the new standby took."""
+
+    killed: str
+    killed_pid: int
+    promoted: str
+    port: int
+    unapplied_bytes: int | None
+    promote_s: float
+    rebuild_s: float | None
+
+    def line(self) -> str:
+        behind = ("unknown" if self.unapplied_bytes is None
+                  else f"{self.unapplied_bytes} bytes of WAL")
+        rebuilt = ("not rebuilt" if self.rebuild_s is None
+                   else f"rebuilt as its standby in {self.rebuild_s:.1f} s")
+        return (f"failover: killed {self.killed} (pid {self.killed_pid}; its standby was "
+                f"behind by {behind}), promoted {self.promoted} on 127.0.0.1:{self.port} in "
+                f"{self.promote_s:.1f} s; {self.killed} {rebuilt}")
+
+
+def failover(*, rebuild: bool = True, report: Report | None = None) -> Failover:
+    """SIGKILL the primary (no shutdown checkpoint, no last WAL sent: a machine lost) and
+    promote the standby; then, unless ``rebuild`` is False, make the dead primary's place
+    a fresh standby of the new primary (``pg_basebackup``), so a second failover moves
+    the primary back. Clients on ``stack env --replica``'s multi-host connection string
+    (``target_session_attrs=read-write``) reach the new primary on their next connect."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        if s.replica is None:
+            raise StackError("the stack has no standby: run `kafka-ingest stack up --replica`")
+        old = primary_node(s)
+        new = _other_node(s, old)
+        old_pid, new_pid = _postmaster_pid(s, old), _postmaster_pid(s, new)
+        if old_pid is None or new_pid is None or not new.standby:
+            raise StackError(f"failover needs {old.name} running as the primary and "
+                             f"{new.name} as its standby: run `kafka-ingest stack up`")
+        behind = _wal_behind(old, new)
+        _kill_postmaster(old_pid)
+        since = time.monotonic()
+        _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(new.data), "-w", "-t",
+                 str(int(_FAILOVER_TIMEOUT_S)), "promote"], f"pg_ctl promote ({new.name})")
+        _primary_marker(s).write_text(f"{new.name}\n")
+        _reconfigure(s, new)  # no primary_conninfo; no synchronous standby until rebuilt
+        promote_s = time.monotonic() - since
+        rebuild_s = None
+        if rebuild:
+            since = time.monotonic()
+            _make_standby(s, new, old)
+            _start_postgres(s, old)
+            _await_streaming(s, new)
+            _reconfigure(s, new)
+            rebuild_s = time.monotonic() - since
+        done = Failover(old.name, old_pid, new.name, new.port, behind, promote_s, rebuild_s)
+    emit(done.line())
+    return done
+
+
+def _wal_behind(primary: PgNode, standby: PgNode) -> int | None:
+    """Bytes of WAL the primary wrote that the standby has not applied (None: one of them
+    does not answer)."""
+    try:
+        with _admin(primary) as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        with _admin(standby) as conn:
+            behind = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn,"
+                                  " pg_last_wal_replay_lsn())::bigint",
+                                  (row[0] if row else None,)).fetchone()
+    except Exception:  # a primary not answering still fails over
+        return None
+    return None if behind is None or behind[0] is None else max(0, int(behind[0]))
+
+
+def _kill_postmaster(pid: int) -> None:
+    """SIGKILL a postmaster and wait until its backends noticed and exited too (they
+    hold its shared memory: the data directory is not free before)."""
+    import psutil
+
+    children: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        children = psutil.Process(pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if not wait_gone(pid, _PG_TIMEOUT_S):
+        raise StackError(f"the postmaster (pid {pid}) survived SIGKILL")
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.wait(_PG_TIMEOUT_S)
+
+
+def pause_replication(paused: bool = True) -> None:
+    """Cut the standby off from the primary (its WAL receiver stops; the primary goes on
+    committing: under ``--sync`` its commits wait) or, with ``paused`` False, let it
+    stream again and catch up. The failover tests use it to make an asynchronous
+    standby miss transactions the primary acknowledged."""
+    s = settings()
+    with _locked(s):
+        primary = primary_node(s)
+        standby = _other_node(s, primary)
+        if s.replica is None or _postmaster_pid(s, standby) is None:
+            raise StackError("no standby runs: run `kafka-ingest stack up --replica`")
+        marker = _paused_marker(standby)
+        if paused:
+            marker.write_text("replication paused by pause_replication()\n")
+        else:
+            marker.unlink(missing_ok=True)
+        _reconfigure(s, standby)
+        if not paused:
+            _await_streaming(s, primary)
+            return
+        deadline = time.monotonic() + _FAILOVER_TIMEOUT_S
+        while _replication(primary) is not None:
+            if time.monotonic() > deadline:
+                raise StackError(f"{standby.name} still streams after its conninfo was "
+                                 "emptied")
+            time.sleep(_POLL_S)
+
+
+def remove_replica(*, report: Report | None = None) -> None:
+    """``stack down --replica``: stop the standby, delete its data and its slot, and
+    forget ``--replica``. The primary must be the stack's first node (after an odd number
+    of failovers, fail over once more first)."""
+    emit = report or log.info
+    s = settings()
+    with _locked(s):
+        first, second = s.pg_nodes
+        if primary_node(s) != first:
+            raise StackError(f"{second.name} is the primary: run `kafka-ingest stack "
+                             "failover` to move it back first")
+        s.replica_marker.unlink(missing_ok=True)
+        _reconfigure(s, first)  # no synchronous standby to wait for from here on
+        emit(_stop_postgres(s, second))
+        shutil.rmtree(second.home, ignore_errors=True)
+        if _postmaster_pid(s, first) is not None:
+            with _admin(first) as conn:
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM"
+                             " pg_replication_slots WHERE slot_name = %s", (STANDBY_NAME,))
+        emit(f"{second.name}: removed; the stack has no standby")
 
 
 def _pg_dsn(s: Settings, database: str) -> str:
-    return f"postgresql://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{database}"
+    return (f"postgresql://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{primary_node(s).port}/"
+            f"{database}")
 
 
 def _pg_answers(s: Settings) -> bool:
@@ -1130,11 +1473,28 @@ def _pg_answers(s: Settings) -> bool:
     return True
 
 
-def _postgres_status(s: Settings) -> PartStatus:
-    pid = _postmaster_pid(s)
+def _postgres_status(s: Settings) -> list[PartStatus]:
+    primary = primary_node(s)
+    pid = _postmaster_pid(s, primary)
     healthy = pid is not None and _pg_answers(s)
     detail = "" if healthy or pid is None else "process alive, not answering"
-    return PartStatus("postgres", f"127.0.0.1:{s.pg_port}", healthy, pid, detail)
+    if s.replica is None:
+        return [PartStatus("postgres", f"127.0.0.1:{primary.port}", healthy, pid, detail)]
+    standby = _other_node(s, primary)
+    spid = _postmaster_pid(s, standby)
+    seen = None
+    if healthy:
+        with contextlib.suppress(Exception):
+            seen = _replication(primary)
+    streaming = spid is not None and seen is not None and seen[0] == "streaming"
+    return [
+        PartStatus(primary.name, f"127.0.0.1:{primary.port}", healthy, pid,
+                   f"primary{', ' + detail if detail else ''}"),
+        PartStatus(standby.name, f"127.0.0.1:{standby.port}", streaming, spid,
+                   f"{s.replica} standby, " + ("not running" if spid is None else
+                                               "not streaming" if seen is None else
+                                               f"{seen[0]}, {seen[1]} bytes behind")),
+    ]
 
 
 # --------------------------------------------------------------------------- airflow
@@ -1211,7 +1571,7 @@ def _ensure_airflow_db(s: Settings) -> str:
 
 def _airflow_status(s: Settings) -> PartStatus:
     version = _airflow_version()
-    address = f"127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
+    address = f"127.0.0.1:{primary_node(s).port}/{AIRFLOW_DATABASE}"
     if version is None:
         return PartStatus("airflow-db", address, False, detail="apache-airflow not installed")
     if not _pg_answers(s):  # no database to ask: down, not "not migrated"
@@ -1245,12 +1605,19 @@ def _kafka_client_config(s: Settings, *, secure: bool, faults: bool = False) -> 
 
 
 def _pg_params(s: Settings, *, secure: bool, owner: bool = False,
-               faults: bool = False) -> dict[str, Any]:
+               faults: bool = False, replica: bool = False) -> dict[str, Any]:
     """libpq parameters: the owner role in plain text, or (secure) TLS verified against the
-    stack's CA, as the runtime role unless ``owner``; ``faults``: through the proxy."""
-    port = s.pg_proxy_port if faults else s.pg_port
-    params: dict[str, Any] = {"host": "127.0.0.1", "port": port, "dbname": PG_DATABASE,
-                              "user": PG_ROLE, "password": PG_PASSWORD}
+    stack's CA, as the runtime role unless ``owner``; ``faults``: through the proxy;
+    ``replica``: both nodes, the one that takes writes chosen at each connect (libpq's
+    multi-host string with ``target_session_attrs=read-write``); else the primary."""
+    params: dict[str, Any] = {"host": "127.0.0.1", "port": primary_node(s).port,
+                              "dbname": PG_DATABASE, "user": PG_ROLE, "password": PG_PASSWORD}
+    if faults:
+        params["port"] = s.pg_proxy_port
+    if replica:
+        params.update(host=",".join("127.0.0.1" for _ in s.pg_nodes),
+                      port=",".join(str(node.port) for node in s.pg_nodes),
+                      target_session_attrs="read-write")
     if secure:
         files = tls.TlsFiles(s.tls_dir)
         if not owner:
@@ -1260,6 +1627,16 @@ def _pg_params(s: Settings, *, secure: bool, owner: bool = False,
     return params
 
 
+def _airflow_db_url(s: Settings, *, replica: bool) -> str:
+    """Airflow's metadata database (SQLAlchemy, psycopg2): the primary, or (``replica``)
+    both nodes, psycopg2 passing them to libpq as one multi-host string."""
+    base = f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@"
+    if not replica:
+        return f"{base}127.0.0.1:{primary_node(s).port}/{AIRFLOW_DATABASE}"
+    hosts = "&".join(f"host=127.0.0.1:{node.port}" for node in s.pg_nodes)
+    return f"{base}/{AIRFLOW_DATABASE}?{hosts}&target_session_attrs=read-write"
+
+
 def _with_tools(s: Settings) -> str:
     """PATH with Kafka's tools (and this interpreter's scripts: kafka-ingest, airflow) first."""
     first = [str(s.bin_dir), str(Path(sys.executable).parent)]
@@ -1267,7 +1644,8 @@ def _with_tools(s: Settings) -> str:
     return os.pathsep.join(first + rest)
 
 
-def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
+def env(*, secure: bool = False, faults: bool = False, replica: bool = False,
+        ) -> dict[str, str]:
     """The environment that points clients, tests and Airflow at the local stack; with
     ``secure``, at its SASL_SSL listener and at Postgres over verified TLS as the runtime
     role (``KAFKA_INGEST_PG_ADMIN_DSN``: the schema owner, for migrations, and
@@ -1275,7 +1653,9 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
     grants it what it needs; empty on the other stacks, whose pipelines run as the owner,
     so a shell that had the secure environment stops granting); with ``faults``, at Kafka
     and Postgres through Toxiproxy, plus ``TOXIPROXY_URL`` (Airflow's metadata database
-    stays direct)."""
+    stays direct); with ``replica``, at both Postgres nodes through multi-host connection
+    strings that follow a failover (``target_session_attrs=read-write``), Airflow's
+    metadata database included."""
     from psycopg.conninfo import make_conninfo
 
     s = settings()
@@ -1287,21 +1667,25 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
     if faults and secure:
         raise StackError("the fault proxies front the plaintext listeners: --faults and "
                          "--secure do not go together")
+    if replica and s.replica is None:
+        raise StackError("the stack has no standby: run `kafka-ingest stack up --replica` "
+                         "first")
+    if replica and faults:
+        raise StackError("the fault proxy fronts one Postgres node: --replica and --faults "
+                         "do not go together")
     airflow_secrets = _airflow_secrets(s)
     project = s.repo or Path.cwd()
     kafka = _kafka_client_config(s, secure=secure, faults=faults)
-    pg = _pg_params(s, secure=secure, faults=faults)
-    airflow_db = (
-        f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{s.pg_port}/{AIRFLOW_DATABASE}"
-    )
+    pg = _pg_params(s, secure=secure, faults=faults, replica=replica)
+    airflow_db = _airflow_db_url(s, replica=replica)
     return {
         "KAFKA_INGEST_STATE_DIR": str(s.state),
         "PATH": _with_tools(s),
         "KAFKA_BOOTSTRAP_SERVERS": kafka["bootstrap.servers"],
         "KAFKA_INGEST_KAFKA_CONFIG": json.dumps(kafka),
         "KAFKA_INGEST_PG_DSN": make_conninfo(**pg),
-        "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(s, secure=secure, owner=True,
-                                                                faults=faults)),
+        "KAFKA_INGEST_PG_ADMIN_DSN": make_conninfo(**_pg_params(
+            s, secure=secure, owner=True, faults=faults, replica=replica)),
         "KAFKA_INGEST_PG_GRANT_TO": PG_APP_ROLE if secure else "",
         "PGHOST": pg["host"],
         "PGPORT": str(pg["port"]),
@@ -1309,6 +1693,7 @@ def env(*, secure: bool = False, faults: bool = False) -> dict[str, str]:
         "PGPASSWORD": pg["password"],
         "PGDATABASE": pg["dbname"],
         "PGSSLMODE": pg.get("sslmode", "prefer"),
+        **({"PGTARGETSESSIONATTRS": "read-write"} if replica else {}),
         **({"PGSSLROOTCERT": pg["sslrootcert"]} if secure else {}),
         "AIRFLOW_HOME": str(s.airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
@@ -1384,11 +1769,30 @@ def _set_brokers(s: Settings, brokers: int) -> None:
     s.brokers_file.write_text(f"{brokers}\n")
 
 
+def _start_pg_nodes(s: Settings, emit: Report) -> None:
+    """The primary, then (``--replica``) its standby: before any commit, since under
+    ``--sync`` a commit waits for the standby."""
+    since = time.monotonic()
+    primary = primary_node(s)
+    pid, started = _start_postgres(s, primary)
+    emit(_started(primary.name, f"127.0.0.1:{primary.port}", pid, started, since))
+    if s.replica is not None:
+        _ensure_standby(s, emit)
+
+
+def _set_replica(s: Settings, replica: str | None) -> None:
+    if replica is None:
+        return
+    if replica not in ("async", "sync"):
+        raise StackError(f"replica={replica!r}: choose async or sync")
+    s.replica_marker.write_text(f"{replica}\n")
+
+
 def up(*, report: Report | None = None, secure: bool = False, airflow: bool = False,
        airflow_env: dict[str, str] | None = None, executor: str | None = None,
        workers: int | None = None,
        faults: bool = False, brokers: int | None = None,
-       registry: bool = False) -> dict[str, str]:
+       registry: bool = False, replica: str | None = None) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
@@ -1411,6 +1815,13 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
     ``executor`` ``"local"`` or ``"celery"`` (with ``workers`` Celery workers and Redis),
     None keeping the running one. Another executor than the running one restarts them.
 
+    ``replica`` (``"async"`` or ``"sync"``; sticky) adds a streaming standby of Postgres
+    (``pg_basebackup`` through a replication slot, on ``127.0.0.1:15434``): ``"sync"``
+    makes the primary acknowledge a commit only once the standby applied it
+    (``synchronous_standby_names``, ``synchronous_commit = remote_apply``). The returned
+    environment then names both nodes (``env(replica=True)``), and so does Airflow's, so
+    :func:`failover` moves every client to the new primary.
+
     ``registry`` also starts the schema registry (:mod:`kafka_ingest_dev.apicurio`: empty,
     compatibility BACKWARD) unless it runs; not sticky: a later ``up`` leaves it as it is,
     running or not. It boots beside Postgres, and is up before Airflow's services start,
@@ -1428,14 +1839,13 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
             _set_brokers(s, brokers)
         if faults and not s.faults:
             s.faults_marker.write_text("Toxiproxy in front of Kafka and Postgres\n")
+        _set_replica(s, replica)
         kafka_since = time.monotonic()
         launch = _begin_kafka(s, pool)
         registry_since = time.monotonic()
         registry_launch = _begin_registry(s, pool, emit) if registry else None
-        pg_since = time.monotonic()
-        pg_pid, pg_started = _start_postgres(s)
+        _start_pg_nodes(s, emit)
         _bootstrap_postgres(s)
-        emit(_started("postgres", f"127.0.0.1:{s.pg_port}", pg_pid, pg_started, pg_since))
         emit(_ensure_airflow_db(s))
         for node, kafka_pid, kafka_started in launch.result():
             _await_kafka(s, kafka_pid, node)
@@ -1452,9 +1862,9 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
         if registry_launch is not None:
             emit(_await_registry(s, registry_launch, registry_since))
         if airflow:
-            s.airflow.start({**os.environ, **env(), **(airflow_env or {})}, emit,
-                            executor=executor, workers=workers)
-    return env(secure=s.secure and secure, faults=faults)
+            s.airflow.start({**os.environ, **env(replica=s.replica is not None),
+                             **(airflow_env or {})}, emit, executor=executor, workers=workers)
+    return env(secure=s.secure and secure, faults=faults, replica=replica is not None)
 
 
 def down(*, report: Report | None = None) -> None:
@@ -1469,7 +1879,11 @@ def down(*, report: Report | None = None) -> None:
         if s.registry.pidfile.is_file():
             emit(apicurio.stop(s.registry))
         emit(_stop_kafka(s))
-        emit(_stop_postgres(s))
+        primary = primary_node(s)
+        emit(_stop_postgres(s, primary))
+        standby = _other_node(s, primary)
+        if _postmaster_pid(s, standby) is not None:
+            emit(_stop_postgres(s, standby))
 
 
 def start_registry(*, report: Report | None = None) -> str:
@@ -1569,7 +1983,8 @@ def start_broker(node_id: int) -> int:
 
 
 def restart_postgres() -> None:
-    """Stop Postgres (fast mode: connections are cut) and start it on the same data."""
+    """Stop the primary (fast mode: connections are cut) and start it on the same data (a
+    standby reconnects by itself)."""
     s = settings()
     with _locked(s):
         _stop_postgres(s)
@@ -1581,13 +1996,13 @@ def status() -> list[PartStatus]:
     """Each part with its address and whether it answers right now."""
     s = settings()
     registry = apicurio.status(s.registry)
-    return [*_kafka_status(s), _postgres_status(s), _airflow_status(s), *s.airflow.status(),
+    return [*_kafka_status(s), *_postgres_status(s), _airflow_status(s), *s.airflow.status(),
             *([_toxiproxy_status(s)] if s.faults else []),
             *([registry] if registry is not None else [])]
 
 
-def _print_env(*, secure: bool = False, faults: bool = False) -> None:
-    for name, value in env(secure=secure, faults=faults).items():
+def _print_env(*, secure: bool = False, faults: bool = False, replica: bool = False) -> None:
+    for name, value in env(secure=secure, faults=faults, replica=replica).items():
         print(f"export {name}={shlex.quote(value)}")
 
 
@@ -1619,11 +2034,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="also a schema registry (Apicurio Registry, in memory, "
                              "compatibility BACKWARD): Confluent's API on "
                              "http://127.0.0.1:18081/apis/ccompat/v7")
+    up_cmd.add_argument("--replica", action="store_true",
+                        help="also a streaming standby of Postgres on 127.0.0.1:15434 "
+                             "(asynchronous; kept from then on): `stack failover` promotes it")
+    up_cmd.add_argument("--sync", action="store_true",
+                        help="with --replica: synchronous replication (a commit returns once "
+                             "the standby applied it: remote_apply)")
     down_cmd = commands.add_parser("down", help="stop what `up` started; data is kept")
     only = down_cmd.add_mutually_exclusive_group()
     only.add_argument("--airflow", action="store_true", help="stop only Airflow's services")
     only.add_argument("--registry", action="store_true",
                       help="stop only the schema registry (its schemas go with it)")
+    only.add_argument("--replica", action="store_true",
+                      help="stop the Postgres standby, delete it and forget --replica")
+    failover_cmd = commands.add_parser(
+        "failover", help="SIGKILL the Postgres primary, promote the standby, and make the "
+                         "dead primary's place its new standby")
+    failover_cmd.add_argument("--no-rebuild", action="store_true",
+                              help="leave the old primary down (no standby until `stack up`)")
     commands.add_parser("status", help="show each part; exit 1 if any is down")
     env_cmd = commands.add_parser("env",
                                   help='print `export` lines: eval "$(kafka-ingest stack env)"')
@@ -1632,28 +2060,36 @@ def _parser() -> argparse.ArgumentParser:
     env_cmd.add_argument("--faults", action="store_true",
                          help="point Kafka and Postgres clients through Toxiproxy's proxies "
                               "and print TOXIPROXY_URL")
+    env_cmd.add_argument("--replica", action="store_true",
+                         help="name both Postgres nodes (target_session_attrs=read-write), "
+                              "so clients follow a failover")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    """``kafka-ingest stack up|down|status|env``; exit 2 with one line on a StackError."""
+    """``kafka-ingest stack up|down|status|env|failover``; exit 2 with one line on a StackError."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
             up(report=print, secure=args.secure,
                airflow=args.airflow or args.executor is not None or args.workers is not None,
                executor=args.executor, workers=args.workers,
-               faults=args.faults, brokers=args.brokers, registry=args.registry)
+               faults=args.faults, brokers=args.brokers, registry=args.registry,
+               replica=("sync" if args.sync else "async") if args.replica or args.sync
+               else None)
         elif args.command == "down":
-            stop = stop_registry if args.registry else stop_airflow if args.airflow else down
+            stop = (stop_registry if args.registry else stop_airflow if args.airflow
+                    else remove_replica if args.replica else down)
             stop(report=print)
+        elif args.command == "failover":
+            failover(rebuild=not args.no_rebuild, report=print)
         elif args.command == "status":
             parts = status()
             for part in parts:
                 print(part.line())
             return 0 if all(part.up for part in parts) else 1
         else:
-            _print_env(secure=args.secure, faults=args.faults)
+            _print_env(secure=args.secure, faults=args.faults, replica=args.replica)
     except StackError as exc:
         print(f"kafka-ingest stack {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -21,3 +21,11 @@ def test_every_libpq_setting_of_the_dsn_reaches_the_connection() -> None:
 def test_a_plain_dsn_has_no_extra() -> None:
     conn = json.loads(airflow_postgres_conn("host=db port=5432 dbname=d user=u password=p"))
     assert "extra" not in conn and conn["port"] == 5432
+
+
+def test_a_multi_host_dsn_keeps_its_port_list_in_the_extra() -> None:
+    conn = json.loads(airflow_postgres_conn(
+        "host=127.0.0.1,127.0.0.1 port=15432,15434 dbname=d user=u password=p "
+        "target_session_attrs=read-write"))
+    assert conn["host"] == "127.0.0.1,127.0.0.1" and "port" not in conn
+    assert conn["extra"] == {"port": "15432,15434", "target_session_attrs": "read-write"}

@@ -65,7 +65,13 @@ def libpq_dsn(*, source: str, host: str | None, port: int | None, user: str | No
               extra: Mapping[str, Any] | None = None) -> str:
     """A libpq connection string from a connection's fields and every libpq keyword in its
     extra (TLS settings included). No host or no database is a :class:`SettingsError`
-    naming ``source``: nothing defaults to localhost or to a database of our choosing."""
+    naming ``source``: nothing defaults to localhost or to a database of our choosing.
+
+    Several servers (a primary and its standbys) are libpq's multi-host form: ``host``
+    ``a,b`` with one port for all, or the ports in the extra (``"port": "5432,5433"``, a
+    list no integer port field can hold) and ``target_session_attrs`` there too, so every
+    connect reaches whichever server takes writes now. A field and an extra key naming
+    the same setting differently is a :class:`SettingsError`."""
     missing = [name for name, value in (("host", host), ("database (schema)", dbname))
                if not value]
     if missing:
@@ -79,7 +85,15 @@ def libpq_dsn(*, source: str, host: str | None, port: int | None, user: str | No
     params = {k: v for k, v in extra.items() if k in LIBPQ_KEYWORDS and v is not None}
     fields: dict[str, Any] = {"host": host, "port": port, "user": user, "password": password,
                               "dbname": dbname}
-    return make_conninfo("", **{k: v for k, v in fields.items() if v is not None}, **params)
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if key in params and str(params[key]) != str(value):
+            shown = "(hidden)" if key == "password" else f"{value!r} and {params[key]!r}"
+            raise SettingsError(f"{source} sets {key} twice, as a field and in its extra: "
+                                f"{shown}; keep one")
+        params[key] = value
+    return make_conninfo("", **params)
 
 
 def _one_line(text: str) -> str:

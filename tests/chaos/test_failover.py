@@ -1,0 +1,342 @@
+"""Postgres fails over (``stack up --replica``, ``stack failover``): the primary is
+SIGKILLed in the middle of a slice and its standby promoted, every client on the
+multi-host connection string (``target_session_attrs=read-write``) moving to it.
+
+With asynchronous replication the transactions the old primary acknowledged last are
+gone on the new one. The offsets live in the same transactions as the rows, so they
+roll back together: the new primary holds the rows of exactly the offsets it stores, and
+the next run re-reads what was lost. The Kafka group offset, posted after each commit,
+is then ahead of the stored one; the lag shown comes from the stored offset. With
+synchronous replication (``remote_apply``) nothing acknowledged is lost.
+
+Each test ends with the invariants checked exactly (DESIGN §3) and leaves the stack's
+first node the primary again (a second failover moves it back).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+
+from helpers_ingest import (
+    Expected,
+    assert_invariants,
+    dead_letter_rows,
+    execute,
+    expected_from_sample,
+    group_offsets,
+    highs,
+    produce,
+    query,
+    row_provenance,
+    run,
+    stored_offsets,
+)
+
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database
+from kafka_ingest.engine import slices
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.engine.replay import run_replay
+from kafka_ingest.errors import TransientError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.ops.status import lag
+from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import fresh_database
+from kafka_ingest_dev.samples import produce_sample
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+COUNT = 6_000  # 2,000 per partition: four chunks each
+CHUNK = 500
+
+
+@pytest.fixture(scope="module")
+def replica_env(stack_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The stack with an asynchronous standby; afterwards its first node the primary
+    again and no standby. Airflow's services stop first: their metadata database lives
+    in the same server, on the single-host string."""
+    stack.stop_airflow()
+    stack.up(replica="async")
+    try:
+        yield stack.env(replica=True)
+    finally:
+        settings = stack.settings()
+        if stack.primary_node(settings) != settings.pg_nodes[0]:
+            stack.failover()
+        stack.up(replica="async")  # back from a test's --sync
+        stack.remove_replica()
+
+
+@pytest.fixture
+def pg_dsn(replica_env: dict[str, str]) -> Iterator[str]:
+    """A fresh database reached through both nodes' addresses."""
+    with fresh_database(replica_env["KAFKA_INGEST_PG_ADMIN_DSN"]) as dsn:
+        assert "target_session_attrs=read-write" in dsn
+        yield dsn
+
+
+@pytest.fixture
+def db(pg_dsn: str) -> Database:
+    return Database(pg_dsn, lock_timeout_s=5.0)
+
+
+@pytest.fixture
+def sync_replication(replica_env: dict[str, str]) -> Iterator[None]:
+    stack.up(replica="sync")
+    try:
+        yield
+    finally:
+        stack.up(replica="async")
+
+
+def _produce(clients: KafkaClients, pipeline: Pipeline) -> Expected:
+    sample = produce_sample(clients, pipeline, count=COUNT, poison=1)
+    return expected_from_sample(pipeline, sample, count=COUNT, poison=1)
+
+
+class FailoverAt:
+    """A chunk hook: after the ``pause_after``-th commit the standby stops receiving WAL
+    (None: it never does), after the ``fail_after``-th the primary is killed and the
+    standby promoted, in the writer's thread, so the slice's next transaction meets the
+    dead connection. It records the stored offsets the old primary acknowledged."""
+
+    def __init__(self, dsn: str, pipeline: Pipeline, *, fail_after: int,
+                 pause_after: int | None = None) -> None:
+        self.dsn, self.pipeline = dsn, pipeline
+        self.fail_after, self.pause_after = fail_after, pause_after
+        self.commits = 0
+        self.acknowledged: dict[int, int] = {}
+        self.rows_acknowledged = 0
+        self.done: stack.Failover | None = None
+        self.failed_over_at = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, stage: str) -> None:
+        if stage != "db_committed":
+            return
+        with self.lock:
+            self.commits += 1
+            if self.commits == self.pause_after:
+                stack.pause_replication()
+            if self.commits == self.fail_after:
+                self.acknowledged = stored_offsets(self.dsn, self.pipeline)
+                self.rows_acknowledged = len(row_provenance(self.dsn, self.pipeline.table))
+                self.done = stack.failover()
+                self.failed_over_at = time.monotonic()
+
+
+def _failover_mid_run(pipeline: Pipeline, clients: KafkaClients, db: Database,
+                      monkeypatch: pytest.MonkeyPatch, hook: FailoverAt) -> None:
+    """A run whose primary is killed part way: the slice meets the dead connection and
+    fails as an infrastructure error (for Airflow to retry), nothing dead-lettered."""
+    ranges = plan_run(pipeline, clients, db, run_id="failover")
+    monkeypatch.setattr(slices, "CHUNK_HOOK", hook)
+    with pytest.raises(TransientError):
+        for rng in ranges:
+            ingest_range(pipeline, rng, clients, db, run_id="failover")
+    monkeypatch.setattr(slices, "CHUNK_HOOK", None)
+    assert hook.done is not None, "the run ended before the failover"
+    assert stack.primary_node(stack.settings()).name == hook.done.promoted
+
+
+def _rows_match_offsets(dsn: str, pipeline: Pipeline) -> dict[int, int]:
+    """Rows and stored offsets agree: every row comes from an offset below its partition's
+    stored one; returns the rows per partition."""
+    stored = stored_offsets(dsn, pipeline)
+    per_partition: dict[int, int] = {}
+    for _, partition, offset in row_provenance(dsn, pipeline.table):
+        assert offset < stored.get(partition, 0), (partition, offset, stored)
+        per_partition[partition] = per_partition.get(partition, 0) + 1
+    return per_partition
+
+
+def test_async_failover_loses_rows_and_offsets_together_and_the_next_run_rereads_them(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
+    expected = _produce(clients, pipeline)
+    # The standby stops receiving after the first chunk; two more are acknowledged by
+    # the old primary only, then it dies.
+    hook = FailoverAt(pg_dsn, pipeline, pause_after=1, fail_after=3)
+    _failover_mid_run(pipeline, clients, db, monkeypatch, hook)
+
+    partition = 0  # the first slice: the plan stored every partition's start (0)
+    assert hook.acknowledged == {0: 3 * CHUNK, 1: 0, 2: 0}
+    assert hook.done is not None and (hook.done.unapplied_bytes or 0) > 0
+    # What the new primary has: the first chunk, its rows and its offset, together.
+    stored = stored_offsets(pg_dsn, pipeline)
+    assert stored == {0: CHUNK, 1: 0, 2: 0}
+    rows = _rows_match_offsets(pg_dsn, pipeline)
+    assert 0 < sum(rows.values()) < hook.rows_acknowledged
+    lost_rows = hook.rows_acknowledged - sum(rows.values())
+    print(f"async failover: 2 chunk transactions lost, {lost_rows} rows with their offsets; "
+          f"{hook.done.line()}")
+    assert query(pg_dsn, "SELECT count(*) FROM ingest_runs")[0][0] == 1
+    # The group offset was posted after the lost commits: ahead of the stored one. The
+    # lag shown is the stored offset's (the truth), not the group's.
+    assert (group_offsets(clients, pipeline)[partition] or 0) > CHUNK
+    end = highs(clients, pipeline.topic)
+    shown = {r["partition"]: r for r in lag(pipeline, clients, db)}
+    assert shown[partition]["lag"] == end[partition] - CHUNK
+    assert shown[partition]["group_lag"] < shown[partition]["lag"]
+
+    reports = run(pipeline, clients, db)  # the next run, on the new primary
+    reread = {r.partition: r.read for r in reports}
+    assert reread[partition] == end[partition] - CHUNK  # the lost chunks read again
+    print(f"async failover: recovered {time.monotonic() - hook.failed_over_at:.1f} s after "
+          f"the promotion, {reread[partition]} messages of partition {partition} re-read")
+    # The lost chunks' pills reached the DLQ topic before their transaction was lost:
+    # the topic may hold them twice (same letter id), the dead_letters table once.
+    assert_invariants(pipeline, clients, pg_dsn, expected, dlq_exactly_once=False)
+    assert run(pipeline, clients, db) == []
+
+
+@pytest.mark.usefixtures("sync_replication")
+def test_sync_failover_loses_nothing_acknowledged(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
+    expected = _produce(clients, pipeline)
+    hook = FailoverAt(pg_dsn, pipeline, fail_after=3)
+    _failover_mid_run(pipeline, clients, db, monkeypatch, hook)
+
+    partition = 0
+    assert hook.acknowledged == {0: 3 * CHUNK, 1: 0, 2: 0}
+    assert stored_offsets(pg_dsn, pipeline) == hook.acknowledged  # nothing lost
+    rows = _rows_match_offsets(pg_dsn, pipeline)
+    assert sum(rows.values()) == hook.rows_acknowledged
+    assert hook.done is not None
+    print(f"sync failover: nothing lost; {hook.done.line()}")
+
+    reports = run(pipeline, clients, db)
+    end = highs(clients, pipeline.topic)
+    assert {r.partition: r.read for r in reports}[partition] == end[partition] - 3 * CHUNK
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+
+
+def test_failover_during_a_backfill_then_the_backfill_again_is_exact(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
+    expected = _produce(clients, pipeline)
+    run(pipeline, clients, db)
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+    # The table loses its rows (a bad deploy, a restore): a backfill re-reads everything.
+    execute(pg_dsn, f"DELETE FROM {pipeline.table}")
+    end = highs(clients, pipeline.topic)
+    window = OffsetWindow(partitions={p: (0, hi) for p, hi in end.items()})
+    ranges = plan_run(pipeline, clients, db, run_id="backfill", request=window)
+    hook = FailoverAt(pg_dsn, pipeline, pause_after=1, fail_after=3)
+    monkeypatch.setattr(slices, "CHUNK_HOOK", hook)
+    with pytest.raises(TransientError):
+        for rng in ranges:
+            ingest_range(pipeline, rng, clients, db, run_id="backfill")
+    monkeypatch.setattr(slices, "CHUNK_HOOK", None)
+    assert hook.done is not None
+    assert stored_offsets(pg_dsn, pipeline) == end  # a backfill moves no cursor
+    assert 0 < len(row_provenance(pg_dsn, pipeline.table)) < hook.rows_acknowledged
+
+    again = run(pipeline, clients, db, request=window)
+    assert sum(r.read for r in again) == sum(end.values())
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+
+
+def _metric(event_id: str, *, version: int) -> bytes:
+    event = {"event_id": event_id, "device_id": "dev-1", "timestamp": 1_767_225_600.0,
+             "metric_value": 21.5, "version": version}
+    if version == 2:
+        event["unit"] = "celsius"
+    return json.dumps(event).encode()
+
+
+def test_failover_during_a_dlq_replay_then_the_replay_again_is_exact(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ingested under metric_event v1 while producers already send v2: the v2 events are
+    # parked as unknown_version; the contract moves to v2 and the DLQ is replayed.
+    v1 = make_pipeline("telemetry_metrics", partitions=2, chunk_size=10,
+                       contract={"event_type": "metric_event", "version": 1})
+    body = v1.model_dump(mode="json")
+    body["contract"] = {"event_type": "metric_event", "version": 2}
+    v2 = Pipeline.model_validate(body)
+    tag = uuid.uuid4().hex[:6]
+    good = [f"{tag}-good-{i}" for i in range(40)]
+    fixable = [f"{tag}-v2-{i}" for i in range(80)]
+    for partition in (0, 1):
+        produce(clients, v1.topic, [(b"k", _metric(e, version=1)) for e in good[partition::2]]
+                + [(b"k", _metric(e, version=2)) for e in fixable[partition::2]],
+                partition=partition)
+    run(v1, clients, db)
+    assert len(dead_letter_rows(pg_dsn, v1)) == len(fixable)
+
+    hook = FailoverAt(pg_dsn, v1, pause_after=1, fail_after=3)  # 40 letters: 4 chunks each
+    monkeypatch.setattr(slices, "CHUNK_HOOK", hook)
+    with pytest.raises(TransientError):
+        run_replay(v2, ReplayRequest(LiveRun(), False, ReplayFilters()), clients, db,
+                   run_id="replay-failover")
+    monkeypatch.setattr(slices, "CHUNK_HOOK", None)
+    assert hook.done is not None
+    loaded = {e for e, _, _ in row_provenance(pg_dsn, v1.table)}
+    assert set(good) < loaded and not set(fixable) <= loaded  # stopped part way
+
+    again = run_replay(v2, ReplayRequest(LiveRun(), False, ReplayFilters()), clients, db,
+                       run_id="replay-again")
+    assert again["outcomes"]["recovered"] + len(loaded - set(good)) == len(fixable)
+    rows = row_provenance(pg_dsn, v1.table)
+    assert sorted(e for e, _, _ in rows) == sorted(good + fixable)  # each event once
+    statuses = query(pg_dsn, "SELECT status, count(*) FROM dead_letters GROUP BY 1")
+    assert statuses == [("recovered", len(fixable))]
+    cursor = dict(query(pg_dsn, "SELECT partition, next_offset FROM ingest_offsets WHERE"
+                                " topic = %s", (v1.dlq_topic,)))
+    assert cursor == highs(clients, v1.dlq_topic)  # the replay cursor at the DLQ's end
+
+
+def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, pg_dsn: str,
+        replica_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kafka_ingest.cli import main
+    from kafka_ingest_dev.databases import airflow_postgres_conn
+    from kafka_ingest_hook import postgres_database
+    from tests.conftest import write_pipelines_file
+
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
+    expected = _produce(clients, pipeline)
+    monkeypatch.setenv("KAFKA_INGEST_PIPELINES",
+                       str(write_pipelines_file(tmp_path / "p.yaml", pipeline)))
+    monkeypatch.setenv("KAFKA_INGEST_PG_DSN", pg_dsn)
+    monkeypatch.setenv("AIRFLOW_CONN_PG_FAILOVER", airflow_postgres_conn(pg_dsn))
+    hooked = postgres_database("pg_failover")
+
+    def server_port() -> int:
+        with hooked.connect() as conn:
+            row = conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone()
+        assert row is not None and row[1] is False  # a primary, never the standby
+        return int(row[0])
+
+    first = server_port()
+    stack.failover()
+    promoted = stack.primary_node(stack.settings()).port
+    assert promoted != first
+    assert server_port() == promoted  # the same Airflow connection, the other server
+    assert main(["run", pipeline.name]) == 0  # the same environment, the other server
+    assert_invariants(pipeline, clients, pg_dsn, expected)
+    stack.failover()  # and back
+    assert server_port() == first
+    capsys.readouterr()
+    assert main(["lag", pipeline.name]) == 0  # back on the first server, same environment
+    printed = capsys.readouterr()
+    assert pipeline.name in printed.out and "differs" not in printed.err  # group re-synced
+    assert {r["partition"]: r["lag"] for r in lag(pipeline, clients, Database(pg_dsn))
+            } == dict.fromkeys(range(3), 0)
