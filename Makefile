@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-freshness faults-full lock
+.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-freshness faults-full soak lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -33,6 +33,9 @@ bench-freshness: bootstrap  ## freshness (p50/p95/p99, cron every minute vs on_d
 
 faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`), on stacks of their own
 	.venv/bin/kafka-ingest stack up && KAFKA_INGEST_FAULTS_FULL=1 .venv/bin/pytest -m "faults or faults_full" tests/chaos
+
+soak: bootstrap  ## 60 minutes of mixed faults (workers, brokers, proxy, Postgres stop and failover) under the real scheduler and Celery, then checked exactly; results/soak.json
+	.venv/bin/python -m kafka_ingest_dev.soak --minutes 60 --report benchmarks/results/soak.json
 
 bench-smoke: bootstrap  ## every benchmark path and peer on 3,000 events: each must start, finish and load the right rows
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke

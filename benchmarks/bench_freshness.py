@@ -38,7 +38,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import psycopg
 import yaml
@@ -49,36 +48,13 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
-from kafka_ingest_dev.airflow_services import watchers_running
+from kafka_ingest_dev.airflow_services import RestApi, watchers_running
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 PARTITIONS = 3
 TERMINAL = ("success", "failed")
-
-
-class Api:
-    """The REST API of the stack's api-server, logged in as its admin."""
-
-    def __init__(self, up: dict[str, str]) -> None:
-        token = httpx.post(f"{up['AIRFLOW_API_URL']}/auth/token", timeout=30, json={
-            "username": up["AIRFLOW_API_USER"], "password": up["AIRFLOW_API_PASSWORD"]})
-        token.raise_for_status()
-        self.client = httpx.Client(base_url=f"{up['AIRFLOW_API_URL']}/api/v2", timeout=30,
-                                   headers={"Authorization":
-                                            f"Bearer {token.json()['access_token']}"})
-
-    def get(self, path: str) -> Any:
-        response = self.client.get(path)
-        response.raise_for_status()
-        return response.json()
-
-    def pause(self, dag_id: str, paused: bool) -> None:
-        self.client.patch(f"/dags/{dag_id}", json={"is_paused": paused}).raise_for_status()
-
-    def runs(self, dag_id: str) -> list[dict[str, Any]]:
-        return list(self.get(f"/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"])
 
 
 def wait(what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 0.5) -> Any:
@@ -100,7 +76,7 @@ def _pipeline(name: str, **body: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 1. overhead
 
 
-def _run_once(api: Api, dag_id: str) -> dict[str, Any]:
+def _run_once(api: RestApi, dag_id: str) -> dict[str, Any]:
     started = time.monotonic()
     posted = api.client.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
     posted.raise_for_status()
@@ -119,7 +95,7 @@ def _run_once(api: Api, dag_id: str) -> dict[str, Any]:
             "task_instances": len(tis)}
 
 
-def overhead(api: Api, clients: KafkaClients, pipeline: Pipeline, repeat: int
+def overhead(api: RestApi, clients: KafkaClients, pipeline: Pipeline, repeat: int
              ) -> dict[str, Any]:
     dag_id = f"{pipeline.name}_ingest"
     api.pause(dag_id, False)
@@ -176,7 +152,7 @@ def _lag_zero(dsn: str, pipeline: Pipeline, produced: int) -> bool:
     return row is not None and int(row[0]) >= produced
 
 
-def freshness(api: Api, env: dict[str, str], dsn: str, pipeline: Pipeline, rate: int,
+def freshness(api: RestApi, env: dict[str, str], dsn: str, pipeline: Pipeline, rate: int,
               seconds: float) -> dict[str, Any]:
     dag_id = f"{pipeline.name}_ingest"
     before = {r["dag_run_id"] for r in api.runs(dag_id)}
@@ -233,7 +209,7 @@ def _airflow_cpu_s() -> float:
     return sum(cpu_by_service().values())
 
 
-def quiet(api: Api, dag_ids: list[str], seconds: float, label: str) -> dict[str, Any]:
+def quiet(api: RestApi, dag_ids: list[str], seconds: float, label: str) -> dict[str, Any]:
     before = {d: {r["dag_run_id"] for r in api.runs(d)} for d in dag_ids}
     for d in dag_ids:
         api.pause(d, False)
@@ -254,12 +230,12 @@ def quiet(api: Api, dag_ids: list[str], seconds: float, label: str) -> dict[str,
 
 
 @contextlib.contextmanager
-def services(pipelines_file: Path, dsn: str, dag_ids: list[str]) -> Iterator[Api]:
+def services(pipelines_file: Path, dsn: str, dag_ids: list[str]) -> Iterator[RestApi]:
     stack.stop_airflow()
     up = stack.up(airflow=True, airflow_env={
         "KAFKA_INGEST_PIPELINES": str(pipelines_file),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(dsn)})
-    api = Api(up)
+    api = RestApi(up)
     for d in dag_ids:
         wait(f"{d} to be parsed", lambda d=d: api.client.get(f"/dags/{d}").status_code == 200,
              300)

@@ -46,12 +46,12 @@ from kafka_ingest.config import parse_pipelines
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
-from kafka_ingest_dev.airflow_services import watchers_running
+from kafka_ingest_dev.airflow_services import RestApi, watchers_running
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_freshness import Api, cpu_by_service, wait
+from bench_freshness import cpu_by_service, wait
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pipelines.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,14 +122,14 @@ def main() -> int:
     dsn = create_database(env["KAFKA_INGEST_PG_DSN"], prefix="bench")
     pg_port = int(conninfo_to_dict(dsn).get("port") or 5432)
     kafka_port = int(env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
-    api: Api | None = None
+    api: RestApi | None = None
     try:
         stack.stop_airflow()
         started = time.monotonic()
         up = stack.up(airflow=True, airflow_env={
             "KAFKA_INGEST_PIPELINES": str(pipelines_file),
             "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(dsn)})
-        api = Api(up)
+        api = RestApi(up)
         wanted = len(names) * 2 + 1  # ingest and replay per pipeline, and the monitor
         wait("every DAG to be known", lambda: api.get(
             f"/dags?dag_id_pattern=%25{tag}%25&limit=1")["total_entries"] >= wanted - 1, 900, 2)

@@ -13,7 +13,6 @@ import atexit
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import yaml
 from psycopg.conninfo import make_conninfo
 
 from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
+from kafka_ingest_dev.procs import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
@@ -237,21 +237,6 @@ def webhook() -> Iterator[Any]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held together while they are picked, so two
-    calls cannot hand out one port twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @pytest.fixture(scope="session")

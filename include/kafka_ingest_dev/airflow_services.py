@@ -526,6 +526,33 @@ class AirflowServices:
         self.executor_file.unlink(missing_ok=True)
         return lines or ["airflow services: not running"]
 
+    def kill_worker(self, name: str) -> list[int]:
+        """SIGKILL the Celery worker ``name`` (``worker-1``) and every task process it
+        started (they run in process groups of their own): what losing its machine does.
+        Returns the pids.
+
+        Every group is stopped (SIGSTOP) before any is killed: killed one group after the
+        other, a task's supervisor could see its task process die and report the try
+        failed at once (seen once in 10 kills), which a lost machine never does; Airflow
+        must notice the silence instead."""
+        import psutil
+
+        pid = self.pids().get(name)
+        if pid is None:
+            raise StackError(f"no Celery worker {name!r} runs")
+        worker = psutil.Process(pid)
+        victims = [worker, *worker.children(recursive=True)]
+        groups = set()
+        for proc in victims:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                groups.add(os.getpgid(proc.pid))
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, sig)
+        psutil.wait_procs(victims, timeout=10)
+        return [proc.pid for proc in victims]
+
     def status(self) -> list[PartStatus]:
         pids = self.pids()
         if not any(pids.values()):
@@ -546,6 +573,42 @@ class AirflowServices:
             parts.append(PartStatus(name, address, pid is not None and up, pid))
         return parts
 
+
+
+class RestApi:
+    """The REST API of the stack's api-server, logged in as its admin (``env``: the
+    ``AIRFLOW_API_*`` settings that :meth:`AirflowServices.client_env` gives)."""
+
+    def __init__(self, env: Mapping[str, str], *, timeout_s: float = 30.0) -> None:
+        import httpx
+
+        token = httpx.post(f"{env['AIRFLOW_API_URL']}/auth/token", timeout=timeout_s, json={
+            "username": env["AIRFLOW_API_USER"], "password": env["AIRFLOW_API_PASSWORD"]})
+        token.raise_for_status()
+        self.client = httpx.Client(base_url=f"{env['AIRFLOW_API_URL']}/api/v2",
+                                   timeout=timeout_s, headers={
+                                       "Authorization": f"Bearer {token.json()['access_token']}"})
+
+    def get(self, path: str) -> Any:
+        response = self.client.get(path)
+        response.raise_for_status()
+        return response.json()
+
+    def pause(self, dag_id: str, paused: bool) -> None:
+        self.client.patch(f"/dags/{dag_id}", json={"is_paused": paused}).raise_for_status()
+
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return list(self.get(f"/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"])
+
+    def task_instances(self, dag_id: str) -> list[dict[str, Any]]:
+        """Every task instance of every run of the DAG (its latest try each)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.get(f"/dags/{dag_id}/dagRuns/~/taskInstances?limit=100"
+                            f"&offset={len(out)}")
+            out += page["task_instances"]
+            if not page["task_instances"] or len(out) >= page["total_entries"]:
+                return out
 
 
 def watchers_running(airflow_dsn: str, asset_name_like: str) -> int:

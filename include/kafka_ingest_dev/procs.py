@@ -120,6 +120,21 @@ def require_free(port: int, what: str, env_name: str) -> None:
         )
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held together while they are picked, so two
+    calls cannot hand out one port twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def accepts(port: int) -> bool:
     """A cheap, silent liveness probe before asking a client library (which logs errors)."""
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):

@@ -1233,12 +1233,12 @@ def _ensure_app_role(conn: Any, password: str) -> None:
         sql.Identifier(PG_APP_ROLE), sql.Literal(password)))
 
 
-def _stop_postgres(s: Settings, node: PgNode | None = None) -> str:
+def _stop_postgres(s: Settings, node: PgNode | None = None, *, mode: str = "fast") -> str:
     node = node or primary_node(s)
     pid = _postmaster_pid(s, node)
     if pid is None:
         return f"{node.name}: not running"
-    cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "-m", "fast", "-w", "stop"]
+    cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "-m", mode, "-w", "stop"]
     subprocess.run(_as_postgres(cmd), capture_output=True, check=False)
     terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
     return f"{node.name}: stopped (pid {pid})"
@@ -1982,12 +1982,14 @@ def start_broker(node_id: int) -> int:
         return pid
 
 
-def restart_postgres() -> None:
-    """Stop the primary (fast mode: connections are cut) and start it on the same data (a
-    standby reconnects by itself)."""
+def restart_postgres(*, immediate: bool = False, down_s: float = 0.0) -> None:
+    """Stop the primary (fast mode: connections are cut; ``immediate``: no shutdown
+    checkpoint, crash recovery at the start, as after a power loss), wait ``down_s``, and
+    start it on the same data (a standby reconnects by itself)."""
     s = settings()
     with _locked(s):
-        _stop_postgres(s)
+        _stop_postgres(s, mode="immediate" if immediate else "fast")
+        time.sleep(down_s)
         _start_postgres(s)
         _bootstrap_postgres(s)
 

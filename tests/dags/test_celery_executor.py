@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import signal
 import sys
 import time
 import uuid
@@ -28,7 +26,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import pytest
 
@@ -176,24 +173,8 @@ def _doomed_slice(api: AirflowApi, dag_id: str, run_id: str, dsn: str, pipeline:
 
 
 def _kill_worker(celery: dict[str, Any], node: str) -> list[int]:
-    """SIGKILL the Celery worker ``node`` and every task process it started (they run in
-    process groups of their own): what losing its machine does. Returns the pids.
-
-    Every group is stopped (SIGSTOP) before any is killed: killed one group after the
-    other, a task's supervisor could see its task process die and report the try failed
-    at once (seen once in 10 kills), which a lost machine never does; Airflow must notice the
-    silence instead."""
-    name = node.split("@", maxsplit=1)[0]
-    pid = int((stack.settings().airflow.pidfile(name)).read_text())
-    worker = psutil.Process(pid)
-    victims = [worker, *worker.children(recursive=True)]
-    groups = {os.getpgid(p.pid) for p in victims if p.is_running()}
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, sig)
-    psutil.wait_procs(victims, timeout=10)
-    return [p.pid for p in victims]
+    """SIGKILL the Celery worker ``node`` and its task processes, as a lost machine."""
+    return stack.settings().airflow.kill_worker(node.split("@", maxsplit=1)[0])
 
 
 def test_a_worker_killed_mid_slice_is_retried_on_a_worker(celery: dict[str, Any],
