@@ -120,6 +120,15 @@ class Measure:
     def rate(self) -> float:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def core_us_per_event(self) -> float | None:
+        """CPU per event over the process, Postgres and the broker (core-microseconds);
+        None when a server's CPU could not be read."""
+        if not self.events or not {"postgres", "kafka"} <= set(self.server_cpu_s):
+            return None
+        total = self.cpu_s + self.server_cpu_s["postgres"] + self.server_cpu_s["kafka"]
+        return total / self.events * 1e6
+
 
 # --------------------------------------------------------------------------- child side
 
@@ -613,14 +622,29 @@ def table(results: list[Measure], baseline: Measure | None) -> str:
     project = next((m for m in results if m.path == PROJECT_PATH), None)
     parallel = next((m for m in results if m.path == PARALLEL_PATH), None)
     head = ("| path | events | seconds | events/s | vs B | project ÷ this | parallel ÷ this "
-            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s |")
-    rows = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s | core-µs/event "
+            "| this ÷ project (CPU) |")
+    rows = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for m in results:
         ratio = f"{m.rate / baseline.rate:.2f}x" if baseline and baseline.rate else "-"
         rows.append(f"| {m.path} | {m.events:,} | {m.seconds:.2f} | {m.rate:,.0f} | {ratio} "
                     f"| {_times(project, m)} | {_times(parallel, m)} "
-                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} |")
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} "
+                    f"| {_per_event(m)} | {_cpu_times(project, m)} |")
     return "\n".join(rows)
+
+
+def _per_event(m: Measure) -> str:
+    per = m.core_us_per_event
+    return "-" if per is None else f"{per:.1f}"
+
+
+def _cpu_times(project: Measure | None, m: Measure) -> str:
+    """How many times the project's CPU per event ``m`` spends ("-" for the project)."""
+    if project is None or m is project:
+        return "-"
+    mine, theirs = project.core_us_per_event, m.core_us_per_event
+    return f"{theirs / mine:.2f}x" if mine and theirs else "-"
 
 
 def _servers(m: Measure) -> str:
@@ -630,13 +654,14 @@ def _servers(m: Measure) -> str:
 
 def scale_table(points: list[dict[str, Any]]) -> str:
     rows = ["| events | partitions | path | seconds | events/s | s per 100k events "
-            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s |",
-            "|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+            "| peak RSS MB | CPU s | Postgres CPU s | Kafka CPU s | core-µs/event |",
+            "|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for p in points:
         m = p["measure"]
         rows.append(f"| {p['events']:,} | {p['partitions']} | {m.path} | {m.seconds:.2f} "
                     f"| {m.rate:,.0f} | {m.seconds / m.events * 100_000:.2f} "
-                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} |")
+                    f"| {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {_servers(m)} "
+                    f"| {_per_event(m)} |")
     sizes = [p["measure"] for p in points if p.get("sweep") == "events"]
     if len(sizes) > 1:  # linear means the same seconds per 100k at every size
         per = [m.seconds / m.events * 1e5 for m in sizes]
@@ -646,7 +671,9 @@ def scale_table(points: list[dict[str, Any]]) -> str:
 
 
 def _as_json(m: Measure) -> dict[str, Any]:
-    return {**asdict(m), "events_per_s": round(m.rate)}
+    per = m.core_us_per_event
+    return {**asdict(m), "events_per_s": round(m.rate),
+            "core_us_per_event": None if per is None else round(per, 2)}
 
 
 def write_json(path: Path, results: list[Measure], info: dict[str, Any],

@@ -458,9 +458,9 @@ def soak(settings: Settings) -> dict[str, Any]:
         try:
             started = time.monotonic()
             stack.up(report=log.info, brokers=BROKERS, faults=True, replica="async")
-            replica = stack.env(replica=True)
-            proxied = json.loads(stack.env(faults=True)["KAFKA_INGEST_KAFKA_CONFIG"])
-            direct = KafkaClients({"bootstrap.servers": replica["KAFKA_BOOTSTRAP_SERVERS"]})
+            replica = stack.env(replica=True, faults=True)  # Kafka proxied, Postgres both
+            proxied = json.loads(replica["KAFKA_INGEST_KAFKA_CONFIG"])
+            direct = KafkaClients({"bootstrap.servers": stack.env()["KAFKA_BOOTSTRAP_SERVERS"]})
             doc = _pipelines_doc(tag)
             pipelines = list(parse_pipelines(doc).values())
             pipeline = pipelines[0]

@@ -1655,7 +1655,8 @@ def env(*, secure: bool = False, faults: bool = False, replica: bool = False,
     and Postgres through Toxiproxy, plus ``TOXIPROXY_URL`` (Airflow's metadata database
     stays direct); with ``replica``, at both Postgres nodes through multi-host connection
     strings that follow a failover (``target_session_attrs=read-write``), Airflow's
-    metadata database included."""
+    metadata database included (with ``faults`` too, Kafka goes through the proxies and
+    Postgres straight to both nodes: the proxy fronts one)."""
     from psycopg.conninfo import make_conninfo
 
     s = settings()
@@ -1670,9 +1671,6 @@ def env(*, secure: bool = False, faults: bool = False, replica: bool = False,
     if replica and s.replica is None:
         raise StackError("the stack has no standby: run `kafka-ingest stack up --replica` "
                          "first")
-    if replica and faults:
-        raise StackError("the fault proxy fronts one Postgres node: --replica and --faults "
-                         "do not go together")
     airflow_secrets = _airflow_secrets(s)
     project = s.repo or Path.cwd()
     kafka = _kafka_client_config(s, secure=secure, faults=faults)
