@@ -20,7 +20,7 @@ echo "== bench smoke"; python benchmarks/bench_ingest.py --events 3000 --repeat 
 echo "== prometheus"; python -c "from kafka_ingest_dev import prometheus; print(prometheus.install())"
 echo "== pytest"
 set +e
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no test" >&2; exit 1; fi

@@ -65,16 +65,6 @@ SCHEDULER = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
     "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "120",
 }
-_PORTS = (
-    "KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_KAFKA_SECURE_PORT",
-    "KAFKA_INGEST_PG_PORT", "KAFKA_INGEST_PG_STANDBY_PORT", "KAFKA_INGEST_AIRFLOW_PORT",
-    "KAFKA_INGEST_REDIS_PORT", "KAFKA_INGEST_TOXIPROXY_PORT", "KAFKA_INGEST_KAFKA_PROXY_PORT",
-    "KAFKA_INGEST_KAFKA_FAULTS_PORT", "KAFKA_INGEST_PG_PROXY_PORT",
-)
-_NODE_PORTS = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
-               "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
-
-
 @dataclass
 class Settings:
     minutes: float = 60.0
@@ -105,12 +95,10 @@ class Expected:
 @contextlib.contextmanager
 def own_stack(state: Path) -> Iterator[None]:
     """This process's environment pointed at a stack of its own on free ports."""
-    from kafka_ingest_dev.procs import free_ports
+    from kafka_ingest_dev import stack
 
-    names = [*_PORTS, *(f"{n}_{i}" for i in range(2, BROKERS + 1) for n in _NODE_PORTS)]
     saved = dict(os.environ)
-    os.environ["KAFKA_INGEST_STATE_DIR"] = str(state)
-    os.environ.update(zip(names, map(str, free_ports(len(names))), strict=True))
+    os.environ.update(stack.isolated_env(state, brokers=BROKERS))
     try:
         yield
     finally:

@@ -106,6 +106,7 @@ __all__ = [
     "down",
     "env",
     "failover",
+    "isolated_env",
     "kill_broker",
     "main",
     "pause_replication",
@@ -425,6 +426,30 @@ def _port(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise StackError(f"{name}={raw!r} is not a port number") from None
+
+
+#: Every environment variable that names a port of the stack; Kafka nodes 2..n take
+#: ``<name>_<n>`` for each of :data:`NODE_PORT_VARIABLES`.
+PORT_VARIABLES = (
+    "KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_KAFKA_SECURE_PORT",
+    "KAFKA_INGEST_PG_PORT", "KAFKA_INGEST_PG_STANDBY_PORT", "KAFKA_INGEST_AIRFLOW_PORT",
+    "KAFKA_INGEST_REDIS_PORT", "KAFKA_INGEST_TOXIPROXY_PORT", "KAFKA_INGEST_KAFKA_PROXY_PORT",
+    "KAFKA_INGEST_KAFKA_FAULTS_PORT", "KAFKA_INGEST_PG_PROXY_PORT",
+    "KAFKA_INGEST_REGISTRY_PORT", "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
+)
+NODE_PORT_VARIABLES = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
+                       "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
+
+
+def isolated_env(state: Path, *, brokers: int = 1) -> dict[str, str]:
+    """The environment of a stack of its own beside the shared one: its state dir and a
+    free loopback port for every port it may open (the fault tests', the soak's)."""
+    from kafka_ingest_dev.procs import free_ports
+
+    names = [*PORT_VARIABLES,
+             *(f"{n}_{i}" for i in range(2, brokers + 1) for n in NODE_PORT_VARIABLES)]
+    return {"KAFKA_INGEST_STATE_DIR": str(state),
+            **dict(zip(names, map(str, free_ports(len(names))), strict=True))}
 
 
 def settings() -> Settings:

@@ -40,21 +40,10 @@ from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import create_database, drop_database
 from kafka_ingest_dev.faults import Toxiproxy
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import free_ports
 
 #: Whether the slow fault tests run too (``-m faults_full`` also turns this on, see
 #: tests/chaos/conftest.py).
 FULL_ENV = "KAFKA_INGEST_FAULTS_FULL"
-
-_BASE_PORTS = (
-    "KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_KAFKA_SECURE_PORT",
-    "KAFKA_INGEST_PG_PORT", "KAFKA_INGEST_AIRFLOW_PORT", "KAFKA_INGEST_REDIS_PORT",
-    "KAFKA_INGEST_TOXIPROXY_PORT", "KAFKA_INGEST_KAFKA_PROXY_PORT",
-    "KAFKA_INGEST_KAFKA_FAULTS_PORT", "KAFKA_INGEST_PG_PROXY_PORT",
-)
-_NODE_PORTS = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
-               "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
-
 
 @dataclass
 class FaultStack:
@@ -126,11 +115,9 @@ def independent_stack(*, brokers: int = 1, faults: bool = False) -> Iterator[Fau
     and a fresh state dir directly under /tmp (as root the ``postgres`` user must traverse
     every parent), taken down and removed afterwards."""
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-faults-"))
-    names = list(_BASE_PORTS) + [f"{n}_{i}" for i in range(2, brokers + 1) for n in _NODE_PORTS]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KAFKA_INGEST_STATE_DIR", str(state))
-        for name, port in zip(names, free_ports(len(names)), strict=True):
-            mp.setenv(name, str(port))
+        for name, value in stack.isolated_env(state, brokers=brokers).items():
+            mp.setenv(name, value)
         try:
             started = time.monotonic()
             env = stack.up(report=print, brokers=brokers, faults=faults)
