@@ -541,6 +541,8 @@ class AirflowServices:
         if pid is None:
             raise StackError(f"no Celery worker {name!r} runs")
         worker = psutil.Process(pid)
+        with contextlib.suppress(ProcessLookupError):  # first, so it forks no more tasks
+            os.killpg(os.getpgid(pid), signal.SIGSTOP)
         victims = [worker, *worker.children(recursive=True)]
         groups = set()
         for proc in victims:

@@ -41,6 +41,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -219,10 +220,20 @@ class Nemesis(threading.Thread):
             log.exception("nemesis failed")
 
     def _worker_kill(self) -> str:
+        import psutil
+
         from kafka_ingest_dev import stack
 
-        name = f"worker-{self.rng.randint(1, WORKERS)}"
-        killed = stack.settings().airflow.kill_worker(name)
+        services = stack.settings().airflow
+        running = sorted(n for n, pid in services.pids().items()
+                         if n.startswith("worker-") and pid is not None)
+        if not running:  # the supervisor is still starting the last one killed
+            return "skipped: no worker runs"
+        name = self.rng.choice(running)
+        try:
+            killed = services.kill_worker(name)
+        except (stack.StackError, psutil.NoSuchProcess):
+            return f"{name}: gone before the kill"
         return f"{name}: {len(killed)} processes"  # the supervisor starts it again
 
     def _broker_restart(self) -> str:
@@ -376,8 +387,11 @@ def check(pipeline: Any, clients: Any, dsn: str, expected: Expected) -> dict[str
     wrong_source = 0
     for event_id, partition, offset in rows:
         value = source.get((int(partition), int(offset)), (None, {}))[0]
-        if value is None or json.loads(value).get("event_id") != event_id:
-            wrong_source += 1
+        try:
+            ok = value is not None and json.loads(value).get("event_id") == event_id
+        except (ValueError, AttributeError):  # a row loaded from a poison pill
+            ok = False
+        wrong_source += not ok
     dead = Counter((int(p), int(o)) for p, o in letters)
     dlq: Counter[tuple[int, int]] = Counter()
     for _, headers in _read_positions(clients, pipeline.dlq_topic).values():
@@ -396,6 +410,7 @@ def check(pipeline: Any, clients: Any, dsn: str, expected: Expected) -> dict[str
         "dead_letters_duplicated": sum(n - 1 for n in dead.values() if n > 1),
         "poison_missing_from_dlq_topic": len(set(expected.poison) - set(dlq)),
         "dlq_topic_extra_copies": sum(n - 1 for n in dlq.values() if n > 1),
+        "dlq_topic_not_poison": len(set(dlq) - set(expected.poison)),
         "stored_offsets_at_high_watermarks": stored == highs,
         "group_offsets_at_high_watermarks": group == highs,
         "high_watermarks": highs,
@@ -403,7 +418,7 @@ def check(pipeline: Any, clients: Any, dsn: str, expected: Expected) -> dict[str
     result["exact"] = (not any(result[k] for k in (
         "lost_events", "unexpected_rows", "duplicated_rows", "rows_from_the_wrong_message",
         "poison_missing_from_dead_letters", "dead_letters_not_poison",
-        "dead_letters_duplicated", "poison_missing_from_dlq_topic"))
+        "dead_letters_duplicated", "poison_missing_from_dlq_topic", "dlq_topic_not_poison"))
         and result["stored_offsets_at_high_watermarks"]
         and result["group_offsets_at_high_watermarks"])
     return result
@@ -430,6 +445,37 @@ def _wait(what: str, check_: Callable[[], bool], timeout_s: float, interval_s: f
     return time.monotonic() - started
 
 
+def _stopped(*threads: Producer | Nemesis) -> None:
+    for thread in threads:
+        if thread.is_alive():
+            raise RuntimeError(f"{thread.name} did not stop in time")
+        if thread.error is not None:
+            raise RuntimeError(f"{thread.name} failed") from thread.error
+
+
+def _tear_down(threads: list[Producer | Nemesis | Supervisor], state: Path, *,
+               keep: bool) -> None:
+    """No thread may act on the stack once it is down (or, with the environment restored,
+    on the shared one): stop them all, then the stack; keep the state dir (its pid files,
+    its logs) when either did not stop."""
+    from kafka_ingest_dev import stack
+
+    for thread in threads:
+        thread.stop.set()
+    for thread in threads:
+        thread.join(600)
+        if thread.is_alive():
+            log.error("soak: %s still runs; keeping %s", thread.name, state)
+            keep = True
+    try:
+        stack.down(report=log.info)
+    except Exception:
+        log.exception("soak: stack down failed; keeping %s (its pid files)", state)
+        keep = True
+    if not keep:
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def soak(settings: Settings) -> dict[str, Any]:
     from kafka_ingest.config import parse_pipelines
     from kafka_ingest.db import Database
@@ -441,6 +487,7 @@ def soak(settings: Settings) -> dict[str, Any]:
 
     rng = random.Random(settings.seed)  # noqa: S311 - fault timing, not secrets
     tag = uuid.uuid4().hex[:6]
+    threads: list[Producer | Nemesis | Supervisor] = []
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-soak-", dir="/tmp"))
     with own_stack(state):
         try:
@@ -475,6 +522,7 @@ def soak(settings: Settings) -> dict[str, Any]:
             supervisor = Supervisor(airflow_env, pipelines, direct, db)
             producer = Producer(pipeline, direct, settings.rate, tag)
             nemesis = Nemesis(settings, rng)
+            threads += [nemesis, producer, supervisor]
             api.pause(dag_id, False)
             for thread in (supervisor, producer, nemesis):
                 thread.start()
@@ -483,18 +531,16 @@ def soak(settings: Settings) -> dict[str, Any]:
             while time.monotonic() < deadline and nemesis.is_alive() and producer.is_alive():
                 time.sleep(1)
             nemesis.stop.set()
-            nemesis.join(300)
+            nemesis.join(600)  # the fault under way is healed first: bounded by its steps
             producer.stop.set()
             producer.join(300)
             soaked_s = time.monotonic() - soak_started
-            for thread in (producer, nemesis):
-                if thread.error is not None:
-                    raise RuntimeError(f"{thread.name} failed") from thread.error
+            _stopped(producer, nemesis)
             drain_s = _wait("the pipeline to drain", lambda: supervisor.lag() == 0,
                             settings.drain_timeout_s)
+            api.pause(dag_id, True)  # then no run starts while the last ones end
             _wait("the last run to end", lambda: not any(
                 r["state"] in ("queued", "running") for r in api.runs(dag_id)), 600)
-            api.pause(dag_id, True)
             supervisor.stop.set()
             supervisor.join(60)
             figures = _airflow_figures(api, dag_id)
@@ -517,10 +563,7 @@ def soak(settings: Settings) -> dict[str, Any]:
                 "check": result,
             }
         finally:
-            with contextlib.suppress(Exception):
-                stack.down(report=log.info)
-            if not settings.keep:
-                shutil.rmtree(state, ignore_errors=True)
+            _tear_down(threads, state, keep=settings.keep)
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -562,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the report here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (logs)")
     args = parser.parse_args(argv)
+    # SIGTERM (a time-out, `kill`) ends the soak through its clean-up: the stack goes down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     settings = Settings(minutes=args.minutes, rate=args.rate, min_gap_s=args.min_gap,
                         max_gap_s=args.max_gap, seed=args.seed, report=args.report,

@@ -874,7 +874,7 @@ def _toxiproxy_proxies(s: Settings) -> list[dict[str, Any]]:
     proxies = [{"name": n.proxy_name, "listen": f"127.0.0.1:{n.proxy_port}",
                 "upstream": f"127.0.0.1:{n.faults_port}", "enabled": True} for n in s.nodes]
     proxies.append({"name": "postgres", "listen": f"127.0.0.1:{s.pg_proxy_port}",
-                    "upstream": f"127.0.0.1:{s.pg_port}", "enabled": True})
+                    "upstream": f"127.0.0.1:{primary_node(s).port}", "enabled": True})
     return proxies
 
 
@@ -1012,10 +1012,20 @@ def _as_postgres(cmd: list[str]) -> list[str]:
     return [runuser, "-u", "postgres", "--", *cmd]
 
 
-def _pg_run(cmd: list[str], what: str) -> None:
-    done = subprocess.run(_as_postgres(cmd), capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        detail = (done.stdout + done.stderr).strip().replace("\n", " | ")
+def _pg_run(cmd: list[str], what: str, timeout_s: float = 600.0) -> None:
+    """Run a Postgres tool (as ``postgres`` when root), bounded: a tool still running after
+    ``timeout_s`` is killed with its process group (``runuser`` does not pass a kill on)."""
+    with subprocess.Popen(_as_postgres(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise StackError(f"{what} did not finish within {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        detail = out.strip().replace("\n", " | ")
         raise StackError(f"{what} failed: {detail[-300:]}")
 
 
@@ -1051,8 +1061,10 @@ _FAILOVER_TIMEOUT_S = 60.0
 def _pg_config(s: Settings, node: PgNode) -> str:
     """Settings for tests: durable (fsync stays on), loopback only, room for workers; a
     standby streams from the primary through its slot (``primary_conninfo`` empty while
-    :func:`pause_replication` holds it); a primary with a standby under ``--replica
-    --sync`` acknowledges a commit only once the standby applied it."""
+    :func:`pause_replication` holds it); a primary with a running standby under
+    ``--replica --sync`` acknowledges a commit only once the standby applied it (a standby
+    not running makes no commit wait forever: :func:`_ensure_standby` turns it on once the
+    standby streams)."""
     other = _other_node(s, node)
     if node.standby:
         conninfo = "" if _paused_marker(node).is_file() else (
@@ -1060,7 +1072,7 @@ def _pg_config(s: Settings, node: PgNode) -> str:
             f"application_name={STANDBY_NAME}")
         replication = (f"primary_conninfo = '{conninfo}'\n"
                        f"primary_slot_name = '{STANDBY_NAME}'\n")
-    elif s.replica == "sync" and other.standby:
+    elif s.replica == "sync" and other.standby and _postmaster_pid(s, other) is not None:
         replication = (f"synchronous_standby_names = '{STANDBY_NAME}'\n"
                        "synchronous_commit = remote_apply\n")
     else:
@@ -1284,17 +1296,33 @@ def _replication(primary: PgNode) -> tuple[str, int] | None:
 
 def _await_streaming(s: Settings, primary: PgNode, timeout_s: float = _FAILOVER_TIMEOUT_S,
                      ) -> None:
-    """Until the standby streams from ``primary`` and has applied everything it had."""
+    """Until the standby streams from ``primary`` and has applied all the WAL the primary
+    had written when the wait began (asked of the standby: the primary hears of the
+    standby's apply position only now and then)."""
+    standby = _other_node(s, primary)
+    with _admin(primary) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    target = row[0] if row else None
     deadline = time.monotonic() + timeout_s
     while True:
         seen = _replication(primary)
-        if seen is not None and seen[0] == "streaming" and seen[1] <= 0:
+        if seen is not None and seen[0] == "streaming" and _applied(standby, target):
             return
         if time.monotonic() > deadline:
-            standby = _other_node(s, primary)
             raise StackError(f"{standby.name} is not streaming from {primary.name} after "
                              f"{timeout_s:.0f} s (seen: {seen}): {tail(standby.log, 3)}")
         time.sleep(_POLL_S)
+
+
+def _applied(standby: PgNode, target: str | None) -> bool:
+    """The standby has replayed WAL up to ``target`` (False while it answers nothing)."""
+    try:
+        with _admin(standby) as conn:
+            row = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn",
+                               (target,)).fetchone()
+    except Exception:  # starting up: not yet
+        return False
+    return bool(row and row[0])  # NULL: nothing replayed yet
 
 
 def _make_standby(s: Settings, primary: PgNode, standby: PgNode) -> None:
@@ -1331,6 +1359,10 @@ def _ensure_standby(s: Settings, emit: Report) -> None:
     if made:
         _make_standby(s, primary, standby)
     pid, started = _start_postgres(s, standby)
+    if _paused_marker(standby).is_file():
+        emit(f"{standby.name}: running (pid {pid}), replication paused "
+             f"({_paused_marker(standby)}): pause_replication(False) resumes it")
+        return
     _await_streaming(s, primary)
     _reconfigure(s, primary)  # --sync: synchronous_standby_names, once the standby streams
     what = "made from the primary and started" if made else "started" if started else "running"
@@ -1382,23 +1414,44 @@ def failover(*, rebuild: bool = True, report: Report | None = None) -> Failover:
                              f"{new.name} as its standby: run `kafka-ingest stack up`")
         behind = _wal_behind(old, new)
         _kill_postmaster(old_pid)
-        since = time.monotonic()
-        _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(new.data), "-w", "-t",
-                 str(int(_FAILOVER_TIMEOUT_S)), "promote"], f"pg_ctl promote ({new.name})")
+        # From here the old primary never comes back as one: a failover cut short (a
+        # time-out, a crash) leaves the marker on the node being promoted, and the next
+        # `stack up` finishes the promotion.
         _primary_marker(s).write_text(f"{new.name}\n")
-        _reconfigure(s, new)  # no primary_conninfo; no synchronous standby until rebuilt
+        _repoint_fault_proxy(s)
+        since = time.monotonic()
+        _promote(s, new)
         promote_s = time.monotonic() - since
         rebuild_s = None
         if rebuild:
             since = time.monotonic()
-            _make_standby(s, new, old)
-            _start_postgres(s, old)
-            _await_streaming(s, new)
-            _reconfigure(s, new)
+            try:
+                _make_standby(s, new, old)
+                _start_postgres(s, old)
+                _await_streaming(s, new)
+                _reconfigure(s, new)
+            except Exception as exc:
+                raise StackError(f"{new.name} was promoted (the primary, on 127.0.0.1:"
+                                 f"{new.port}); making {old.name} its standby failed: "
+                                 f"{exc}") from exc
             rebuild_s = time.monotonic() - since
         done = Failover(old.name, old_pid, new.name, new.port, behind, promote_s, rebuild_s)
     emit(done.line())
     return done
+
+
+def _promote(s: Settings, node: PgNode) -> None:
+    _pg_run([str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "-w", "-t",
+             str(int(_FAILOVER_TIMEOUT_S)), "promote"], f"pg_ctl promote ({node.name})",
+            timeout_s=_FAILOVER_TIMEOUT_S + 30)
+    _reconfigure(s, node)  # no primary_conninfo; no synchronous standby until rebuilt
+
+
+def _repoint_fault_proxy(s: Settings) -> None:
+    """``--faults``: Postgres' proxy in front of the (new) primary."""
+    if s.faults and s.toxiproxy.pid() is not None:
+        with contextlib.suppress(Exception):  # the proxy is a test aid, not the failover
+            fault_proxy.Toxiproxy(s.toxiproxy.url).populate(_toxiproxy_proxies(s))
 
 
 def _wal_behind(primary: PgNode, standby: PgNode) -> int | None:
@@ -1798,8 +1851,14 @@ def _start_pg_nodes(s: Settings, emit: Report) -> None:
     since = time.monotonic()
     primary = primary_node(s)
     pid, started = _start_postgres(s, primary)
+    if primary.standby:  # a failover cut short between its kill and the end of its promote
+        _promote(s, primary)
     emit(_started(primary.name, f"127.0.0.1:{primary.port}", pid, started, since))
-    if s.replica is not None:
+    if s.replica is None:  # a standby removed while the primary was down left its slot
+        with _admin(primary) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                         " WHERE slot_name = %s AND NOT active", (STANDBY_NAME,))
+    else:
         _ensure_standby(s, emit)
 
 
@@ -1887,7 +1946,7 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
         if airflow:
             s.airflow.start({**os.environ, **env(replica=s.replica is not None),
                              **(airflow_env or {})}, emit, executor=executor, workers=workers)
-    return env(secure=s.secure and secure, faults=faults, replica=replica is not None)
+    return env(secure=s.secure and secure, faults=faults, replica=s.replica is not None)
 
 
 def down(*, report: Report | None = None) -> None:

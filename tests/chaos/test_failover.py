@@ -72,10 +72,11 @@ def replica_env(stack_env: dict[str, str]) -> Iterator[dict[str, str]]:
         yield stack.env(replica=True)
     finally:
         settings = stack.settings()
-        if stack.primary_node(settings) != settings.pg_nodes[0]:
-            stack.failover()
-        stack.up(replica="async")  # back from a test's --sync
-        stack.remove_replica()
+        try:
+            if stack.primary_node(settings) != settings.pg_nodes[0]:
+                stack.failover()
+        finally:
+            stack.remove_replica()  # --sync and a paused standby go with it
 
 
 @pytest.fixture

@@ -40,12 +40,15 @@ def test_a_standby_streams_from_the_primary_through_its_slot(settings: stack.Set
     assert not any(line.startswith("synchronous") for line in _lines(settings, primary))
 
 
-def test_sync_makes_the_primary_wait_for_its_standby_once_there_is_one(
-        settings: stack.Settings) -> None:
+def test_sync_makes_the_primary_wait_for_its_standby_only_while_it_runs(
+        settings: stack.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     primary, standby = settings.pg_nodes
     settings.replica_marker.write_text("sync\n")
     assert not any(line.startswith("synchronous") for line in _lines(settings, primary))
     (standby.data / "standby.signal").touch()
+    # not running: no commit may wait for it (remote_apply has no time-out)
+    assert not any(line.startswith("synchronous") for line in _lines(settings, primary))
+    monkeypatch.setattr(stack, "_postmaster_pid", lambda s, node=None: 4242)
     assert {f"synchronous_standby_names = '{stack.STANDBY_NAME}'",
             "synchronous_commit = remote_apply"} <= _lines(settings, primary)
 
