@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -209,7 +210,12 @@ class Nemesis(threading.Thread):
                     self.rng.shuffle(kinds)
                 kind = kinds.pop()
                 started = time.monotonic()
-                detail = getattr(self, f"_{kind}")()
+                try:
+                    detail = getattr(self, f"_{kind}")()
+                except Exception as exc:  # the tooling, not the pipeline: heal, go on
+                    log.exception("nemesis: %s did not go as planned; healing", kind)
+                    detail = f"error: {exc}"[:300]
+                    self.heal()
                 self.done.append({"kind": kind, "at": time.strftime("%H:%M:%S"),
                                   "seconds": round(time.monotonic() - started, 1),
                                   "detail": detail})
@@ -218,6 +224,35 @@ class Nemesis(threading.Thread):
         except BaseException as exc:
             self.error = exc
             log.exception("nemesis failed")
+
+    def heal(self) -> None:
+        """Undo whatever a fault that failed half way left: every broker running, no toxic,
+        the Postgres primary running (a standby is rebuilt by the next failover); each
+        step tried again until it works or ``stop`` is set."""
+        from kafka_ingest_dev import stack
+
+        steps: list[Callable[[], Any]] = [
+            *(lambda n=n: stack.broker_pid(n) or stack.start_broker(n)
+              for n in range(1, BROKERS + 1)),
+            lambda: stack.toxiproxy().reset(),
+            self._postgres_running,
+        ]
+        for step in steps:
+            while True:
+                try:
+                    step()
+                    break
+                except Exception:
+                    log.exception("nemesis: healing step failed; again in 10 s")
+                    if self.stop.wait(10):
+                        return
+
+    @staticmethod
+    def _postgres_running() -> None:
+        from kafka_ingest_dev import stack
+
+        if stack.postmaster_pid() is None:
+            stack.restart_postgres()
 
     def _worker_kill(self) -> str:
         import psutil
@@ -612,7 +647,15 @@ def main(argv: list[str] | None = None) -> int:
                         max_gap_s=args.max_gap, seed=args.seed, report=args.report,
                         keep=args.keep)
     print(f"soak: seed {settings.seed}", flush=True)
-    report = soak(settings)
+    try:
+        report = soak(settings)
+    except Exception as exc:  # the report says why, for the test and for CI's log
+        log.exception("soak: did not finish")
+        if settings.report is not None:
+            settings.report.write_text(json.dumps(
+                {"error": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc()[-6000:]}, indent=2) + "\n")
+        return 2
     _print(report)
     if settings.report is not None:
         settings.report.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -341,3 +341,27 @@ def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
     assert pipeline.name in printed.out and "differs" not in printed.err  # group re-synced
     assert {r["partition"]: r["lag"] for r in lag(pipeline, clients, Database(pg_dsn))
             } == dict.fromkeys(range(3), 0)
+
+
+def test_a_failover_cut_short_after_the_kill_is_finished_by_the_next_up(
+        make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
+        pg_dsn: str) -> None:
+    # `stack failover` dies right after SIGKILLing the primary (a time-out, a crash): the
+    # standby is not promoted yet. The next `stack up` must promote it, never bring the
+    # old primary back as a second one, and make the old one its standby.
+    pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
+    expected = _produce(clients, pipeline)
+    settings = stack.settings()
+    old = stack.primary_node(settings)
+    new = next(node for node in settings.pg_nodes if node != old)
+    pid = stack.postmaster_pid()
+    assert pid is not None and new.standby
+    stack._kill_postmaster(pid)
+    stack._primary_marker(settings).write_text(f"{new.name}\n")  # what failover records first
+
+    stack.up(replica="async")
+    assert stack.primary_node(settings) == new and not new.standby and old.standby
+    states = {part.name: part for part in stack.status()}
+    assert states[new.name].up and states[old.name].up, states
+    run(pipeline, clients, db)  # on the promoted node, through both addresses
+    assert_invariants(pipeline, clients, pg_dsn, expected)

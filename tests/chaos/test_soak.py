@@ -42,6 +42,7 @@ def test_five_minutes_of_mixed_faults_lose_and_duplicate_nothing(tmp_path: Path)
     print(out[-4000:])
     assert report_path.is_file(), err[-4000:]
     report = json.loads(report_path.read_text())
+    assert "error" not in report, report  # the soak itself did not finish: why, and where
     check = report["check"]
     assert proc.returncode == 0 and check["exact"], (check, err[-3000:])
     # every kind of fault came at least once, and the stream and the runs were real
