@@ -573,14 +573,16 @@ def soak(settings: Settings) -> dict[str, Any]:
             _stopped(producer, nemesis)
             drain_s = _wait("the pipeline to drain", lambda: supervisor.lag() == 0,
                             settings.drain_timeout_s)
-            api.pause(dag_id, True)  # then no run starts while the last ones end
+            # Not paused first: a paused DAG's running run never finishes. A run that
+            # starts during the check has nothing to read and changes nothing it checks.
             _wait("the last run to end", lambda: not any(
                 r["state"] in ("queued", "running") for r in api.runs(dag_id)), 600)
             supervisor.stop.set()
             supervisor.join(60)
-            figures = _airflow_figures(api, dag_id)
             exp = producer.expected
             result = check(pipeline, direct, dsn, exp)
+            api.pause(dag_id, True)
+            figures = _airflow_figures(api, dag_id)
             return {
                 "minutes": settings.minutes, "soaked_s": round(soaked_s), "rate": settings.rate,
                 "setup_s": round(setup_s, 1),
