@@ -15,7 +15,6 @@ first node the primary again (a second failover moves it back).
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -40,6 +39,8 @@ from helpers_ingest import (
     row_provenance,
     run,
     stored_offsets,
+    versioned_metric,
+    with_version,
 )
 
 from kafka_ingest.config import Pipeline
@@ -253,14 +254,6 @@ def test_failover_during_a_backfill_then_the_backfill_again_is_exact(
     assert_invariants(pipeline, clients, pg_dsn, expected)
 
 
-def _metric(event_id: str, *, version: int) -> bytes:
-    event = {"event_id": event_id, "device_id": "dev-1", "timestamp": 1_767_225_600.0,
-             "metric_value": 21.5, "version": version}
-    if version == 2:
-        event["unit"] = "celsius"
-    return json.dumps(event).encode()
-
-
 def test_failover_during_a_dlq_replay_then_the_replay_again_is_exact(
         make_pipeline: Callable[..., Pipeline], clients: KafkaClients, db: Database,
         pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,15 +261,14 @@ def test_failover_during_a_dlq_replay_then_the_replay_again_is_exact(
     # parked as unknown_version; the contract moves to v2 and the DLQ is replayed.
     v1 = make_pipeline("telemetry_metrics", partitions=2, chunk_size=10,
                        contract={"event_type": "metric_event", "version": 1})
-    body = v1.model_dump(mode="json")
-    body["contract"] = {"event_type": "metric_event", "version": 2}
-    v2 = Pipeline.model_validate(body)
+    v2 = with_version(v1, 2)
     tag = uuid.uuid4().hex[:6]
     good = [f"{tag}-good-{i}" for i in range(40)]
     fixable = [f"{tag}-v2-{i}" for i in range(80)]
     for partition in (0, 1):
-        produce(clients, v1.topic, [(b"k", _metric(e, version=1)) for e in good[partition::2]]
-                + [(b"k", _metric(e, version=2)) for e in fixable[partition::2]],
+        produce(clients, v1.topic,
+                [(b"k", versioned_metric(e, version=1)) for e in good[partition::2]]
+                + [(b"k", versioned_metric(e, version=2)) for e in fixable[partition::2]],
                 partition=partition)
     run(v1, clients, db)
     assert len(dead_letter_rows(pg_dsn, v1)) == len(fixable)

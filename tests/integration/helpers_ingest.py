@@ -102,6 +102,24 @@ def produce(clients: KafkaClients, topic: str, records: Iterable[tuple[bytes | N
     assert not errors, errors
 
 
+def versioned_metric(event_id: str, *, version: int, value: Any = 21.5) -> bytes:
+    """A ``metric_event`` of contract ``version`` (v2 adds ``unit``): the replay stories'
+    events, where a v2 event is parked under v1 and recovered once the pipeline moves on."""
+    event: dict[str, Any] = {"event_id": event_id, "device_id": "dev-1",
+                             "timestamp": 1_767_225_600.0, "metric_value": value,
+                             "version": version}
+    if version == 2:
+        event["unit"] = "celsius"
+    return json.dumps(event, allow_nan=True).encode()
+
+
+def with_version(pipeline: Pipeline, version: int) -> Pipeline:
+    """The same pipeline (name, topics, table) with another ``metric_event`` version."""
+    body = pipeline.model_dump(mode="json")
+    body["contract"] = {"event_type": "metric_event", "version": version}
+    return Pipeline.model_validate(body)
+
+
 def metric(event_id: str, device: str, ts: float, value: float = 1.0) -> bytes:
     return json.dumps({"event_id": event_id, "device_id": device, "timestamp": ts,
                        "metric_value": value, "version": 2}).encode()

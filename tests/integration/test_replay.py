@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_ingest import versioned_metric, with_version
 
 from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
@@ -56,15 +57,6 @@ def produce(clients: Any, topic: str, records: list[tuple[bytes, bytes, int]]) -
     assert len(reports) == len(records) and all(err is None for err, _ in reports.values())
     return [(m.topic(), m.partition(), m.offset()) for _, m in (reports[i] for i in
                                                                range(len(records)))]
-
-
-def metric(event_id: str, *, version: int, value: Any = 21.5) -> bytes:
-    event: dict[str, Any] = {"event_id": event_id, "device_id": "dev-1",
-                             "timestamp": 1_767_225_600.0, "metric_value": value,
-                             "version": version}
-    if version == 2:
-        event["unit"] = "celsius"
-    return json.dumps(event, allow_nan=True).encode()
 
 
 def ingest_all(pipeline: Pipeline, clients: Any, db: Any) -> dict[str, Any]:
@@ -108,22 +100,18 @@ def replay_cursor(db: Any, pipeline: Pipeline) -> dict[int, int]:
     return {int(p): int(o) for p, o in rows}
 
 
-def with_version(pipeline: Pipeline, version: int) -> Pipeline:
-    """The same pipeline (name, topics, table) with another contract version."""
-    body = pipeline.model_dump(mode="json")
-    body["contract"] = {"event_type": "metric_event", "version": version}
-    return Pipeline.model_validate(body)
-
-
 @pytest.fixture
 def story(make_pipeline: Callable[..., Pipeline], clients: Any, db: Any) -> dict[str, Any]:
     """Ingested with v1: GOOD rows in the table, V2 + NAN letters parked."""
     v1 = make_pipeline("telemetry_metrics", partitions=PARTITIONS, chunk_size=7,
                        contract={"event_type": "metric_event", "version": 1})
     tag = uuid.uuid4().hex[:6]
-    good = [(b"k", metric(f"{tag}-good-{i}", version=1), i % PARTITIONS) for i in range(GOOD)]
-    v2 = [(b"k", metric(f"{tag}-v2-{i}", version=2), i % PARTITIONS) for i in range(V2)]
-    nan = [(b"k", metric(f"{tag}-nan-{i}", version=1, value=float("nan")), i % PARTITIONS)
+    good = [(b"k", versioned_metric(f"{tag}-good-{i}", version=1), i % PARTITIONS)
+            for i in range(GOOD)]
+    v2 = [(b"k", versioned_metric(f"{tag}-v2-{i}", version=2), i % PARTITIONS)
+          for i in range(V2)]
+    nan = [(b"k", versioned_metric(f"{tag}-nan-{i}", version=1, value=float("nan")),
+            i % PARTITIONS)
            for i in range(NAN)]
     produced_ms = int(time.time() * 1000)
     sources = produce(clients, v1.topic, good + v2 + nan)
