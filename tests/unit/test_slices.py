@@ -804,3 +804,26 @@ def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(
     with pytest.raises(RuntimeError):
         w.ingest()
     assert sys.getswitchinterval() == before
+
+
+def test_a_slice_freezes_the_heap_and_collects_young_objects_less_often_only_while_it_runs(
+        pipeline: Pipeline) -> None:
+    # The collector's first threshold is slices.GC_YOUNG_THRESHOLD while a slice runs, and
+    # what was in the heap before it is frozen out of the collections; both are as they
+    # were once the slice ends, also when it fails.
+    import gc
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    seen: list[tuple[tuple[int, int, int], int]] = []
+    w = World(pipeline)
+    w.db.inject(1, "upsert", lambda: seen.append((gc.get_threshold(), gc.get_freeze_count())))
+    w.ingest()
+    [(threshold, count)] = seen
+    assert threshold == (max(before[0], slices.GC_YOUNG_THRESHOLD), *before[1:])
+    assert count > frozen
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (before, frozen)
+    w.db.inject(5, "upsert", RuntimeError("boom"))
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 0)
+    with pytest.raises(RuntimeError):
+        w.ingest()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (before, frozen)
