@@ -452,3 +452,106 @@ def test_a_row_the_encoder_refuses_is_isolated_and_dead_lettered_like_one_postgr
     assert {pos: cls for pos, (cls, _) in dead_letter_rows(pg_dsn, pipeline).items()} == {
         (0, 17): "rejected_by_database", (0, 120): "rejected_by_database"}
     assert stored_offsets(pg_dsn, pipeline) == {0: 150}
+
+
+def _table(conn: Any) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT event_id, source_topic, source_partition, source_offset,"
+                        " metric_value FROM telemetry_metrics ORDER BY event_id").fetchall()
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """What each new-keys attempt returned (rows inserted, or None: it wrote nothing)."""
+    from kafka_ingest.db.upsert import RowsRepository
+
+    seen: list[int | None] = []
+    real = RowsRepository._insert_new
+
+    def spy(self: RowsRepository, *args: Any) -> int | None:
+        seen.append(real(self, *args))
+        return seen[-1]
+
+    monkeypatch.setattr(RowsRepository, "_insert_new", spy)
+    return seen
+
+
+def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_alike(
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
+    # The new-keys INSERT keeps, of each event twice in the chunk, the copy ON CONFLICT
+    # keeps (the first place in the log, wherever it is in the chunk), so both paths
+    # leave the same table and the same counts.
+    rows = _rows(30)
+    rows += [Row((*rows[4][:3], 99.0, *rows[4][4:8], 40, *rows[4][9:])),
+             Row((*rows[9][:3], 77.0, *rows[9][4:8], 41, *rows[9][9:]))]
+    landed, counts = [], []
+    for chunk in (rows, rows, [*rows[:5], rows[-1], *rows[5:-1]]):
+        conn.execute("TRUNCATE telemetry_metrics")
+        with UnitOfWork(conn, pipeline) as uow:
+            if chunk is rows and landed:
+                uow.rows.new_keys.met_stored_key()  # straight to ON CONFLICT
+            up = uow.rows.upsert(chunk)
+            counts.append((up.inserted, up.duplicates, up.missing))
+            landed.append(_table(conn))
+    assert attempts == [30, 30]
+    assert counts == [(30, 2, 0)] * 3
+    assert landed[0] == landed[1] == landed[2]
+    by_id = {r[0]: r for r in landed[0]}
+    assert by_id["u-4"][3:] == (4, 4.0) and by_id["u-9"][3:] == (9, 9.0)
+
+
+def test_a_chunk_meeting_a_stored_key_falls_back_to_on_conflict_and_the_slice_pauses(
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
+    from kafka_ingest.db.upsert import NewKeys
+
+    new_keys = NewKeys()
+    with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:
+        assert uow.rows.upsert(_rows(10)).inserted == 10
+        uow.commit()
+    with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:  # 5 stored, 10 new
+        up = uow.rows.upsert(_rows(15, start=5))
+        assert (up.inserted, up.duplicates, up.missing) == (10, 5, 0)
+        uow.commit()
+    assert attempts == [10, None] and (new_keys.pause, new_keys.skip) == (1, 1)
+    for start in (20, 30):  # the next chunk skips the attempt, the one after tries again
+        with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:
+            assert uow.rows.upsert(_rows(10, start=start)).inserted == 10
+            uow.commit()
+    assert attempts == [10, None, 10] and (new_keys.pause, new_keys.skip) == (0, 0)
+    assert [r[0] for r in _table(conn)] == sorted(f"u-{i}" for i in range(40))
+
+
+def test_a_letter_twice_in_a_chunk_goes_to_on_conflict_and_lands_once(
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
+    # Two rows at one place in the log (a dead letter produced twice, replayed): leaving
+    # the other copy out by its place leaves both out, the INSERT writes a row too few and
+    # rolls back, and ON CONFLICT dedups them.
+    rows = _rows(5)
+    with UnitOfWork(conn, pipeline) as uow:
+        up = uow.rows.upsert([*rows, rows[2]])
+        assert (up.inserted, up.duplicates, up.missing) == (5, 1, 0)
+    assert attempts == [None]
+
+
+def test_a_row_postgres_refuses_in_a_new_keys_chunk_is_isolated_and_the_rest_lands(
+        conn: Any, pipeline: Any) -> None:
+    rows = _rows(40)
+    rows[17] = Row(("x" * 200, *rows[17][1:]))  # event_id longer than varchar(128)
+    with UnitOfWork(conn, pipeline) as uow:
+        up = uow.rows.upsert(rows)
+        assert (up.inserted, up.missing) == (39, 0)
+        assert [row.source.offset for row, _ in up.rejected] == [17]
+        assert len(_table(conn)) == 39
+
+
+def test_new_keys_pauses_double_up_to_the_limit_and_end_on_a_chunk_of_new_keys() -> None:
+    from kafka_ingest.db.upsert import NEW_KEYS_MAX_PAUSE, NewKeys
+
+    keys, tried = NewKeys(), []
+    for _ in range(300):
+        tried.append(keys.attempt())
+        if tried[-1]:
+            keys.met_stored_key()
+    gaps = [len(g) for g in "".join("x" if t else "." for t in tried).split("x")[1:-1]]
+    assert gaps[:7] == [1, 2, 4, 8, 16, 32, 64] and set(gaps[7:]) == {NEW_KEYS_MAX_PAUSE}
+    keys.all_new()
+    assert keys.attempt() and keys.attempt()

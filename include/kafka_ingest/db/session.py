@@ -15,7 +15,7 @@ from kafka_ingest.config import Pipeline
 from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import OffsetsRepository
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import CopyEncoder
+from kafka_ingest.db.upsert import CopyEncoder, NewKeys
 
 
 class SliceSession:
@@ -24,6 +24,8 @@ class SliceSession:
     def __init__(self, conn: psycopg.Connection[Any], *, lock_timeout_s: float) -> None:
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
+        #: Whether the slice's chunks met stored keys (see :class:`NewKeys`).
+        self.new_keys = NewKeys()
 
     def lock(self, name: str, partition: int) -> None:
         """The (name, partition) advisory lock of the session, held until :meth:`unlock`
@@ -45,7 +47,8 @@ class SliceSession:
         return CopyEncoder(self.conn, pipeline)
 
     def unit_of_work(self, pipeline: Pipeline) -> UnitOfWork:
-        return UnitOfWork(self.conn, pipeline, lock_timeout_s=self.lock_timeout_s)
+        return UnitOfWork(self.conn, pipeline, lock_timeout_s=self.lock_timeout_s,
+                          new_keys=self.new_keys)
 
     def close(self) -> None:
         self.conn.close()

@@ -15,7 +15,7 @@ from kafka_ingest.db.repositories import (
     PlansRepository,
     RunsRepository,
 )
-from kafka_ingest.db.upsert import RowsRepository
+from kafka_ingest.db.upsert import NewKeys, RowsRepository
 from kafka_ingest.errors import CommitOutcomeUnknown
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,11 @@ class UnitOfWork:
     """
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
-                 lock_timeout_s: float = 30.0) -> None:
+                 lock_timeout_s: float = 30.0, new_keys: NewKeys | None = None) -> None:
         self.conn = conn
         self.pipeline = pipeline
-        self.rows = RowsRepository(conn, pipeline, lock_timeout_s=lock_timeout_s)
+        self.rows = RowsRepository(conn, pipeline, lock_timeout_s=lock_timeout_s,
+                                   new_keys=new_keys)
         self.offsets = OffsetsRepository(conn)
         self.dead_letters = DeadLettersRepository(conn)
         self.runs = RunsRepository(conn)

@@ -6,6 +6,17 @@ are dropped, and ``INSERT ... SELECT ... ON CONFLICT`` moves them into the targe
 ``latest`` pipelines. The outcome is then checked against the table. A row Postgres
 rejects is isolated by bisecting the chunk (in savepoints) and returned for the DLQ.
 
+An append chunk first tries its keys as new: a plain ``INSERT ... SELECT`` of the staged
+rows (their in-chunk copies left out), in a savepoint. Postgres' unique index decides:
+when every key is new it inserts them all, at 2.6 instead of 4.5 µs of server CPU a row
+(``ON CONFLICT``'s speculative insertion is the difference); when one key is stored
+already (a replay, a backfill, a duplicate another partition stored) it refuses the
+statement, the savepoint rolls back, and ``ON CONFLICT DO NOTHING`` runs on the same
+staged rows. What the table ends with is the same either way, so a replay never
+duplicates a row. A slice whose chunk met a stored key skips the attempt for its next
+chunks, 1, 2, 4, ... up to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`): a
+backfill over stored rows pays one refused statement, not one a chunk.
+
 Deletes (``on_tombstone: delete``, ``latest`` pipelines keyed by the record key, in log
 order): after the chunk's upsert, a tombstone of key K at offset o deletes K's row if the
 row is older (``source_offset`` < o) and leaves a *deletion marker* (K, o) in the
@@ -43,6 +54,39 @@ from kafka_ingest.records import Row, Tombstone
 #: (``struct.error``: an int past its column's width, in psycopg's pure-Python dumpers.)
 ROW_REFUSALS: tuple[type[Exception], ...] = (psycopg.DataError, psycopg.IntegrityError,
                                              UnicodeEncodeError, OverflowError, struct.error)
+
+
+#: The most chunks a slice skips the new-keys attempt for after a refused one.
+NEW_KEYS_MAX_PAUSE = 64
+
+
+@dataclass
+class NewKeys:
+    """Whether a slice's next append chunk tries its keys as new (see the module doc):
+    after a chunk met a stored key, the next 1, 2, 4, ... (at most
+    :data:`NEW_KEYS_MAX_PAUSE`) chunks go straight to ``ON CONFLICT``; a chunk whose keys
+    were all new ends the pause."""
+
+    pause: int = 0
+    #: Chunks left to skip.
+    skip: int = 0
+
+    def attempt(self) -> bool:
+        if self.skip:
+            self.skip -= 1
+            return False
+        return True
+
+    def met_stored_key(self) -> None:
+        self.pause = min(max(1, 2 * self.pause), NEW_KEYS_MAX_PAUSE)
+        self.skip = self.pause
+
+    def all_new(self) -> None:
+        self.pause = self.skip = 0
+
+
+class _NotOnePerEvent(Exception):
+    """The new-keys INSERT wrote another count than one row per event: rolled back."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +158,12 @@ class RowsRepository:
     """The pipeline's target table, written through a temporary staging table."""
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
-                 lock_timeout_s: float = 30.0) -> None:
+                 lock_timeout_s: float = 30.0, new_keys: NewKeys | None = None) -> None:
         self.conn = conn
         self.pipeline = pipeline
         self.lock_timeout_s = lock_timeout_s
+        #: The slice's memory of stored keys met (a repository of its own: try each chunk).
+        self.new_keys = new_keys or NewKeys()
         cols = row_columns(pipeline)
         #: The table's columns, and the staging table's definition of each: a column that
         #: Postgres converts is generated from a raw column the row fills.
@@ -125,6 +171,9 @@ class RowsRepository:
         self.copied = [f"raw_{c.name}" if c.convert else c.name for c in cols]
         self.types = _copied_types(pipeline)
         self._event_id = itemgetter(self.columns.index("event_id"))
+        place = [self.columns.index(c) for c in ("source_topic", "source_partition",
+                                                 "source_offset")]
+        self._place, self._position = itemgetter(*place), itemgetter(*place[1:])
         self._stage_columns = [
             sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(c.copy_type))
             if c.convert is None else
@@ -214,6 +263,13 @@ class RowsRepository:
 
     def _upsert_append(self, rows: list[Row]) -> UpsertResult:
         n = len(rows)
+        distinct = len(set(map(self._event_id, rows)))
+        if self.new_keys.attempt():
+            inserted = self._insert_new(rows, distinct)
+            if inserted is not None:
+                self.new_keys.all_new()
+                return UpsertResult(inserted, n - inserted, 0, [])
+            self.new_keys.met_stored_key()
         cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         cur = self.conn.execute(
             sql.SQL(
@@ -233,12 +289,48 @@ class RowsRepository:
         # never turned into a join, so the cost stays per chunk whatever the table's size;
         # as an anti-join the planner, knowing nothing of the fresh staging rows, hashed a
         # scan of the whole table for every chunk).
-        if inserted == len(set(map(self._event_id, rows))):
+        if inserted == distinct:
             return UpsertResult(inserted, n - inserted, 0, [])
         return UpsertResult(inserted, n - inserted, 0, [], self._missing(
             "SELECT count(DISTINCT s.event_id) FROM {s} s"
             " WHERE (SELECT true FROM {t} x WHERE x.event_id = s.event_id LIMIT 1) IS NULL",
             {}))
+
+    def _insert_new(self, rows: list[Row], distinct: int) -> int | None:
+        """The staged rows inserted as new keys, of each event the copy ``ON CONFLICT``
+        keeps: the rows inserted, or ``None`` (nothing written) when a key is stored
+        already, or when the INSERT wrote another count than one row per event (the
+        other copies' places in the log were not theirs alone: a letter twice in a
+        replay; or a trigger): ``ON CONFLICT`` and its outcome check then decide."""
+        later = self._later_copies(rows) if distinct < len(rows) else []
+        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        skip = sql.SQL(" WHERE (source_partition, source_offset) NOT IN"
+                       " (SELECT * FROM unnest(%s::int4[], %s::int8[]))" if later else "")
+        params = ([p for p, _ in later], [o for _, o in later]) if later else None
+        try:
+            with self.conn.transaction():
+                inserted = self.conn.execute(
+                    sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM {s}{w}").format(
+                        t=self.table, c=cols, s=self.stage, w=skip), params).rowcount
+                if inserted != distinct:
+                    raise _NotOnePerEvent
+        except (psycopg.errors.UniqueViolation, _NotOnePerEvent):
+            return None
+        return inserted
+
+    def _later_copies(self, rows: list[Row]) -> list[tuple[int, int]]:
+        """The places in the log of the copies of each event but the one ``ON CONFLICT``
+        keeps (the first place). C-level passes over the chunk, then a Python step per
+        copy: this runs for every chunk with copies."""
+        ids = list(map(self._event_id, rows))
+        keep = dict(zip(reversed(ids), range(len(rows) - 1, -1, -1), strict=True))
+        later = set(range(len(rows))).difference(keep.values())
+        for i in list(later):  # each event's first copy in the chunk, or an earlier place
+            first = keep[ids[i]]
+            if self._place(rows[i]) < self._place(rows[first]):
+                keep[ids[i]] = i
+                later.symmetric_difference_update((i, first))
+        return [self._position(rows[i]) for i in later]
 
     def _missing(self, query: str, extra: dict[str, sql.Composable]) -> int:
         row = self.conn.execute(
