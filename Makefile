@@ -22,6 +22,9 @@ stack-up: bootstrap
 stack-down:
 	.venv/bin/kafka-ingest stack down
 
+# --peers (bench, bench-smoke): the Spark peer pip-installs its benchmark extra
+# (benchmarks/spark/requirements.txt: pyspark, a 450 MB download) into .venv on first use;
+# its jars and Kafka Connect's are fetched once by Maven into ${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/.
 bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, median of 3); benchmarks/results/latest.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --partitions 1 --repeat 3 --peers
 
@@ -40,5 +43,5 @@ soak: bootstrap  ## 60 minutes of mixed faults (workers, brokers, proxy, Postgre
 bench-smoke: bootstrap  ## every benchmark path and peer on 3,000 events: each must start, finish and load the right rows
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
 
-lock:            ## re-resolve and pin requirements.txt (review the diff)
-	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+lock:            ## re-resolve and pin requirements.txt (review the diff); the Spark peer's extra (pyspark, py4j) stays out
+	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize|pyspark|py4j)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt

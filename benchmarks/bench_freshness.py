@@ -237,8 +237,10 @@ def services(pipelines_file: Path, dsn: str, dag_ids: list[str]) -> Iterator[Res
         "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(dsn)})
     api = RestApi(up)
     for d in dag_ids:
-        wait(f"{d} to be parsed", lambda d=d: api.client.get(f"/dags/{d}").status_code == 200,
-             300)
+        def parsed(d: str = d) -> bool:
+            return bool(api.client.get(f"/dags/{d}").status_code == 200)
+
+        wait(f"{d} to be parsed", parsed, 300)
     try:
         yield api
     finally:

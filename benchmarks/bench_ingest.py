@@ -29,11 +29,13 @@ alone:
   where ``validate_chunk``'s time goes per stage, Avro beside JSON.
 
 ``--peers`` adds, on the same sample (``peers.py``): a plain binary COPY ceiling, Kafka
-Connect + the Debezium JDBC sink (fresh JVM and warm worker), the Airflow provider's
-``ConsumeFromTopicOperator`` (per message and per batch) and the seeds' poll/commit loop
-(first 2,000 messages only). ``--scale`` adds the project path at 0.1M, 1M and 3M events
-and at 1, 2 and 3 partitions. ``--smoke``: tiny sizes as a check of every path; the exit
-status is 1 if any run failed or loaded the wrong rows (so it is for every invocation).
+Connect + the Debezium JDBC sink (fresh JVM and warm worker), Spark Structured Streaming
+(``availableNow``, ``foreachBatch`` + JDBC; fresh JVM and warm session; pyspark is
+pip-installed on first use), the Airflow provider's ``ConsumeFromTopicOperator`` (per
+message and per batch) and the seeds' poll/commit loop (first 2,000 messages only).
+``--scale`` adds the project path at 0.1M, 1M and 3M events and at 1, 2 and 3 partitions.
+``--smoke``: tiny sizes as a check of every path; the exit status is 1 if any run failed or
+loaded the wrong rows (so it is for every invocation).
 
 Why spawn and not fork: the parent holds librdkafka clients (threads); forking them is
 unsafe, and a forked child would inherit the parent's memory high-water mark.
@@ -469,7 +471,7 @@ class Bench:
     produced: int
     target: Target
     base_body: dict[str, Any]
-    #: peers.PeerData when --peers: the Connect jars and topics
+    #: peers.PeerData when --peers: the Connect and Spark jars and topics
     peers: Any = None
     #: bench_avro.AvroData when an Avro row runs: the same sample, Avro-encoded
     avro: Any = None
@@ -704,12 +706,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="skip the one-process-per-range project run")
     p.add_argument("--peers", action="store_true",
                    help="add the peers (benchmarks/peers.py): COPY ceiling, Kafka Connect + "
-                        "Debezium JDBC sink, the Airflow provider's operator, the seeds' loop")
+                        "Debezium JDBC sink, Spark Structured Streaming, the Airflow provider's "
+                        "operator, the seeds' loop")
     p.add_argument("--only", type=lambda text: [x.strip() for x in text.split(",")],
                    default=None, help="comma-separated path keys to run (e.g. project,"
                    "connect_warm); default all. Keys: " + ", ".join(k for k, _ in PATHS)
-                   + ", avro, avro_stages, copy, connect_fresh, connect_warm, operator_batch,"
-                   " operator_row, seeds")
+                   + ", avro, avro_stages, copy, connect_fresh, connect_warm, spark_fresh,"
+                   " spark_warm, operator_batch, operator_row, seeds")
+    p.add_argument("--skip", type=lambda text: [x.strip() for x in text.split(",")],
+                   default=[], help="comma-separated path keys to leave out (the test "
+                   "command's smoke leaves out the Spark rows: pyspark is a 450 MB install)")
     p.add_argument("--seeds-cap", type=int, default=2000,
                    help="messages the seeds' loop runs on (default 2000)")
     p.add_argument("--smoke", action="store_true",
@@ -776,7 +782,8 @@ def _paths(b: Bench) -> list[tuple[str, Callable[[Bench, int], Measure]]]:
         import peers
 
         paths += peers.PATHS
-    return [(k, f) for k, f in paths if b.args.only is None or k in b.args.only]
+    return [(k, f) for k, f in paths
+            if (b.args.only is None or k in b.args.only) and k not in b.args.skip]
 
 
 def measure_all(b: Bench) -> tuple[list[Measure], list[str]]:

@@ -202,7 +202,7 @@ def main() -> int:
         with contextlib.suppress(Exception):  # the bench's DAGs leave the metadata database
             for n in names if api is not None else ():
                 for dag_id in (f"{n}_ingest", f"{n}_dlq_replay"):
-                    api.client.delete(f"/dags/{dag_id}")
+                    api.client.delete(f"/dags/{dag_id}")  # type: ignore[union-attr]
         stack.stop_airflow()
         drop_database(env["KAFKA_INGEST_PG_DSN"], dsn)
         with contextlib.suppress(Exception):

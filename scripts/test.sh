@@ -14,7 +14,7 @@ echo "== imports"; python scripts/check_imports.py
 # The benchmark harness on a tiny sample: every contender (Kafka Connect + Debezium, the
 # Airflow provider's operator, ...) starts, finishes and loads the right rows. Figures
 # come from `make bench`, never from tests.
-echo "== bench smoke"; python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
+echo "== bench smoke"; python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke --skip spark_fresh,spark_warm  # Spark: make bench-smoke
 # Prometheus and promtool for the metrics tests, built from their Go module into the user
 # cache once (minutes on a cold machine, then a marker check), before any test's time-out.
 echo "== prometheus"; python -c "from kafka_ingest_dev import prometheus; print(prometheus.install())"
