@@ -150,3 +150,55 @@ def test_a_timestamp_no_date_can_hold_is_null_not_a_failed_batch(
 
     assert len(result.rows) == 1 and result.rows[0].source.timestamp_ms is None
     assert [d.timestamp_ms for d in result.dead] == [None]
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_the_fields_validator_gives_the_models_verdict_rows_and_reasons(
+        name: str, shipped: dict[str, Pipeline], message: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plain contract is validated by its fields' validator (no model instance built);
+    # every pill and event must come out exactly as with the model's own validator.
+    from kafka_ingest.contracts import base
+
+    pipeline = small(shipped[name])
+    assert base.hot_validation(pipeline.model).fields is not None
+    pills = poison_pills(pipeline, "unit", MAX_BYTES)
+    events = [json.dumps(make_event(pipeline, i, "eq", random.Random(i))).encode()
+              for i in range(50)]
+    msgs = [message(v, topic_=pipeline.topic, partition_=1, offset_=i, key_=b"k")
+            for i, v in enumerate([*events, *(s.value for s in pills)])]
+    fast = validate_chunk(msgs, pipeline)
+    monkeypatch.setitem(base._VALIDATIONS, pipeline.model,
+                        base.Validation(pipeline.model.__pydantic_validator__, None))
+    slow = validate_chunk(msgs, pipeline)
+    assert fast.rows == slow.rows and len(fast.rows) >= 50
+    assert [(d.source_offset, d.error_class, d.error_detail) for d in fast.dead] == \
+        [(d.source_offset, d.error_class, d.error_detail) for d in slow.dead]
+    assert (fast.read, fast.bytes, fast.tombstones) == (slow.read, slow.bytes, slow.tombstones)
+
+
+def test_a_contract_with_a_model_validator_keeps_the_models_validator(
+        shipped: dict[str, Pipeline], message: Any) -> None:
+    from pydantic import model_validator
+
+    from kafka_ingest.contracts import base
+
+    pipeline = shipped["telemetry_metrics"]
+
+    class Capped(pipeline.model):  # type: ignore[name-defined]
+        @model_validator(mode="after")
+        def _cap(self) -> Any:
+            if self.metric_value > 100:
+                raise ValueError("metric_value over 100")
+            return self
+
+    capped = pipeline.model_copy()
+    object.__setattr__(capped, "_model", Capped)  # the pipeline's contract, as if declared so
+    assert base.hot_validation(Capped).fields is None
+    event = make_event(pipeline, 1, "cap", random.Random(3))
+    msgs = [message(json.dumps({**event, "metric_value": v}).encode(), offset_=i)
+            for i, v in enumerate((5.0, 500.0))]
+    result = validate_chunk(msgs, capped)
+    assert [r.source.offset for r in result.rows] == [0]
+    assert [d.error_detail for d in result.dead] == [
+        "(root): Value error, metric_value over 100 [value_error]"]

@@ -17,10 +17,12 @@ is a data error (:class:`~kafka_ingest.errors.UnknownVersion`), never a crash.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic_core import SchemaValidator
 
 # Postgres' text type cannot hold NUL; the pattern runs in pydantic-core, not Python.
 NO_NUL = r"^[^\x00]*$"
@@ -93,3 +95,46 @@ def sink_getter(model: type[Contract]) -> Any:
         getter = _GETTERS[model] = attrgetter(*(name for name, _ in model.SINK_COLUMNS))
     return getter
 
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How the hot path validates a contract and reads its sink values from the result.
+
+    ``validator`` is the model's own, or, for a plain model, the validator of its fields
+    alone: the same fields, constraints, defaults and configuration, so the same verdict
+    and the same errors, but its result is ``(fields dict, extra, fields set)`` instead
+    of a model instance, which the hot path never needs (building one cost 0.6 of the 3.6
+    µs ``validate_chunk`` spent a message).
+    """
+
+    #: A ``SchemaValidator`` (the model's may be pydantic's pluggable wrapper of one).
+    validator: Any
+    #: ``itemgetter`` of the sink columns over a result's fields dict (``result[0]``);
+    #: None: the result is a model instance (read it with :func:`sink_getter`).
+    fields: Any
+
+
+_VALIDATIONS: dict[type[Contract], Validation] = {}
+
+
+def hot_validation(model: type[Contract]) -> Validation:
+    """The contract's :class:`Validation`: its fields' validator when the model adds
+    nothing to it (no model validator, ``model_post_init``, custom ``__init__`` or root
+    model, and every sink column a field), else the model's own."""
+    found = _VALIDATIONS.get(model)
+    if found is None:
+        found = _VALIDATIONS[model] = _validation(model)
+    return found
+
+
+def _validation(model: type[Contract]) -> Validation:
+    schema: Any = model.__pydantic_core_schema__
+    names = [name for name, _ in model.SINK_COLUMNS]
+    inner: Any = schema.get("schema") if schema.get("type") == "model" else None
+    plain = (inner is not None and inner.get("type") == "model-fields"
+             and not schema.get("custom_init") and not schema.get("root_model")
+             and "post_init" not in schema and set(names) <= set(inner["fields"]))
+    if not plain:
+        return Validation(model.__pydantic_validator__, None)
+    return Validation(SchemaValidator(inner, schema.get("config")), itemgetter(*names))

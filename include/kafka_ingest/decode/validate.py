@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import SchemaValidator
 
 from kafka_ingest.config import Format, OnTombstone, Pipeline
-from kafka_ingest.contracts.base import sink_getter
+from kafka_ingest.contracts.base import hot_validation, sink_getter
 from kafka_ingest.decode.formats import RegistryDecoder, wire_schema_id
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
@@ -48,11 +49,11 @@ class ValidationResult:
     bytes: int = 0  # (named like the type: fields that use the type come before it)
 
 
-def _parser(pipeline: Pipeline, decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
+def _parser(validator: SchemaValidator,
+            decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
     """Bytes -> the validated event: the contract's JSON validation straight from bytes
     (what model_validate_json calls, without its Python frame per message), or the
     registry format decoded first (a refusal classified against the payload)."""
-    validator = pipeline.model.__pydantic_validator__
     if decoder is None:
         return validator.validate_json
     read, check = decoder.read, (validator.validate_python if decoder.python
@@ -73,8 +74,9 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
     """Validate each message against the pipeline's contract (a registry format decoded
     by ``decoder`` first); never raises a DataError."""
     model = pipeline.model
-    parse = _parser(pipeline, decoder)
-    columns = sink_getter(model)
+    validation = hot_validation(model)
+    parse = _parser(validation.validator, decoder)
+    columns, fields = sink_getter(model), validation.fields
     max_bytes = pipeline.max_message_bytes
     extra = column_reader(pipeline, decoder)  # the key and header columns; None: none
     result = ValidationResult()
@@ -102,8 +104,9 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
             result.dead.append(dead_letter(msg, pipeline, exc))
             continue
         # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
-        rows_append(Row((*columns(event), *more, msg.topic(), msg.partition(), msg.offset(),
-                         msg.key(), kafka_timestamp_ms(msg))))
+        rows_append(Row((*(columns(event) if fields is None else fields(event[0])), *more,
+                         msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                         kafka_timestamp_ms(msg))))
     result.read, result.bytes = read, size
     return result
 
