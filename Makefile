@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-freshness faults-full soak lock
+.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-growth bench-freshness faults-full soak lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -30,6 +30,9 @@ bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, m
 
 bench-scale: bootstrap  ## the scaling rows: 0.1M, 1M, 3M events on 1 partition, then 1M on 1, 2, 3 partitions (median of 3); results/scale.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --scale-only --partitions 1 --events 1000000 --repeat 3
+
+bench-growth: bootstrap  ## how the write cost grows with the table and its index: 5M rows, rising and random keys; results/table_growth.json
+	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_table_growth.py --rows 5000000 --keys seq,random --paths new,conflict
 
 bench-freshness: bootstrap  ## freshness (p50/p95/p99, cron every minute vs on_data at 2,000 events/s for 5 min), per-run overhead, quiet pipelines' CPU, under the real scheduler; results/freshness.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_freshness.py --rate 2000 --seconds 300
