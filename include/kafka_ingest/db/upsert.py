@@ -320,8 +320,8 @@ class RowsRepository:
 
     def _later_copies(self, rows: list[Row]) -> list[tuple[int, int]]:
         """The places in the log of the copies of each event but the one ``ON CONFLICT``
-        keeps (the first place). C-level passes over the chunk, then a Python step per
-        copy: this runs for every chunk with copies."""
+        keeps (its lowest place: topic, partition, offset). C-level passes over the chunk,
+        then a Python step per copy: this runs for every chunk with copies."""
         ids = list(map(self._event_id, rows))
         keep = dict(zip(reversed(ids), range(len(rows) - 1, -1, -1), strict=True))
         later = set(range(len(rows))).difference(keep.values())
