@@ -359,36 +359,50 @@ def connect_cache() -> Path:
     return Path(xdg) / "kafka-ingest" / f"connect-{digest}"
 
 
+def fetch_once(cache: Path, peer: str, fetch: Callable[[str, Path], str]) -> str:
+    """``fetch(mvn, cache)`` once per cache (under a lock: concurrent runs wait for one
+    fetch); what it returns is kept in a marker file, which also says the fetch finished.
+    Returns the marker's text."""
+    marker = cache / ".complete"
+    if not marker.is_file():
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError(f"the {peer} peer needs Maven (apt-get install maven)")
+        cache.mkdir(parents=True, exist_ok=True)
+        with (cache / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not marker.is_file():
+                t0 = time.perf_counter()
+                text = fetch(mvn, cache)
+                marker.write_text(text, encoding="utf-8")
+                print(f"fetched the {peer} peer's jars into {cache} in "
+                      f"{time.perf_counter() - t0:.0f}s", flush=True)
+    return marker.read_text(encoding="utf-8")
+
+
+def run_mvn(cmd: list[str], what: str) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"mvn could not fetch {what}: {tail}")
+
+
 def fetch_connect_jars() -> Path:
     """Connect's jars in ``<cache>/libs``, the sink plugin in ``<cache>/plugins/...``; fetched
-    by Maven once (a marker file says the fetch finished)."""
-    cache = connect_cache()
-    marker = cache / ".complete"
-    if marker.is_file():
-        return cache
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RuntimeError("the Kafka Connect peer needs Maven (apt-get install maven)")
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file():
-            return cache
-        t0 = time.perf_counter()
+    by Maven once."""
+
+    def fetch(mvn: str, cache: Path) -> str:
         for profile, out in (("worker", cache / "libs"),
                              ("plugin", cache / "plugins" / "debezium-connector-jdbc")):
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
-            cmd = [mvn, "-q", "-B", "-f", str(POM), "-P", profile,
-                   "dependency:copy-dependencies", f"-DoutputDirectory={out}",
-                   "-Dmdep.includeScope=runtime"]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-                raise RuntimeError(f"mvn could not fetch the {profile} jars: {tail}")
-        marker.write_text(POM.read_text(encoding="utf-8"), encoding="utf-8")
-        print(f"fetched Kafka Connect and the Debezium JDBC sink into {cache} in "
-              f"{time.perf_counter() - t0:.0f}s", flush=True)
+            run_mvn([mvn, "-q", "-B", "-f", str(POM), "-P", profile,
+                     "dependency:copy-dependencies", f"-DoutputDirectory={out}",
+                     "-Dmdep.includeScope=runtime"], f"the {profile} jars")
+        return POM.read_text(encoding="utf-8")
+
+    cache = connect_cache()
+    fetch_once(cache, "Kafka Connect", fetch)
     return cache
 
 
@@ -834,43 +848,29 @@ def fetch_spark_jars(pyspark_jars: Path) -> tuple[str, ...]:
     """The jars the Spark peer adds to pyspark's (the Kafka source, its Kafka client, the
     JDBC driver) in ``<cache>/jars``, fetched by Maven once: ``spark/pom.xml``'s runtime
     dependencies less what pyspark ships (its Hadoop client, Scala, slf4j, compression
-    codecs). A marker file lists them when the fetch has finished."""
-    cache = spark_cache()
-    marker = cache / ".complete"
-    if marker.is_file():
-        return tuple(str(cache / "jars" / n) for n in marker.read_text(encoding="utf-8").split())
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RuntimeError("the Spark peer needs Maven (apt-get install maven)")
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file():
-            return fetch_spark_jars(pyspark_jars)
-        t0 = time.perf_counter()
+    codecs). The marker file lists them."""
+
+    def fetch(mvn: str, cache: Path) -> str:
         every, jars = cache / "all", cache / "jars"
         for d in (every, jars):
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
         # stripVersion: <artifactId>.jar, so that pyspark's copy is recognised by name
-        cmd = [mvn, "-q", "-B", "-f", str(SPARK_POM), "dependency:copy-dependencies",
-               f"-DoutputDirectory={every}", "-Dmdep.includeScope=runtime",
-               "-Dmdep.stripVersion=true"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-            raise RuntimeError(f"mvn could not fetch the Spark peer's jars: {tail}")
+        run_mvn([mvn, "-q", "-B", "-f", str(SPARK_POM), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={every}", "-Dmdep.includeScope=runtime",
+                 "-Dmdep.stripVersion=true"], "the Spark peer's jars")
         theirs = [j.name for j in pyspark_jars.glob("*.jar")]
         kept = sorted(j.name for j in every.glob("*.jar")
                       if not shipped_by_pyspark(j.stem, theirs))
         for name in kept:
             (every / name).rename(jars / name)
         shutil.rmtree(every, ignore_errors=True)
-        marker.write_text("\n".join(kept) + "\n", encoding="utf-8")
-        print(f"fetched the Spark peer's jars into {cache} in {time.perf_counter() - t0:.0f}s: "
-              f"{', '.join(kept)} (the rest of spark/pom.xml's dependencies pyspark ships)",
-              flush=True)
-    return tuple(str(jars / n) for n in kept)
+        print(f"the Spark peer's jars: {', '.join(kept)} (the rest of spark/pom.xml's "
+              "dependencies pyspark ships)", flush=True)
+        return "\n".join(kept) + "\n"
+
+    cache = spark_cache()
+    return tuple(str(cache / "jars" / n) for n in fetch_once(cache, "Spark", fetch).split())
 
 
 # --------------------------------------------------------------------------- Spark job
