@@ -483,7 +483,8 @@ def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_
     rows = _rows(30)
     rows += [Row((*rows[4][:3], 99.0, *rows[4][4:8], 40, *rows[4][9:])),
              Row((*rows[9][:3], 77.0, *rows[9][4:8], 41, *rows[9][9:]))]
-    landed, counts = [], []
+    landed: list[list[tuple[Any, ...]]] = []
+    counts: list[tuple[int, int, int]] = []
     for chunk in (rows, rows, [*rows[:5], rows[-1], *rows[5:-1]]):
         conn.execute("TRUNCATE telemetry_metrics")
         with UnitOfWork(conn, pipeline) as uow:
@@ -533,7 +534,7 @@ def test_a_letter_twice_in_a_chunk_goes_to_on_conflict_and_lands_once(
 
 
 def test_a_row_postgres_refuses_in_a_new_keys_chunk_is_isolated_and_the_rest_lands(
-        conn: Any, pipeline: Any) -> None:
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
     rows = _rows(40)
     rows[17] = Row(("x" * 200, *rows[17][1:]))  # event_id longer than varchar(128)
     with UnitOfWork(conn, pipeline) as uow:
@@ -541,6 +542,28 @@ def test_a_row_postgres_refuses_in_a_new_keys_chunk_is_isolated_and_the_rest_lan
         assert (up.inserted, up.missing) == (39, 0)
         assert [row.source.offset for row, _ in up.rejected] == [17]
         assert len(_table(conn)) == 39
+    assert sum(filter(None, attempts)) == 39  # every half the bisection wrote: new keys
+
+
+def test_three_copies_of_an_event_across_partitions_keep_the_lowest_place_both_ways(
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
+    # A replay's chunk: rows of several partitions, not in log order, an event three times.
+    rows = _rows(12)
+    rows = [Row((*r[:7], i % 3, 100 - i, *r[9:])) for i, r in enumerate(rows)]
+    copies = [Row((*rows[5][:3], v, *rows[5][4:7], p, o, *rows[5][9:]))
+              for v, p, o in ((1.5, 2, 7), (2.5, 0, 3), (3.5, 0, 9))]
+    chunk = [rows[0], copies[0], *rows[1:6], copies[1], *rows[6:], copies[2]]
+    landed: list[dict[str, Any]] = []
+    for attempt in (True, False):
+        conn.execute("TRUNCATE telemetry_metrics")
+        with UnitOfWork(conn, pipeline) as uow:
+            if not attempt:
+                uow.rows.new_keys.met_stored_key()
+            up = uow.rows.upsert(chunk)
+            assert (up.inserted, up.duplicates, up.missing) == (12, 3, 0)
+            landed.append({r[0]: r[2:] for r in _table(conn)})
+    assert attempts == [12] and landed[0] == landed[1]
+    assert landed[0]["u-5"] == (0, 3, 2.5)
 
 
 def test_new_keys_pauses_double_up_to_the_limit_and_end_on_a_chunk_of_new_keys() -> None:

@@ -827,3 +827,20 @@ def test_a_slice_freezes_the_heap_and_collects_young_objects_less_often_only_whi
     with pytest.raises(RuntimeError):
         w.ingest()
     assert (gc.get_threshold(), gc.get_freeze_count()) == (before, frozen)
+
+
+def test_a_process_frozen_before_the_slice_is_left_frozen_as_it_was(pipeline: Pipeline) -> None:
+    # Airflow's LocalExecutor forks its task processes with a frozen heap: the slice then
+    # only raises the threshold; it freezes nothing more (that could never be undone).
+    import gc
+
+    gc.freeze()
+    try:
+        frozen, seen = gc.get_freeze_count(), []
+        w = World(pipeline)
+        w.db.inject(1, "upsert", lambda: seen.append(gc.get_freeze_count()))
+        w.ingest()
+        # (frozen objects can still be freed: the count may only fall, never grow)
+        assert len(seen) == 1 and seen[0] <= frozen and gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()

@@ -12,7 +12,7 @@ from kafka_ingest.config import OnTombstone, Pipeline
 from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
 from kafka_ingest.errors import DataError
 from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
-from kafka_ingest_dev.samples import make_event, poison_pills
+from kafka_ingest_dev.samples import make_event, poison_pills, sample_stream
 
 PIPELINES = ["telemetry_metrics", "orders_created"]
 MAX_BYTES = 4096
@@ -162,11 +162,10 @@ def test_the_fields_validator_gives_the_models_verdict_rows_and_reasons(
 
     pipeline = small(shipped[name])
     assert base.hot_validation(pipeline.model).fields is not None
-    pills = poison_pills(pipeline, "unit", MAX_BYTES)
-    events = [json.dumps(make_event(pipeline, i, "eq", random.Random(i))).encode()
-              for i in range(50)]
-    msgs = [message(v, topic_=pipeline.topic, partition_=1, offset_=i, key_=b"k")
-            for i, v in enumerate([*events, *(s.value for s in pills)])]
+    samples = [*sample_stream(pipeline, 50, 0, tag="eq", partitions=1),
+               *poison_pills(pipeline, "unit", MAX_BYTES)]
+    msgs = [message(s.value, topic_=pipeline.topic, partition_=1, offset_=i, key_=s.key)
+            for i, s in enumerate(samples)]
     fast = validate_chunk(msgs, pipeline)
     monkeypatch.setitem(base._VALIDATIONS, pipeline.model,
                         base.Validation(pipeline.model.__pydantic_validator__, None))

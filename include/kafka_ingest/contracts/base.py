@@ -96,7 +96,6 @@ def sink_getter(model: type[Contract]) -> Any:
     return getter
 
 
-
 @dataclass(frozen=True)
 class Validation:
     """How the hot path validates a contract and reads its sink values from the result.

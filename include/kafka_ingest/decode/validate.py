@@ -1,8 +1,10 @@
 """Bytes -> valid rows | dead letters, one chunk at a time.
 
-The hot path is one ``model_validate_json`` per message (pydantic-core parses and
-validates in Rust; measured fastest here, see DESIGN §9). Everything that explains a
-failure (UTF-8 check, JSON type, which field) runs only for the failures.
+The hot path is one ``validate_json`` per message (pydantic-core parses and validates in
+Rust; measured fastest here, see DESIGN §9), by the contract's fields' validator where
+the model adds nothing to it (:func:`~kafka_ingest.contracts.base.hot_validation`: no
+model instance per message). Everything that explains a failure (UTF-8 check, JSON type,
+which field) runs only for the failures.
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ class ValidationResult:
 
 def _parser(validator: SchemaValidator,
             decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
-    """Bytes -> the validated event: the contract's JSON validation straight from bytes
-    (what model_validate_json calls, without its Python frame per message), or the
-    registry format decoded first (a refusal classified against the payload)."""
+    """Bytes -> the validated event: ``validator``'s JSON validation straight from bytes
+    (without a Python frame per message), or the registry format decoded first (a refusal
+    classified against the payload)."""
     if decoder is None:
         return validator.validate_json
     read, check = decoder.read, (validator.validate_python if decoder.python

@@ -270,9 +270,12 @@ GC_YOUNG_THRESHOLD = 100_000
 def _young_collections(threshold: int) -> Iterator[None]:
     """Freeze the heap out of the collections and raise the first collection threshold to
     ``threshold`` for the block; the previous thresholds restored and the heap unfrozen
-    after (unless the process had frozen it before: then it stays frozen)."""
+    after. A process that froze its heap before (Airflow's LocalExecutor forks its task
+    processes frozen) is left as it was: only the threshold is raised, since freezing
+    more there could never be undone for the objects frozen after its own freeze."""
     previous, frozen = gc.get_threshold(), gc.get_freeze_count()
-    gc.freeze()
+    if not frozen:
+        gc.freeze()
     gc.set_threshold(max(previous[0], threshold), *previous[1:])
     try:
         yield
