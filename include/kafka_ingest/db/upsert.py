@@ -182,6 +182,8 @@ class RowsRepository:
                 raw=sql.Identifier(raw), t=sql.SQL(c.copy_type), name=sql.Identifier(c.name),
                 final=sql.SQL(c.ddl), expr=sql.SQL(c.convert).format(sql.Identifier(raw)))
             for c, raw in zip(cols, self.copied, strict=True)]
+        #: The table's columns, as the statements name them.
+        self._column_list = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         self.table = sql.Identifier(pipeline.table)
         self.stage = sql.Identifier(f"stage_{pipeline.table}")
         marker = marker_table(pipeline)
@@ -271,7 +273,7 @@ class RowsRepository:
                 self.new_keys.all_new()
                 return UpsertResult(inserted, n - inserted, 0, [])
             self.new_keys.met_stored_key()
-        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cols = self._column_list
         cur = self.conn.execute(
             sql.SQL(
                 'INSERT INTO {t} ({c}) SELECT DISTINCT ON (event_id COLLATE "C") {c} FROM {s}'
@@ -304,7 +306,7 @@ class RowsRepository:
         other copies' places in the log were not theirs alone: a letter twice in a
         replay; or a trigger): ``ON CONFLICT`` and its outcome check then decide."""
         later = self._later_copies(rows) if distinct < len(rows) else []
-        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cols = self._column_list
         skip = sql.SQL(" WHERE (source_partition, source_offset) NOT IN"
                        " (SELECT * FROM unnest(%s::int4[], %s::int8[]))" if later else "")
         params = ([p for p, _ in later], [o for _, o in later]) if later else None
@@ -349,7 +351,7 @@ class RowsRepository:
     def _upsert_latest(self, n: int) -> UpsertResult:
         key = sql.Identifier(self.pipeline.upsert.key or "")
         order = sql.Identifier(self.pipeline.upsert.order_by)
-        cols = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cols = self._column_list
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
             for c in self.columns if c != self.pipeline.upsert.key
