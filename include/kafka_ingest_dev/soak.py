@@ -3,7 +3,7 @@ a long time, while a producer writes a steady stream with poison pills and a nem
 breaks things at random, bounded intervals; then everything is checked exactly.
 
     python -m kafka_ingest_dev.soak --minutes 60      # make soak
-    python -m kafka_ingest_dev.soak --minutes 5       # the test command's variant
+    python -m kafka_ingest_dev.soak --minutes 2 --every-kind   # the test command's variant
 
 On a stack of its own (a fresh state dir under /tmp, free loopback ports; the shared
 stack is not touched): three Kafka nodes behind Toxiproxy, Postgres with an
@@ -77,6 +77,16 @@ class Settings:
     seed: int = 0
     report: Path | None = None
     keep: bool = False
+    #: Faults go on past ``minutes`` until every kind has come once (a short soak that
+    #: still sees them all), at most one more round of them.
+    every_kind: bool = False
+
+    def fault_bound_s(self) -> float:
+        """The longest the faults come: ``minutes``, and with ``every_kind`` one round of
+        every kind more, each after its longest gap and bounded by its own steps (a
+        failover, the longest, rebuilds a standby: two minutes is ample)."""
+        extra = len(FAULTS) * (self.max_gap_s + 120) if self.every_kind else 0.0
+        return self.minutes * 60 + extra
 
 
 @dataclass
@@ -199,6 +209,10 @@ class Nemesis(threading.Thread):
 
     def _wait(self, seconds: float) -> bool:
         return not self.stop.wait(seconds)
+
+    def saw_every_kind(self) -> bool:
+        """Whether every kind of fault has come (and been healed) at least once."""
+        return {f["kind"] for f in list(self.done)} >= set(FAULTS)
 
     def run(self) -> None:
         kinds: list[str] = []
@@ -563,7 +577,11 @@ def soak(settings: Settings) -> dict[str, Any]:
                 thread.start()
             soak_started = time.monotonic()
             deadline = soak_started + settings.minutes * 60
-            while time.monotonic() < deadline and nemesis.is_alive() and producer.is_alive():
+            bound = soak_started + settings.fault_bound_s()
+            while (nemesis.is_alive() and producer.is_alive()
+                   and (now := time.monotonic()) < bound
+                   and (now < deadline
+                        or (settings.every_kind and not nemesis.saw_every_kind()))):
                 time.sleep(1)
             nemesis.stop.set()
             nemesis.join(600)  # the fault under way is healed first: bounded by its steps
@@ -641,13 +659,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--report", type=Path, help="write the report here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (logs)")
+    parser.add_argument("--every-kind", action="store_true", help="go on past --minutes "
+                        "until every kind of fault has come once")
     args = parser.parse_args(argv)
     # SIGTERM (a time-out, `kill`) ends the soak through its clean-up: the stack goes down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     settings = Settings(minutes=args.minutes, rate=args.rate, min_gap_s=args.min_gap,
                         max_gap_s=args.max_gap, seed=args.seed, report=args.report,
-                        keep=args.keep)
+                        keep=args.keep, every_kind=args.every_kind)
     print(f"soak: seed {settings.seed}", flush=True)
     try:
         report = soak(settings)

@@ -1,7 +1,8 @@
-"""The soak's short variant (``make soak`` runs 60 minutes): five minutes of mixed faults
-under Airflow's real scheduler, triggerer and Celery workers, on a stack of its own (three
-Kafka nodes behind Toxiproxy, Postgres with a streaming standby), then the pipeline
-drained and everything checked exactly (:mod:`kafka_ingest_dev.soak`).
+"""The soak's short variant (``make soak`` runs 60 minutes): two minutes of mixed faults,
+and on until every kind has come once, under Airflow's real scheduler, triggerer and
+Celery workers, on a stack of its own (three Kafka nodes behind Toxiproxy, Postgres with a
+streaming standby), then the pipeline drained and everything checked exactly
+(:mod:`kafka_ingest_dev.soak`).
 
 It runs as its own process, as ``make soak`` does: its environment (state dir, ports) is
 its own, and a hang is bounded by the soak's own time-outs plus this test's margin."""
@@ -19,19 +20,22 @@ from kafka_ingest_dev import soak
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.soak]
 
-MINUTES = 5.0
+MINUTES = 2.0
+SETTINGS = soak.Settings(minutes=MINUTES, min_gap_s=6, max_gap_s=12, every_kind=True)
 #: The soak's own bounds: set-up (stack up and Airflow's services) + the faults + the
 #: nemesis and producer joins + the drain + the last runs + the check + the stack's
 #: take-down; beyond them it is stopped (SIGTERM: it takes its stack down) and fails.
-BOUND_S = 900 + MINUTES * 60 + 900 + soak.Settings().drain_timeout_s + 600 + 600 + 300
+BOUND_S = 900 + SETTINGS.fault_bound_s() + 900 + SETTINGS.drain_timeout_s + 600 + 600 + 300
 
 
 @pytest.mark.timeout(BOUND_S + 400)
-def test_five_minutes_of_mixed_faults_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+def test_minutes_of_mixed_faults_of_every_kind_lose_and_duplicate_nothing(
+        tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kafka_ingest_dev.soak", "--minutes", str(MINUTES),
-         "--min-gap", "12", "--max-gap", "25", "--rate", "200", "--report", str(report_path)],
+         "--min-gap", str(SETTINGS.min_gap_s), "--max-gap", str(SETTINGS.max_gap_s),
+         "--every-kind", "--rate", "200", "--report", str(report_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=BOUND_S)

@@ -26,6 +26,10 @@ from kafka_ingest.config import Pipeline, airflow_pools
 #: polls. About 10 s per run with one core busy; six times that.
 MARGIN_S = 60.0
 
+#: The tasks of an ingest or replay run besides its slices, one after another on the run's
+#: path: ``plan`` before them, ``report`` and ``table_updated`` after them.
+AROUND = 3
+
 
 def setting(settings: Mapping[str, str], section: str, key: str) -> float:
     """A numeric Airflow setting as the services run with it: their environment
@@ -61,7 +65,7 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
 
     ::
 
-        deadline = runs x (first + (waves - 1) x slice + MARGIN_S)
+        deadline = runs x (first + (waves - 1) x slice + AROUND x slice + MARGIN_S)
         slice    = execution_timeout                    a try ends by then, whatever it does
                  + sum for n = 1..retries of            each retry Airflow allows
                      (retry_delay_n + execution_timeout)  waits out its delay, then ends too
@@ -74,13 +78,18 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
                      until the scheduler requeues it)
         retry_delay_n = min(max_retry_delay, 2 x retry_delay x backoff^(n-1))
         waves    = ceil(slices / min(max_active_tis_per_dagrun, pool size, parallelism))
+        AROUND   = 3                                    plan before the slices, report and
+                                                        table_updated after them: each has
+                                                        the same default_args (time-out,
+                                                        retries) as a slice
 
     ``execution_timeout`` and the retries come from the DAG's ``default_args``
     (:func:`kafka_ingest_hook.dag_default_args`), so DAG tests give their pipelines a
     short ``task_timeout_minutes``. The Celery test's kill (20 s heartbeat time-out checked
     every 2 s, retries 2, 10 s delay doubling, 1 min time-out, a queued task requeued after
     30 s checked every 5): max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) +
-    (40 + 60)) + 60 = 335 s.
+    (40 + 60)) + 3 x (60 + (20 + 60) + (40 + 60)) + 60 = 1,055 s. Only a broken run waits
+    that long; a healthy one ends when it ends.
     """
     from kafka_ingest_hook import dag_default_args, slice_task_args
 
@@ -100,7 +109,7 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
                   airflow_pools({pipeline.name: pipeline}).get(task["pool"], slices),
                   setting(settings, "core", "parallelism"))
     waves = math.ceil(slices / at_once)
-    return runs * (first + (waves - 1) * slice_s + MARGIN_S)
+    return runs * (first + (waves - 1) * slice_s + AROUND * slice_s + MARGIN_S)
 
 
 def parse_deadline_s(settings: Mapping[str, str]) -> float:

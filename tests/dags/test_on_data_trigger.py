@@ -34,7 +34,7 @@ PARTITIONS = 2
 MIN_BATCH = 400
 MAX_WAIT_S = 6.0
 POLL_S = 1.0
-REARM_S = 40.0
+REARM_S = 20.0
 
 
 @pytest.fixture

@@ -32,17 +32,20 @@ def _pipeline(**overrides: Any) -> Any:
 
 
 @pytest.mark.parametrize(("overrides", "kwargs", "expected"), [
-    # one wave, no retry: the slices' minute, then the margin
-    ({"retries": 0}, {}, 60 + MARGIN_S),
+    # one wave, no retry: the slices' minute and the minute of each of plan, report and
+    # table_updated, then the margin
+    ({"retries": 0}, {}, 60 + 3 * 60 + MARGIN_S),
     # a pool of one slot runs 3 slices one after another
-    ({"retries": 0, "pool": "one", "pool_slots": 1}, {}, 3 * 60 + MARGIN_S),
+    ({"retries": 0, "pool": "one", "pool_slots": 1}, {}, 3 * 60 + 3 * 60 + MARGIN_S),
     # the kill: the longer of the killed try (noticed 20 + 2 s after, then 2 retries of up
     # to 20 and 40 s delay + 1 min each) and a slice whose message the killed worker had
     # reserved (requeued after 30 + 5 s, then a whole slice: 1 min and the same retries)
+    # (the other three tasks: a whole slice each, retries included)
     ({"retries": 2}, {"from_kill": True},
-     max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) + (40 + 60)) + MARGIN_S),
+     max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) + (40 + 60))
+     + 3 * (60 + (20 + 60) + (40 + 60)) + MARGIN_S),
     # two runs one after another (a backfill of two intervals), one retry each
-    ({"retries": 1}, {"runs": 2}, 2 * (60 + (20 + 60) + MARGIN_S)),
+    ({"retries": 1}, {"runs": 2}, 2 * (4 * (60 + (20 + 60)) + MARGIN_S)),
 ])
 def test_run_deadline_adds_up_airflows_timers(overrides: dict[str, Any], kwargs: dict[str, Any],
                                               expected: float) -> None:
