@@ -83,6 +83,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _stop_burners(config.stash.get(_BURNERS, []))
+    for stop in config.stash.get(_BACKGROUND_STOPS, []):
+        stop()
+
+
+_BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
+#: Where a test goes in the session: the unit and integration tests first, then the tests
+#: whose module starts work in the background, then the DAG and chaos tests.
+_FIRST = ("unit", "integration")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the session (stably, module by module as collected) by :data:`_FIRST`; a test
+    module with ``start_in_background()`` (the soak: a stack of its own, minutes mostly
+    spent waiting on its faults and Airflow's timers) has it called now, so that work runs
+    beside the unit and integration tests, and its test, after them, takes it over.
+    ``stop_background()`` runs when the session ends, whatever way."""
+    def place(item: pytest.Item) -> int:
+        if getattr(getattr(item, "module", None), "start_in_background", None):
+            return 1
+        return 0 if item.path.parent.name in _FIRST else 2
+
+    items.sort(key=place)
+    if config.option.collectonly or hasattr(config, "workerinput"):
+        return
+    stops = config.stash.setdefault(_BACKGROUND_STOPS, [])
+    for module in dict.fromkeys(getattr(i, "module", None) for i in items if place(i) == 1):
+        module.start_in_background()
+        stops.append(module.stop_background)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -60,8 +60,16 @@ def _session(tmp_path: Path, burn: str, *, hang: bool = False) -> tuple[subproce
     inner = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        preexec_fn=_interruptible)  # noqa: PLW1509 - only a signal disposition, no lock
     return inner, tmp_path / "burners"
+
+
+def _interruptible() -> None:
+    """SIGINT as a terminal's foreground job has it: this suite may run as a background
+    job (``make test &``, CI), which starts with SIGINT ignored, and a child inherits that;
+    Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _recorded(path: Path) -> dict[int, float]:
