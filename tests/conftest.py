@@ -93,12 +93,14 @@ _BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
 _FIRST = ("unit", "integration")
 
 
+@pytest.hookimpl(trylast=True)  # after ``-k`` and ``-m`` have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the session (stably, module by module as collected) by :data:`_FIRST`; a test
     module with ``start_in_background()`` (the soak: a stack of its own, minutes mostly
-    spent waiting on its faults and Airflow's timers) has it called now, so that work runs
-    beside the unit and integration tests, and its test, after them, takes it over.
-    ``stop_background()`` runs when the session ends, whatever way."""
+    spent waiting on its faults and Airflow's timers) has it called now, if one of its
+    tests is selected, so that work runs beside the unit and integration tests, and its
+    test, after them, takes it over. ``stop_background()`` runs when the session ends,
+    whatever way."""
     def place(item: pytest.Item) -> int:
         if getattr(getattr(item, "module", None), "start_in_background", None):
             return 1
