@@ -177,6 +177,9 @@ def _kill_worker(celery: dict[str, Any], node: str) -> list[int]:
     return stack.settings().airflow.kill_worker(node.split("@", maxsplit=1)[0])
 
 
+# Above the run's deadline from the kill, 1,055 s (tests.dags.deadlines; its unit test has
+# the same case), and pytest's 600 s for any other test.
+@pytest.mark.timeout(1_055 + 300)
 def test_a_worker_killed_mid_slice_is_retried_on_a_worker(celery: dict[str, Any],
                                                           clients: Any) -> None:
     api: AirflowApi = celery["api"]
