@@ -70,11 +70,10 @@ HOSTNAME_CALLABLE = "kafka_ingest_dev.airflow_services.worker_hostname"
 WORKER_NAME_ENV = "KAFKA_INGEST_WORKER_NAME"
 _START_TIMEOUT_S = 180.0
 _STOP_TIMEOUT_S = 30.0
-#: The services sent a second SIGTERM :data:`_NUDGE_S` after the first if still running:
-#: for each it is its own forced exit, and loses nothing. The triggerer ends on the first
-#: only once its trigger runner's loop comes round (12 s measured, 2 s with the second);
-#: its triggers are rows in the metadata database, picked up by the next triggerer.
-_NUDGED = ("triggerer",)
+#: The triggerer ends on SIGTERM only once its trigger runner's loop comes round (12 s
+#: measured); a second SIGTERM, this long after the first, is its own forced exit (2 s),
+#: which loses nothing: its triggers are rows in the metadata database, picked up by the
+#: next triggerer.
 _NUDGE_S = 2.0
 _POOLS_TIMEOUT_S = 120.0
 #: What the api-server's health endpoint reports for each service but itself.
@@ -510,7 +509,7 @@ class AirflowServices:
 
     def stop(self) -> list[str]:
         """SIGTERM every service's process group at once (workers finish or give back their
-        tasks), a second one to :data:`_NUDGED` after :data:`_NUDGE_S`, SIGKILL what is left
+        tasks), a second one to the triggerer after :data:`_NUDGE_S`, SIGKILL what is left
         after the time-out; Redis last."""
         pids = self.pids()
         lines = []
@@ -520,10 +519,9 @@ class AirflowServices:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
             deadline = time.monotonic() + _STOP_TIMEOUT_S
-            for name in _NUDGED:
-                if (pid := live.get(name)) is not None and not wait_gone(pid, _NUDGE_S):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGTERM)  # its own "exit now"
+            if (pid := live.get("triggerer")) is not None and not wait_gone(pid, _NUDGE_S):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)  # its own "exit now"
             for name, pid in live.items():
                 if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
                     with contextlib.suppress(ProcessLookupError):

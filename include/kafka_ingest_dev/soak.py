@@ -88,6 +88,12 @@ class Settings:
         extra = len(FAULTS) * (self.max_gap_s + 120) if self.every_kind else 0.0
         return self.minutes * 60 + extra
 
+    def faults_go_on(self, elapsed_s: float, saw_every_kind: bool) -> bool:
+        """Whether faults keep coming ``elapsed_s`` after the first could."""
+        if elapsed_s >= self.fault_bound_s():
+            return False
+        return elapsed_s < self.minutes * 60 or (self.every_kind and not saw_every_kind)
+
 
 @dataclass
 class Expected:
@@ -576,12 +582,8 @@ def soak(settings: Settings) -> dict[str, Any]:
             for thread in (supervisor, producer, nemesis):
                 thread.start()
             soak_started = time.monotonic()
-            deadline = soak_started + settings.minutes * 60
-            bound = soak_started + settings.fault_bound_s()
-            while (nemesis.is_alive() and producer.is_alive()
-                   and (now := time.monotonic()) < bound
-                   and (now < deadline
-                        or (settings.every_kind and not nemesis.saw_every_kind()))):
+            while (nemesis.is_alive() and producer.is_alive() and settings.faults_go_on(
+                    time.monotonic() - soak_started, nemesis.saw_every_kind())):
                 time.sleep(1)
             nemesis.stop.set()
             nemesis.join(600)  # the fault under way is healed first: bounded by its steps
