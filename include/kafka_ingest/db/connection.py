@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.string import BytesBinaryDumper
 
 from kafka_ingest.db.session import SliceSession
 from kafka_ingest.errors import (
@@ -238,6 +239,10 @@ class Database:
         except psycopg.OperationalError as exc:
             raise (_refused(exc) or DatabaseUnavailable("connect", _one_line(str(exc)))) from exc
         conn.reply_timeout_s = self.reply_timeout_s
+        # A binary COPY picks each column's dumper by its type, and psycopg.dbapi20 makes
+        # bytea's a pure-Python one (for its Binary wrapper): bytes go through the C
+        # dumper instead (the same bytes on the wire; 0.26 µs a row less for kafka_key).
+        conn.adapters.register_dumper(bytes, BytesBinaryDumper)
         return conn
 
     def open_slice(self) -> SliceSession:
