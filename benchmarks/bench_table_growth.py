@@ -30,6 +30,7 @@ import bench_ingest as bi
 import psycopg
 
 from kafka_ingest.config import load_pipelines
+from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 from kafka_ingest.db.upsert import RowsRepository
 from kafka_ingest.records import Row
 
@@ -41,7 +42,8 @@ def rows(start: int, n: int, keys: str, tag: str) -> list[Row]:
     """``n`` valid rows of the telemetry table, offsets from ``start``."""
     epoch, ms = 1.7e9, 1_700_000_000_000
     return [Row((f"{tag}-m-{i:012d}" if keys == "seq" else uuid.uuid4().hex, f"dev-{i % 997}",
-                 epoch + i / 1000, i * 0.5, "OK", "C", "growth", 0, i, b"k", ms + i))
+                 seconds_to_pg(epoch + i / 1000), i * 0.5, "OK", "C", "growth", 0, i, b"k",
+                 millis_to_pg(ms + i)))
             for i in range(start, start + n)]
 
 

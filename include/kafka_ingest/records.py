@@ -55,14 +55,14 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
 
 class Provenance(NamedTuple):
     """Where a row came from: the provenance columns of every target table, in order
-    (the Kafka timestamp in epoch milliseconds, as it travels; Postgres makes it a
-    ``timestamptz``, see :data:`PROVENANCE_STAGED`)."""
+    (the Kafka timestamp as binary ``COPY`` sends a ``timestamptz``: microseconds since
+    Postgres' epoch, :func:`~kafka_ingest.contracts.columns.millis_to_pg`)."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    timestamp_ms: int | None
+    kafka_timestamp: int | None
 
     @property
     def position(self) -> Position:
@@ -77,10 +77,6 @@ PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kafka_key", "bytea"),
     ("kafka_timestamp", "timestamptz"),
 )
-#: Columns Postgres computes from the value that travels (see ``Contract.STAGED``).
-PROVENANCE_STAGED: dict[str, tuple[str, str]] = {
-    "kafka_timestamp": ("int8", "to_timestamp({}::float8 / 1000)"),
-}
 _SOURCE = len(PROVENANCE_COLUMNS)
 
 
@@ -138,7 +134,6 @@ class ChunkCounts:
 __all__ = [
     "MAX_TIMESTAMP_MS",
     "PROVENANCE_COLUMNS",
-    "PROVENANCE_STAGED",
     "ChunkCounts",
     "MessageLike",
     "Position",

@@ -7,6 +7,7 @@ advisory lock serialises two runs of one partition.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,12 +28,14 @@ from helpers_ingest import (
     table_ids,
 )
 
+from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime, seconds_to_pg
 from kafka_ingest.db import (
     CopyEncoder,
     Database,
     OffsetsRepository,
     UnitOfWork,
 )
+from kafka_ingest.db.upsert import UpsertResult
 from kafka_ingest.engine import ingest, slices
 from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.engine.slices import SliceReport
@@ -60,7 +63,8 @@ def _rows(n: int, *, start: int = 0) -> list[Row]:
     """Rows (contract columns + provenance) for ``telemetry_metrics``."""
     epoch = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
     ms = int(1_000 * epoch)
-    return [Row((f"u-{i}", "d1", epoch, float(i), "OK", None, TOPIC, 0, i, b"k", ms))
+    return [Row((f"u-{i}", "d1", seconds_to_pg(epoch), float(i), "OK", None, TOPIC, 0, i, b"k",
+                 millis_to_pg(ms)))
             for i in range(start, start + n)]
 
 
@@ -466,13 +470,13 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     from kafka_ingest.db.upsert import RowsRepository
 
     seen: list[int | None] = []
-    real = RowsRepository._insert_new
+    real = RowsRepository._copy_new
 
     def spy(self: RowsRepository, *args: Any) -> int | None:
         seen.append(real(self, *args))
         return seen[-1]
 
-    monkeypatch.setattr(RowsRepository, "_insert_new", spy)
+    monkeypatch.setattr(RowsRepository, "_copy_new", spy)
     return seen
 
 
@@ -522,16 +526,21 @@ def test_a_chunk_meeting_a_stored_key_falls_back_to_on_conflict_and_the_slice_pa
     assert [r[0] for r in _table(conn)] == sorted(f"u-{i}" for i in range(40))
 
 
-def test_a_letter_twice_in_a_chunk_goes_to_on_conflict_and_lands_once(
+def test_a_letter_twice_in_a_chunk_lands_once_as_a_new_key_and_through_on_conflict(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
-    # Two rows at one place in the log (a dead letter produced twice, replayed): leaving
-    # the other copy out by its place leaves both out, the INSERT writes a row too few and
-    # rolls back, and ON CONFLICT dedups them.
+    # Two rows at one place in the log (a dead letter produced twice, replayed): the
+    # chunk's write order keeps one of them, so the COPY of new keys writes one row per
+    # event, as ON CONFLICT does.
     rows = _rows(5)
-    with UnitOfWork(conn, pipeline) as uow:
-        up = uow.rows.upsert([*rows, rows[2]])
-        assert (up.inserted, up.duplicates, up.missing) == (5, 1, 0)
-    assert attempts == [None]
+    for attempt in (True, False):
+        conn.execute("TRUNCATE telemetry_metrics")
+        with UnitOfWork(conn, pipeline) as uow:
+            if not attempt:
+                uow.rows.new_keys.met_stored_key()
+            up = uow.rows.upsert([*rows, rows[2]])
+            assert (up.inserted, up.duplicates, up.missing) == (5, 1, 0)
+            assert [r[0] for r in _table(conn)] == [f"u-{i}" for i in range(5)]
+    assert attempts == [5]
 
 
 def test_a_row_postgres_refuses_in_a_new_keys_chunk_is_isolated_and_the_rest_lands(
@@ -592,3 +601,90 @@ def test_a_connection_copies_bytes_with_psycopgs_c_dumper(db: Database) -> None:
         dumper = c.adapters.get_dumper_by_oid(types["bytea"].oid, Format.BINARY)
         assert dumper.__module__.split(".")[0] in {"psycopg_binary", "psycopg_c"}, dumper
         assert c.execute("SELECT %b::bytea", (b"\x00\xffk",)).fetchone() == (b"\x00\xffk",)
+
+
+def test_an_epoch_travels_as_the_timestamptz_postgres_to_timestamp_makes(conn: Any) -> None:
+    # Epochs are converted in the hot loop, no longer by the server. Seconds: the
+    # microsecond to_timestamp makes, half-way cases and the range's ends included.
+    rnd = random.Random(7)
+    seconds = [0.0, 0.5, 1.5, 2.5, 0.0000005, 0.0000015, 1_767_225_600.25,
+               1_767_225_600.9478652, 253_402_300_799.0, 253_402_300_799.999999,
+               *(rnd.uniform(0, 4e9) for _ in range(2000)),
+               *(rnd.randrange(0, 4 * 10**15) / 10**6 for _ in range(2000))]
+    assert [seconds_to_pg(s) for s in seconds] == _server_us(conn, "to_timestamp(x)",
+                                                            "float8", seconds)
+    # Milliseconds: exact, which the server's float path (to_timestamp(ms / 1000.0)) also
+    # is to 2096 (4e12 ms) at least, and no longer is from the 2270s to the year 9999.
+    millis = [0, 1, 999, 1_767_225_600_123, *(rnd.randrange(0, 4 * 10**12) for _ in range(4000))]
+    assert [millis_to_pg(ms) for ms in millis] == _server_us(
+        conn, "to_timestamp(x::float8 / 1000)", "int8", millis)
+    last = millis_to_pg(253_402_300_799_999)
+    assert pg_to_datetime(last) == datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
+    assert _server_us(conn, "to_timestamp(x::float8 / 1000)", "int8",
+                      [253_402_300_799_999]) == [last + 8]
+
+
+def _server_us(conn: Any, expression: str, kind: str, values: list[Any]) -> list[int]:
+    """``expression`` of each value ``x`` as microseconds since 2000-01-01, by the server."""
+    found = conn.execute(
+        f"SELECT array_agg((extract(epoch FROM {expression} - %s) * 1000000)::int8 ORDER BY i)"
+        f" FROM unnest(%s::{kind}[]) WITH ORDINALITY u(x, i)",
+        (datetime(2000, 1, 1, tzinfo=UTC), values)).fetchone()[0]
+    return list(found)
+
+
+def test_a_table_postgres_refuses_copy_into_takes_the_staged_path_for_the_slice(
+        conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
+    from kafka_ingest.db.upsert import NewKeys
+
+    # COPY FROM is refused on a table under row-level security: the chunk loads through
+    # the staging table and INSERT instead, and the slice stops trying.
+    conn.execute("ALTER TABLE telemetry_metrics ENABLE ROW LEVEL SECURITY")
+    conn.execute("ALTER TABLE telemetry_metrics FORCE ROW LEVEL SECURITY")
+    conn.execute("CREATE POLICY everything ON telemetry_metrics USING (true) WITH CHECK (true)")
+    conn.commit()
+    new_keys = NewKeys()
+    for start in (0, 10):
+        with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:
+            up = uow.rows.upsert(_rows(10, start=start))
+            assert (up.inserted, up.duplicates, up.missing) == (10, 0, 0)
+            uow.commit()
+    assert attempts == [None]
+    assert [r[0] for r in _table(conn)] == sorted(f"u-{i}" for i in range(20))
+
+
+def test_two_transactions_writing_the_same_new_keys_wait_for_each_other_never_deadlock(
+        db: Database, conn: Any, pipeline: Any) -> None:
+    # Copies of the same 200 events in two partitions, in opposite orders in their chunks,
+    # written at once. A trigger holds each transaction for a second before u-100, so both
+    # are half-way then. In chunk order each would hold keys the other needs next: a
+    # deadlock, and one chunk fails. Each chunk writes its keys in key order instead, so
+    # the later one waits for the earlier one's first key, then finds them all stored.
+    conn.execute("CREATE FUNCTION hold_u100() RETURNS trigger LANGUAGE plpgsql AS $$"
+                 " BEGIN IF NEW.event_id = 'u-100' THEN PERFORM pg_sleep(1); END IF;"
+                 " RETURN NEW; END $$")
+    conn.execute("CREATE TRIGGER hold_u100 BEFORE INSERT ON telemetry_metrics"
+                 " FOR EACH ROW EXECUTE FUNCTION hold_u100()")
+    conn.commit()
+    rows = _rows(200)
+    chunks = {0: rows, 1: [Row((*r[:7], 1, *r[8:])) for r in reversed(rows)]}
+    outcome: dict[int, Any] = {}
+
+    def write(partition: int) -> None:
+        try:
+            with closing(db.connect()) as c, UnitOfWork(c, pipeline) as uow:
+                outcome[partition] = uow.rows.upsert(chunks[partition])
+                uow.commit()
+        except Exception as exc:
+            outcome[partition] = exc
+
+    writers = [threading.Thread(target=write, args=(p,)) for p in chunks]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(120)
+    assert all(isinstance(up, UpsertResult) for up in outcome.values()), outcome
+    assert sorted((up.inserted, up.duplicates, up.missing) for up in outcome.values()) == [
+        (0, 200, 0), (200, 0, 0)]
+    assert len({r[2] for r in _table(conn)}) == 1  # every row one partition's copy
+    assert len(_table(conn)) == 200

@@ -23,6 +23,7 @@ from kafka_ingest.contracts import (
     get_contract,
     json_schema,
 )
+from kafka_ingest.contracts.columns import pg_to_datetime, seconds_to_pg
 from kafka_ingest.decode.validate import classify
 from kafka_ingest.errors import ContractViolation, DataError, UnknownVersion
 
@@ -65,9 +66,12 @@ def test_metric_v1_accepts_a_good_event() -> None:
     assert (event.event_id, event.device_id, event.metric_value, event.status) == (
         "m-1", "device-0001", 21.5, "WARN")
     assert event.version == 1  # absent version means 1
-    # the epoch travels as it is; Postgres makes it a timestamptz (STAGED)
-    assert event.sink_values() == ("m-1", "device-0001", 1_767_225_600.25, 21.5, "WARN")
-    assert MetricEventV1.STAGED == {"timestamp": ("float8", "to_timestamp({})")}
+    # the epoch travels as the binary timestamptz it becomes (STAGED): microseconds since
+    # 2000-01-01, 2026-01-01T00:00:00.25Z here
+    assert event.sink_values() == ("m-1", "device-0001", 820_540_800_250_000, 21.5, "WARN")
+    assert {"timestamp": ("float8", seconds_to_pg)} == MetricEventV1.STAGED
+    assert pg_to_datetime(event.sink_values()[2]) == datetime(2026, 1, 1, 0, 0, 0, 250_000,
+                                                              tzinfo=UTC)
 
 
 def test_metric_v2_accepts_v1_and_v2_payloads() -> None:

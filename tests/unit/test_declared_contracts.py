@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from kafka_ingest.config import Pipeline, declared_contracts, parse_pipelines
 from kafka_ingest.contracts import Contract, MetricEventV2, OrderCreatedV1
-from kafka_ingest.contracts.columns import Column, contract_columns
+from kafka_ingest.contracts.columns import Column, contract_columns, millis_to_pg, seconds_to_pg
 from kafka_ingest.decode.validate import classify
 from kafka_ingest.errors import ContractViolation, DataError, UnknownVersion
 
@@ -49,6 +49,8 @@ DECLARED = declared_contracts(EXAMPLES, source="test.yaml")
 METRIC_DECLARED = DECLARED["metric_reading.v2"]
 ORDER_DECLARED = DECLARED["order_placed.v1"]
 
+#: METRIC's timestamp (2026-01-01T00:00:00.25Z) as it travels: µs since 2000-01-01.
+TS_PG = 820_540_800_250_000
 METRIC: dict[str, Any] = {"event_id": "m-1", "device_id": "device-0001",
                           "timestamp": 1_767_225_600.25, "metric_value": 21.5}
 ORDER: dict[str, Any] = {"event_id": "o-1", "order_id": 1_000_001,
@@ -111,7 +113,7 @@ def test_declared_examples_have_the_hand_written_columns() -> None:
         Column("timestamp", "timestamp with time zone", "timestamptz", False),
     )
     assert contract_columns(METRIC_DECLARED)[2] == Column(
-        "timestamp", "timestamp with time zone", "float8", False, "to_timestamp({})")
+        "timestamp", "timestamp with time zone", "float8", False, seconds_to_pg)
     assert contract_columns(METRIC_DECLARED)[-1] == Column(
         "unit", "character varying(32)", "text", True)
 
@@ -125,12 +127,12 @@ def test_declared_models_are_contracts_with_their_key() -> None:
 
 METRIC_CASES = [
     # a good event, status defaulted
-    ("good", encode(METRIC), ("m-1", "device-0001", 1_767_225_600.25, 21.5, "OK", None)),
+    ("good", encode(METRIC), ("m-1", "device-0001", TS_PG, 21.5, "OK", None)),
     # a v1 payload is a v2 event without a unit
     ("v1_payload", encode(METRIC, version=1, status="WARN"),
-     ("m-1", "device-0001", 1_767_225_600.25, 21.5, "WARN", None)),
+     ("m-1", "device-0001", TS_PG, 21.5, "WARN", None)),
     ("v2_payload", encode(METRIC, version=2, unit="celsius"),
-     ("m-1", "device-0001", 1_767_225_600.25, 21.5, "OK", "celsius")),
+     ("m-1", "device-0001", TS_PG, 21.5, "OK", "celsius")),
     # NaN and Infinity are no readings
     ("nan", with_literal(METRIC, "metric_value", "NaN"), ("metric_value", "finite_number")),
     ("infinity", with_literal(METRIC, "metric_value", "-Infinity"),
@@ -360,8 +362,9 @@ def test_timestamptz_iso8601(literal: str, expected: Any) -> None:
 
 @pytest.mark.parametrize(
     ("literal", "expected"),
-    [("1767225600.5", 1767225600.5), ("0", 0.0),
-     ("253402300799", 253402300799.0),  # 9999-12-31T23:59:59Z
+    # the value travels as a binary timestamptz: microseconds since 2000-01-01
+    [("1767225600.5", 820_540_800_500_000), ("0", -946_684_800_000_000),
+     ("253402300799", 252_455_615_999_000_000),  # 9999-12-31T23:59:59Z
      ("253402300800", {"less_than_equal"}),
      ("-1", {"greater_than_equal"}),
      ('"2026-01-01T00:00:00Z"', {"float_type"}),
@@ -369,16 +372,16 @@ def test_timestamptz_iso8601(literal: str, expected: Any) -> None:
 )
 def test_timestamptz_epoch_seconds(literal: str, expected: Any) -> None:
     model = one_field({"type": "timestamptz", "encoding": "epoch_seconds"})
-    # the number travels; Postgres makes it a timestamptz
+    # the number is converted into the timestamptz it travels as
     assert contract_columns(model)[1] == Column("v", "timestamp with time zone", "float8",
-                                                False, "to_timestamp({})")
+                                                False, seconds_to_pg)
     assert outcome(model, literal) == expected
 
 
 @pytest.mark.parametrize(
     ("literal", "expected"),
-    [("1767225600123", 1767225600123), ("0", 0),
-     ("253402300799000", 253402300799000),  # 9999-12-31T23:59:59Z
+    [("1767225600123", 820_540_800_123_000), ("0", -946_684_800_000_000),
+     ("253402300799000", 252_455_615_999_000_000),  # 9999-12-31T23:59:59Z
      ("253402300799001", {"less_than_equal"}),
      ("-1", {"greater_than_equal"}),
      ("1767225600123.5", {"int_type"}),  # milliseconds are whole
@@ -387,7 +390,7 @@ def test_timestamptz_epoch_seconds(literal: str, expected: Any) -> None:
 def test_timestamptz_epoch_millis(literal: str, expected: Any) -> None:
     model = one_field({"type": "timestamptz", "encoding": "epoch_millis"})
     assert contract_columns(model)[1] == Column("v", "timestamp with time zone", "int8",
-                                                False, "to_timestamp({}::float8 / 1000)")
+                                                False, millis_to_pg)
     assert outcome(model, literal) == expected
 
 
@@ -729,7 +732,8 @@ pipeline = pickle.loads(sys.stdin.buffer.read())
 model = pipeline.model
 fields = {name: [f.alias, f.is_required()] for name, f in model.model_fields.items()}
 out = {"class": model.__name__, "key": model.key(), "declared": model.is_declared(),
-       "fields": fields, "sink_columns": model.SINK_COLUMNS, "staged": model.STAGED,
+       "fields": fields, "sink_columns": model.SINK_COLUMNS,
+       "staged": {c: [t, f.__name__] for c, (t, f) in model.STAGED.items()},
        "columns": pipeline.column_names}
 for payload in sys.argv[1:]:
     try:
@@ -766,9 +770,9 @@ def test_a_pipeline_with_a_declared_contract_survives_pickling_into_a_worker() -
         "sink_columns": [["event_id", "text"], ["sensor", "text"],
                          ["taken_at", "timestamptz"], ["reading", "numeric"],
                          ["flags", "int2[]"], ["site", "text"]],
-        "staged": {"taken_at": ["int8", "to_timestamp({}::float8 / 1000)"]},
+        "staged": {"taken_at": ["int8", "millis_to_pg"]},
         "columns": ["event_id", "sensor", "taken_at", "reading", "flags", "site"],
-        "rows": [["e", "s1", "1767225600123", "12.50", "[]", "lab"], "ValidationError"],
+        "rows": [["e", "s1", "820540800123000", "12.50", "[]", "lab"], "ValidationError"],
     }
     # and in this process, the same pipeline copied: the same model class
     assert pickle.loads(pickle.dumps(pipeline)).model is pipeline.model  # noqa: S301 (ours)

@@ -32,9 +32,10 @@ EVENT = {"event_id": "e-1", "device_id": "dev-1", "timestamp": 1_767_225_600.5,
          "metric_value": 21.5}
 VALUE = json.dumps(EVENT).encode()
 # MetricEventV2's values for EVENT, in SINK_COLUMNS order (status defaulted, no unit)
-EVENT_VALUES = ("e-1", "dev-1", 1_767_225_600.5, 21.5, "OK", None)
-# the message fixture's broker timestamp
-KAFKA_TS = 1_767_225_600_123
+# the timestamp 2026-01-01T00:00:00.5Z as it travels: µs since 2000-01-01
+EVENT_VALUES = ("e-1", "dev-1", 820_540_800_500_000, 21.5, "OK", None)
+# the message fixture's broker timestamp (1_767_225_600_123 ms), as it travels
+KAFKA_TS = 820_540_800_123_000
 
 
 def pipeline(**body: Any) -> Pipeline:

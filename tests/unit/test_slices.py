@@ -31,6 +31,7 @@ import pytest
 from fakes import Event, Events, FakeClients, FakeConsumer, FakeDatabase, FakeProducer, Msg
 
 from kafka_ingest.config import DlqHeaderStyle, Pipeline
+from kafka_ingest.contracts.columns import millis_to_pg
 from kafka_ingest.engine import ingest, slices
 from kafka_ingest.engine.ingest import ingest_range
 from kafka_ingest.engine.replay import replay_range
@@ -159,8 +160,8 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     assert {r.run_id for r in w.db.runs} == {RUN_ID}
     assert sorted(w.db.rows) == VALID
     assert w.db.rows["evt-007"].source == (pipeline.topic, PARTITION, 7, b"device",
-                                           int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()
-                                               * 1000))
+                                           millis_to_pg(int(datetime(2026, 1, 1, tzinfo=UTC)
+                                                            .timestamp() * 1000)))
     # The poison pill: produced to the DLQ, its delivery report read (the DLQ offset it
     # got is what the dead_letters row holds), recorded in chunk [3, 6)'s transaction.
     (dlq,) = w.producer.delivered

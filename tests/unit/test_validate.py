@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime
 from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
 from kafka_ingest.errors import DataError
 from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
+from kafka_ingest.records import MAX_TIMESTAMP_MS, kafka_timestamp_ms
 from kafka_ingest_dev.samples import make_event, poison_pills, sample_stream
 
 PIPELINES = ["telemetry_metrics", "orders_created"]
@@ -111,9 +114,10 @@ def test_rows_carry_provenance(shipped: dict[str, Pipeline], message: Any) -> No
     assert row.values == pipeline.model.model_validate_json(value).sink_values()
     topic, partition, offset, key, kafka_ts = row[-5:]
     assert (topic, partition, offset, key) == ("pedidos-criados", 4, 987, b"customer-1")
-    # the broker's milliseconds as they came; Postgres makes them a timestamptz
-    assert kafka_ts == 1_767_225_600_123 == row.source.timestamp_ms
-    assert result.rows[1].source.timestamp_ms is None  # no broker timestamp: NULL, not 0
+    # the broker's milliseconds as the timestamptz they travel as: µs since 2000-01-01
+    assert kafka_ts == 820_540_800_123_000 == row.source.kafka_timestamp
+    assert pg_to_datetime(kafka_ts) == datetime(2026, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
+    assert result.rows[1].source.kafka_timestamp is None  # no broker timestamp: NULL, not 0
 
 
 def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipeline]) -> None:
@@ -127,9 +131,25 @@ def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipel
                    "metric_event.v2", pipeline.dlq_topic),
     ]
     result = validate_chunk([ReplayedMessage(d) for d in letters], pipeline)
-    assert [tuple(r.source) for r in result.rows] == [("telemetry-metrics", 1, 10, b"k", 1_000)]
+    assert [tuple(r.source) for r in result.rows] == [
+        ("telemetry-metrics", 1, 10, b"k", millis_to_pg(1_000))]
     assert [(d.source, d.error_class, d.timestamp_ms) for d in result.dead] == [
         (("telemetry-metrics", 1, 11), "not_an_object", None)]
+
+
+@pytest.mark.parametrize("timestamp", [(1, 0), (1, 1_767_225_600_123), (1, MAX_TIMESTAMP_MS),
+                                       (1, MAX_TIMESTAMP_MS + 1), (1, -1), (0, -1),
+                                       (0, 1_767_225_600_123), (2, 5)])
+def test_the_hot_loops_kafka_timestamp_is_kafka_timestamp_ms_as_it_travels(
+        shipped: dict[str, Pipeline], message: Any, timestamp: tuple[int, int]) -> None:
+    # validate_chunk inlines kafka_timestamp_ms and millis_to_pg (a frame a message less):
+    # the same value, NULL included, whatever the broker sent.
+    pipeline = shipped["telemetry_metrics"]
+    msg = message(json.dumps(make_event(pipeline, 1, "ts", random.Random(3))).encode(),
+                  timestamp_=timestamp)
+    (row,) = validate_chunk([msg], pipeline).rows
+    ms = kafka_timestamp_ms(msg)
+    assert row.source.kafka_timestamp == (None if ms is None else millis_to_pg(ms))
 
 
 def test_an_empty_chunk(shipped: dict[str, Pipeline]) -> None:
@@ -148,7 +168,7 @@ def test_a_timestamp_no_date_can_hold_is_null_not_a_failed_batch(
 
     result = validate_chunk([good, bad], pipeline)
 
-    assert len(result.rows) == 1 and result.rows[0].source.timestamp_ms is None
+    assert len(result.rows) == 1 and result.rows[0].source.kafka_timestamp is None
     assert [d.timestamp_ms for d in result.dead] == [None]
 
 

@@ -17,6 +17,7 @@ is a data error (:class:`~kafka_ingest.errors.UnknownVersion`), never a crash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Annotated, Any, ClassVar
@@ -56,10 +57,11 @@ class Contract(BaseModel):
     VERSION: ClassVar[int]
     #: (column, Postgres type) in the order :meth:`sink_values` returns them.
     SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]]
-    #: Columns Postgres computes from the field's value: column -> (the type the value
-    #: travels in, SQL that turns it into the column's type with ``{}`` for the value).
-    #: Postgres does in C what Python would do per message (e.g. epoch -> timestamptz).
-    STAGED: ClassVar[dict[str, tuple[str, str]]] = {}
+    #: Columns whose field's value is converted before it travels: column -> (the type
+    #: of the field's value, what converts it into the column's binary ``COPY`` form),
+    #: e.g. an epoch in seconds -> ``timestamptz`` (:func:`~kafka_ingest.records.seconds_to_pg`).
+    #: :func:`sink_getter` applies it, so the row goes straight into the table.
+    STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
     #: A contract built from a declaration in the pipelines file
     #: (:mod:`~kafka_ingest.contracts.declared`): the declaration, as JSON; None for one
     #: written in Python.
@@ -70,7 +72,7 @@ class Contract(BaseModel):
 
     def sink_values(self) -> tuple[Any, ...]:
         """The row's values as they travel to Postgres, in ``SINK_COLUMNS`` order (a
-        ``STAGED`` column's value before Postgres converts it)."""
+        ``STAGED`` column's value converted)."""
         values: tuple[Any, ...] = sink_getter(type(self))(self)
         return values
 
@@ -88,12 +90,35 @@ _GETTERS: dict[type[Contract], Any] = {}
 
 
 def sink_getter(model: type[Contract]) -> Any:
-    """``attrgetter`` of a contract's sink columns: one C call per message on the hot path
-    (a contract has at least two columns, so it returns a tuple)."""
+    """A model instance -> its sink values (:func:`values_getter` of its attributes)."""
     getter = _GETTERS.get(model)
     if getter is None:
-        getter = _GETTERS[model] = attrgetter(*(name for name, _ in model.SINK_COLUMNS))
+        getter = _GETTERS[model] = values_getter(model, by_key=False)
     return getter
+
+
+def values_getter(model: type[Contract], *, by_key: bool) -> Any:
+    """A validated event -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
+    column's value converted (``None`` stays ``None``); ``by_key``: the event is a fields
+    dict, else a model instance.
+
+    Without a converted column, one C call per message (``itemgetter``/``attrgetter``;
+    a contract has at least two columns, so it returns a tuple). With one, a function made
+    for the contract reads and converts every column in a single frame: 0.3 µs a message
+    with one epoch column, where a loop over the columns after the C call cost 0.8.
+    """
+    names = [name for name, _ in model.SINK_COLUMNS]
+    converts = [model.STAGED[name][1] if name in model.STAGED else None for name in names]
+    if not any(converts):
+        return (itemgetter if by_key else attrgetter)(*names)
+    read = "s[{!r}]" if by_key else "getattr(s, {!r})"
+    parts = [read.format(name) if convert is None else
+             f"(None if (v{i} := {read.format(name)}) is None else c{i}(v{i}))"
+             for i, (name, convert) in enumerate(zip(names, converts, strict=True))]
+    scope: dict[str, Any] = {f"c{i}": c for i, c in enumerate(converts) if c is not None}
+    exec(f"def values(s):\n    return ({', '.join(parts)},)", scope)  # noqa: S102
+    values: Any = scope["values"]
+    return values
 
 
 @dataclass(frozen=True)
@@ -109,7 +134,7 @@ class Validation:
 
     #: A ``SchemaValidator`` (the model's may be pydantic's pluggable wrapper of one).
     validator: Any
-    #: ``itemgetter`` of the sink columns over a result's fields dict (``result[0]``);
+    #: The sink values of a result's fields dict (``result[0]``), :func:`values_getter`;
     #: None: the result is a model instance (read it with :func:`sink_getter`).
     fields: Any
 
@@ -136,4 +161,5 @@ def _validation(model: type[Contract]) -> Validation:
              and "post_init" not in schema and set(names) <= set(inner["fields"]))
     if not plain:
         return Validation(model.__pydantic_validator__, None)
-    return Validation(SchemaValidator(inner, schema.get("config")), itemgetter(*names))
+    return Validation(SchemaValidator(inner, schema.get("config")),
+                      values_getter(model, by_key=True))

@@ -1,7 +1,7 @@
 """A contract's columns: the one place a field's Postgres column is decided.
 
 Hand-written and declared contracts alike say, per sink column, the type its value travels
-in (``SINK_COLUMNS``, and ``STAGED`` when Postgres converts it); the column's DDL type and
+in (``SINK_COLUMNS``, and ``STAGED`` when it is converted to travel); the column's DDL type and
 whether it may be NULL follow from the field itself: a ``max_length`` makes
 ``character varying(n)``, a ``Decimal`` with digits and places makes ``numeric(p,s)``, an
 annotation that admits ``None`` makes a nullable column. Types are spelled as Postgres'
@@ -12,7 +12,9 @@ are.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
@@ -34,6 +36,34 @@ DDL_TYPES: dict[str, str] = {
 }
 
 
+#: Postgres' epoch (2000-01-01) in Unix seconds and milliseconds.
+PG_EPOCH_S = 946_684_800
+PG_EPOCH_MS = PG_EPOCH_S * 1000
+
+
+def seconds_to_pg(seconds: float) -> int:
+    """A Unix time in seconds as binary ``COPY`` sends a ``timestamptz``: microseconds
+    since Postgres' epoch in an int8. Rounded as Postgres' ``to_timestamp(float8)`` rounds
+    (``rint``: to the microsecond, half to even), so the value is the one the server
+    would compute."""
+    return round((seconds - PG_EPOCH_S) * 1e6)
+
+
+def millis_to_pg(ms: int) -> int:
+    """A Unix time in milliseconds as a binary ``timestamptz`` (see :func:`seconds_to_pg`):
+    exact."""
+    return (ms - PG_EPOCH_MS) * 1000
+
+
+def pg_to_datetime(us: int | None) -> datetime | None:
+    """A binary ``timestamptz`` value (:func:`seconds_to_pg`) as a datetime (UTC)."""
+    return None if us is None else _PG_EPOCH + timedelta(microseconds=us)
+
+
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a target table, and how a row's value reaches it."""
@@ -41,12 +71,19 @@ class Column:
     name: str
     #: The column's type as ``format_type()`` prints it (``character varying(128)``).
     ddl: str
-    #: The type the value travels in (binary COPY into the staging table).
+    #: The type of the validated value (what a registry schema's field must give).
     copy_type: str
     nullable: bool
-    #: SQL that turns the travelled value into the column's type, ``{}`` for the value
-    #: (``to_timestamp({})``); None when it travels as the column's own type.
-    convert: str | None = None
+    #: What turns the validated value into the column's binary ``COPY`` form before it
+    #: travels (an epoch into a ``timestamptz``: :func:`seconds_to_pg`);
+    #: None when the value travels as it is.
+    convert: Callable[[Any], Any] | None = None
+
+    @property
+    def wire_type(self) -> str:
+        """The type binary ``COPY`` sends the value as: a converted epoch goes as the int8
+        that a binary ``timestamptz`` is."""
+        return "int8" if self.convert is not None else self.copy_type
 
 
 def _metadata(annotation: Any) -> list[Any]:
@@ -111,4 +148,5 @@ def contract_columns(model: Any) -> tuple[Column, ...]:
     return tuple(columns)
 
 
-__all__ = ["DDL_TYPES", "Column", "admits_none", "contract_columns", "ddl_type"]
+__all__ = ["DDL_TYPES", "PG_EPOCH_MS", "PG_EPOCH_S", "Column", "admits_none", "contract_columns",
+           "ddl_type", "millis_to_pg", "pg_to_datetime", "seconds_to_pg"]

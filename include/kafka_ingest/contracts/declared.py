@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from datetime import date
 from decimal import Decimal
 from enum import StrEnum
@@ -48,6 +49,7 @@ from pydantic import (
 from pydantic_core import to_json
 
 from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
+from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
@@ -97,9 +99,9 @@ _TRAVEL: dict[FieldType, str] = {
     FieldType.BOOLEAN: "bool", FieldType.DATE: "date", FieldType.UUID: "uuid",
     FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz",
 }
-_STAGED_TIME: dict[TimeEncoding, tuple[str, str]] = {
-    TimeEncoding.EPOCH_SECONDS: ("float8", "to_timestamp({})"),
-    TimeEncoding.EPOCH_MILLIS: ("int8", "to_timestamp({}::float8 / 1000)"),
+_STAGED_TIME: dict[TimeEncoding, tuple[str, Callable[[Any], Any]]] = {
+    TimeEncoding.EPOCH_SECONDS: ("float8", seconds_to_pg),
+    TimeEncoding.EPOCH_MILLIS: ("int8", millis_to_pg),
 }
 def _jsonb_safe(value: Any) -> Any:
     """Refuse what Postgres' jsonb cannot hold: NaN/Infinity, ``\\u0000``, and anything

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
+from kafka_ingest.contracts.columns import seconds_to_pg
 
 
 class MetricEventV1(Contract):
     """One metric reading of one device.
 
     ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``,
-    converted by Postgres (``STAGED``).
+    converted before it travels (``STAGED``).
     """
 
     EVENT_TYPE: ClassVar[str] = "metric_event"
@@ -25,7 +27,8 @@ class MetricEventV1(Contract):
         ("metric_value", "float8"),
         ("status", "text"),
     )
-    STAGED: ClassVar[dict[str, tuple[str, str]]] = {"timestamp": ("float8", "to_timestamp({})")}
+    STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "timestamp": ("float8", seconds_to_pg)}
 
     version: int = Field(default=1, ge=1, le=1)
     device_id: short_text(128)  # type: ignore[valid-type]

@@ -18,7 +18,7 @@ mid-slice.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,15 +26,21 @@ import psycopg
 from psycopg import sql
 
 from kafka_ingest.config import OnTombstone, Pipeline, UpsertMode
-from kafka_ingest.contracts.columns import Column, ddl_type
+from kafka_ingest.contracts.columns import Column, ddl_type, millis_to_pg
 from kafka_ingest.db.schema import MIGRATION_LOCK
 from kafka_ingest.errors import SchemaDrift
-from kafka_ingest.records import PROVENANCE_COLUMNS, PROVENANCE_STAGED
+from kafka_ingest.records import PROVENANCE_COLUMNS
 
 #: Provenance columns that may be NULL (a record without a key or a usable timestamp).
 _NULLABLE_PROVENANCE = frozenset({"kafka_key", "kafka_timestamp"})
 #: The suffix of the marker table of a pipeline that deletes on tombstones.
 MARKER_SUFFIX = "_tombstones"
+#: Provenance columns whose value is converted before it travels (see ``Contract.STAGED``):
+#: the Kafka timestamp (epoch milliseconds) becomes a binary timestamptz, in the hot loop
+#: itself (:func:`kafka_ingest.decode.validate.validate_chunk`).
+PROVENANCE_STAGED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "kafka_timestamp": ("int8", millis_to_pg),
+}
 #: How long a DDL statement waits for a table's lock (then the change fails, retriable).
 DDL_LOCK_TIMEOUT_MS = "5000"
 

@@ -1,21 +1,25 @@
-"""The target table, written through a temporary staging table.
+"""The target table, written by binary ``COPY``: straight in, or through a staging table.
 
-One chunk's rows are COPYed (binary) into a temporary staging table, in-chunk duplicates
-are dropped, and ``INSERT ... SELECT ... ON CONFLICT`` moves them into the target table:
-``DO NOTHING`` on ``event_id`` for append pipelines, ``DO UPDATE ... WHERE`` older for
-``latest`` pipelines. The outcome is then checked against the table. A row Postgres
-rejects is isolated by bisecting the chunk (in savepoints) and returned for the DLQ.
+A chunk's rows travel in the table's own binary form (an epoch already a ``timestamptz``,
+see :attr:`~kafka_ingest.contracts.columns.Column.convert`), so the same payload can go
+into the target table or into a temporary staging table of the same columns. An append
+chunk's payload holds one copy of each event, the one ``ON CONFLICT`` keeps (its lowest
+place in the log), in key order (:func:`write_order`).
 
-An append chunk first tries its keys as new: a plain ``INSERT ... SELECT`` of the staged
-rows (their in-chunk copies left out), in a savepoint. Postgres' unique index decides:
-when every key is new it inserts them all, at 2.6 instead of 4.5 µs of server CPU a row
-(``ON CONFLICT``'s speculative insertion is the difference); when one key is stored
-already (a replay, a backfill, a duplicate another partition stored) it refuses the
-statement, the savepoint rolls back, and ``ON CONFLICT DO NOTHING`` runs on the same
-staged rows. What the table ends with is the same either way, so a replay never
-duplicates a row. A slice whose chunk met a stored key skips the attempt for its next
-chunks, 1, 2, 4, ... up to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`): a
-backfill over stored rows pays one refused statement, not one a chunk.
+An append chunk first tries its keys as new: ``COPY`` straight into the target table, in
+a savepoint. Postgres' unique index decides: when every key is new the table takes them
+all, at 2.1 instead of 3.6 µs of server CPU a row (no staging table, no second pass, and
+``COPY`` inserts a page of rows at a time); when one key is stored already (a replay, a
+backfill, a duplicate another partition stored) it refuses the ``COPY``, the savepoint
+rolls back, and the staged path runs on the same payload: ``COPY`` into the staging table,
+then ``INSERT ... SELECT ... ON CONFLICT``: ``DO NOTHING`` on ``event_id`` for append
+pipelines, ``DO UPDATE ... WHERE`` older for ``latest`` pipelines (which always take it).
+What the table ends with is the same either way, so a replay never duplicates a row. A
+slice whose chunk met a stored key skips the attempt for its next chunks, 1, 2, 4, ... up
+to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`): a backfill over stored rows pays
+one refused ``COPY``, not one a chunk. The outcome is then checked against the table. A
+row Postgres rejects is isolated by bisecting the chunk (in savepoints) and returned for
+the DLQ.
 
 Deletes (``on_tombstone: delete``, ``latest`` pipelines keyed by the record key, in log
 order): after the chunk's upsert, a tombstone of key K at offset o deletes K's row if the
@@ -34,9 +38,10 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress, islice
+from operator import eq, itemgetter
 from typing import Any
 
 import psycopg
@@ -113,13 +118,45 @@ class DeleteResult:
 
 
 def _copied_types(pipeline: Pipeline) -> list[str]:
-    """The types of the staging columns a row fills, in row order: a column Postgres
-    converts travels as its raw type."""
-    return [c.copy_type for c in row_columns(pipeline)]
+    """The types the row's values travel as, in row order (:attr:`Column.wire_type`)."""
+    return [c.wire_type for c in row_columns(pipeline)]
+
+
+def write_order(pipeline: Pipeline) -> Callable[[Sequence[Row]], Sequence[Row]]:
+    """An append chunk's rows -> the rows its transaction writes, in that order: of each
+    event (``event_id``) the copy ``ON CONFLICT`` keeps, its lowest place in the log (topic
+    in byte order, partition, offset), in key order (byte order: Python compares strings
+    by code point, which UTF-8 keeps). Two transactions writing copies of the same events
+    (in two partitions) take their keys in the same order, so they wait for each other and
+    never deadlock. ``latest`` pipelines: the rows as they are (their statements choose).
+
+    C-level passes over the chunk (the sort is linear on keys that rise), then a Python step
+    per copy: this runs for every chunk."""
+    if pipeline.upsert.mode is UpsertMode.LATEST:
+        return lambda rows: rows
+    columns = [c.name for c in row_columns(pipeline)]
+    event_id = itemgetter(columns.index("event_id"))
+    place = itemgetter(*(columns.index(c) for c in ("source_topic", "source_partition",
+                                                    "source_offset")))
+
+    def order(rows: Sequence[Row]) -> Sequence[Row]:
+        ordered = sorted(rows, key=event_id)
+        ids = list(map(event_id, ordered))
+        copies = list(compress(range(1, len(ids)), map(eq, ids, islice(ids, 1, None))))
+        if not copies:
+            return ordered
+        keep = [True] * len(ordered)
+        for i in copies:  # the same event as i - 1, which holds the lowest place so far
+            if place(ordered[i]) > place(ordered[i - 1]):
+                ordered[i - 1], ordered[i] = ordered[i], ordered[i - 1]
+            keep[i - 1] = False  # i holds the lowest place of the copies up to it
+        return list(compress(ordered, keep))
+
+    return order
 
 
 class CopyEncoder:
-    """Rows -> the binary ``COPY`` payload of a pipeline's staging table, without I/O.
+    """Rows -> the binary ``COPY`` payload of a chunk (:func:`write_order`), without I/O.
 
     The slice engine encodes chunk k+1 in its reading thread while the writer thread runs
     chunk k's transaction, so the writer only sends bytes. The encoder adapts values with
@@ -129,6 +166,7 @@ class CopyEncoder:
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline) -> None:
         self.types = _copied_types(pipeline)
+        self._order = write_order(pipeline)
         self._cursor = conn.cursor()
         self._copy(io.BytesIO())  # the dumpers, made now
 
@@ -150,13 +188,14 @@ class CopyEncoder:
         buffer = io.BytesIO()
         with self._copy(buffer) as copy:
             write = copy.write_row
-            for row in rows:
+            for row in self._order(rows):
                 write(row)
         return buffer.getvalue()
 
 
 class RowsRepository:
-    """The pipeline's target table, written through a temporary staging table."""
+    """The pipeline's target table, written by ``COPY`` straight in or through a staging
+    table (see the module doc)."""
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
                  lock_timeout_s: float = 30.0, new_keys: NewKeys | None = None) -> None:
@@ -166,22 +205,14 @@ class RowsRepository:
         #: The slice's memory of stored keys met (a repository of its own: try each chunk).
         self.new_keys = new_keys or NewKeys()
         cols = row_columns(pipeline)
-        #: The table's columns, and the staging table's definition of each: a column that
-        #: Postgres converts is generated from a raw column the row fills.
+        #: The columns a row fills, in row order: the target table's and the staging
+        #: table's alike.
         self.columns = [c.name for c in cols]
-        self.copied = [f"raw_{c.name}" if c.convert else c.name for c in cols]
         self.types = _copied_types(pipeline)
+        self._order = write_order(pipeline)
         self._event_id = itemgetter(self.columns.index("event_id"))
-        place = [self.columns.index(c) for c in ("source_topic", "source_partition",
-                                                 "source_offset")]
-        self._place, self._position = itemgetter(*place), itemgetter(*place[1:])
-        self._stage_columns = [
-            sql.SQL("{} {}").format(sql.Identifier(raw), sql.SQL(c.copy_type))
-            if c.convert is None else
-            sql.SQL("{raw} {t}, {name} {final} GENERATED ALWAYS AS ({expr}) STORED").format(
-                raw=sql.Identifier(raw), t=sql.SQL(c.copy_type), name=sql.Identifier(c.name),
-                final=sql.SQL(c.ddl), expr=sql.SQL(c.convert).format(sql.Identifier(raw)))
-            for c, raw in zip(cols, self.copied, strict=True)]
+        self._stage_columns = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.ddl))
+                               for c in cols]
         #: The table's columns, as the statements name them.
         self._column_list = sql.SQL(", ").join(map(sql.Identifier, self.columns))
         self.table = sql.Identifier(pipeline.table)
@@ -190,6 +221,9 @@ class RowsRepository:
         self.marker = sql.Identifier(marker) if marker else None
         self._conflict = sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns))
         self._stage_ready = False
+        #: Postgres refused ``COPY`` into the table itself (row-level security): every
+        #: chunk takes the staged path.
+        self._copy_refused = False
 
     def serialize(self, partitions: Iterable[int]) -> None:
         """A deleting pipeline's chunk transaction holds its source partitions' keys until
@@ -237,42 +271,49 @@ class RowsRepository:
         )
         self._stage_ready = True
 
-    def _copy(self, rows: list[Row], encoded: bytes | None) -> None:
+    def _copy(self, table: sql.Identifier, rows: list[Row], encoded: bytes | None) -> int:
+        """``COPY`` the chunk's payload into ``table``: the rows it copied."""
+        stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            table, self._column_list)
+        with self.conn.cursor() as cur:
+            with cur.copy(stmt) as copy:
+                self._send(copy, rows, encoded)
+            return cur.rowcount
+
+    def _stage(self, rows: list[Row], encoded: bytes | None) -> None:
         # No JIT for this transaction's statements: compiling them (tens to hundreds of ms
         # once a chunk's estimated cost passes jit_above_cost) costs more than running
         # them. SET LOCAL: the server's setting is untouched outside the chunk.
         self.conn.execute(sql.SQL("SET LOCAL jit = off; TRUNCATE {}").format(self.stage))
-        stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-            self.stage, sql.SQL(", ").join(map(sql.Identifier, self.copied))
-        )
-        with self.conn.cursor().copy(stmt) as copy:
-            self._send(copy, rows, encoded)
+        self._copy(self.stage, rows, encoded)
 
     def _send(self, copy: psycopg.Copy, rows: list[Row], encoded: bytes | None) -> None:
-        """The COPY's data: the payload encoded ahead, or the rows encoded now."""
+        """The COPY's data: the payload encoded ahead, or the rows encoded now (in the
+        same order, :func:`write_order`)."""
         if encoded is not None:
             copy.write(encoded)
             return
         copy.set_types(self.types)
         write = copy.write_row
-        for row in rows:
+        for row in self._order(rows):
             write(row)
 
     def _upsert_once(self, rows: list[Row], encoded: bytes | None = None) -> UpsertResult:
-        self._copy(rows, encoded)
         if self.pipeline.upsert.mode is UpsertMode.LATEST:
+            self._stage(rows, encoded)
             return self._upsert_latest(len(rows))
-        return self._upsert_append(rows)
+        return self._upsert_append(rows, encoded)
 
-    def _upsert_append(self, rows: list[Row]) -> UpsertResult:
+    def _upsert_append(self, rows: list[Row], encoded: bytes | None) -> UpsertResult:
         n = len(rows)
         distinct = len(set(map(self._event_id, rows)))
-        if self.new_keys.attempt():
-            inserted = self._insert_new(rows, distinct)
+        if not self._copy_refused and self.new_keys.attempt():
+            inserted = self._copy_new(rows, encoded, distinct)
             if inserted is not None:
                 self.new_keys.all_new()
                 return UpsertResult(inserted, n - inserted, 0, [])
             self.new_keys.met_stored_key()
+        self._stage(rows, encoded)
         cols = self._column_list
         cur = self.conn.execute(
             sql.SQL(
@@ -299,48 +340,23 @@ class RowsRepository:
             " WHERE (SELECT true FROM {t} x WHERE x.event_id = s.event_id LIMIT 1) IS NULL",
             {}))
 
-    def _insert_new(self, rows: list[Row], distinct: int) -> int | None:
-        """The staged rows inserted as new keys, of each event the copy ``ON CONFLICT``
-        keeps: the rows inserted, or ``None`` (nothing written) when a key is stored
-        already, or when the INSERT wrote another count than one row per event (the
-        other copies' places in the log were not theirs alone: a letter twice in a
-        replay; or a trigger): ``ON CONFLICT`` and its outcome check then decide."""
-        later = self._later_copies(rows) if distinct < len(rows) else []
-        cols = self._column_list
-        skip = sql.SQL(" WHERE (source_partition, source_offset) NOT IN"
-                       " (SELECT * FROM unnest(%s::int4[], %s::int8[]))" if later else "")
-        params = ([p for p, _ in later], [o for _, o in later]) if later else None
+    def _copy_new(self, rows: list[Row], encoded: bytes | None, distinct: int) -> int | None:
+        """The chunk's payload (one copy of each event) copied straight into the table as
+        new keys: the rows copied, or ``None`` (nothing written) when a key is stored
+        already, when the ``COPY`` wrote another count than one row per event (a trigger),
+        or when Postgres refuses ``COPY`` into the table (row-level security): ``ON
+        CONFLICT`` and its outcome check then decide."""
         try:
             with self.conn.transaction():
-                inserted = self.conn.execute(
-                    # In key order, as ON CONFLICT's DISTINCT ON writes too: two
-                    # transactions writing the same keys (copies in two partitions) wait
-                    # for each other, never deadlock. Byte order in both: equality is the
-                    # same as the column's collation's. The sort costs 0.3-0.4 µs of
-                    # server CPU a row.
-                    sql.SQL('INSERT INTO {t} ({c}) SELECT {c} FROM {s}{w}'
-                            ' ORDER BY event_id COLLATE "C"')
-                    .format(t=self.table, c=cols, s=self.stage, w=skip), params).rowcount
-                if inserted != distinct:
+                copied = self._copy(self.table, rows, encoded)
+                if copied != distinct:
                     raise _NotOnePerEvent
         except (psycopg.errors.UniqueViolation, _NotOnePerEvent):
             return None
-        return inserted
-
-    def _later_copies(self, rows: list[Row]) -> list[tuple[int, int]]:
-        """The places in the log of the copies of each event but the one ``ON CONFLICT``
-        keeps (its lowest place: topic in byte order, partition, offset, as its ``ORDER BY``
-        sorts them). C-level passes over the chunk,
-        then a Python step per copy: this runs for every chunk with copies."""
-        ids = list(map(self._event_id, rows))
-        keep = dict(zip(reversed(ids), range(len(rows) - 1, -1, -1), strict=True))
-        later = set(range(len(rows))).difference(keep.values())
-        for i in list(later):  # each event's first copy in the chunk, or an earlier place
-            first = keep[ids[i]]
-            if self._place(rows[i]) < self._place(rows[first]):
-                keep[ids[i]] = i
-                later.symmetric_difference_update((i, first))
-        return [self._position(rows[i]) for i in later]
+        except psycopg.errors.FeatureNotSupported:
+            self._copy_refused = True
+            return None
+        return copied
 
     def _missing(self, query: str, extra: dict[str, sql.Composable]) -> int:
         row = self.conn.execute(

@@ -19,6 +19,7 @@ from pydantic_core import SchemaValidator
 
 from kafka_ingest.config import Format, OnTombstone, Pipeline
 from kafka_ingest.contracts.base import hot_validation, sink_getter
+from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.formats import RegistryDecoder, wire_schema_id
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
@@ -30,7 +31,13 @@ from kafka_ingest.errors import (
     UnknownVersion,
 )
 from kafka_ingest.kafka.dlq import DETAIL_MAX, DeadLetter
-from kafka_ingest.records import MessageLike, Row, Tombstone, kafka_timestamp_ms
+from kafka_ingest.records import (
+    MAX_TIMESTAMP_MS,
+    MessageLike,
+    Row,
+    Tombstone,
+    kafka_timestamp_ms,
+)
 
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
@@ -105,10 +112,13 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
         except DataError as exc:  # the wire format, or the record key or a header
             result.dead.append(dead_letter(msg, pipeline, exc))
             continue
-        # One flat tuple per message, the Kafka timestamp as it came: Postgres converts it.
+        # One flat tuple per message, the Kafka timestamp (kafka_timestamp_ms, inline) as
+        # binary COPY sends a timestamptz (millis_to_pg, inline).
+        kind, ms = msg.timestamp()
         rows_append(Row((*(columns(event) if fields is None else fields(event[0])), *more,
                          msg.topic(), msg.partition(), msg.offset(), msg.key(),
-                         kafka_timestamp_ms(msg))))
+                         (ms - PG_EPOCH_MS) * 1000 if kind and 0 <= ms <= MAX_TIMESTAMP_MS
+                         else None)))
     result.read, result.bytes = read, size
     return result
 
