@@ -41,9 +41,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "table_growth.json"
 def rows(start: int, n: int, keys: str, tag: str) -> list[Row]:
     """``n`` valid rows of the telemetry table, offsets from ``start``."""
     epoch, ms = 1.7e9, 1_700_000_000_000
-    return [Row((f"{tag}-m-{i:012d}" if keys == "seq" else uuid.uuid4().hex, f"dev-{i % 997}",
+    return [(f"{tag}-m-{i:012d}" if keys == "seq" else uuid.uuid4().hex, f"dev-{i % 997}",
                  seconds_to_pg(epoch + i / 1000), i * 0.5, "OK", "C", "growth", 0, i, b"k",
-                 millis_to_pg(ms + i)))
+                 millis_to_pg(ms + i))
             for i in range(start, start + n)]
 
 

@@ -80,23 +80,22 @@ PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
 _SOURCE = len(PROVENANCE_COLUMNS)
 
 
-class Row(tuple[Any, ...]):
-    """One valid event for the target table, flat in COPY order: the contract's column
-    values, then the provenance columns (:class:`Provenance` order).
+#: One valid event for the target table, flat in COPY order: the contract's column values,
+#: then the provenance columns (:class:`Provenance` order). A plain tuple, because it is
+#: built once per message on the hot path and goes to ``COPY`` as it is (a tuple subclass
+#: cost a second object a message); :func:`row_values` and :func:`row_source` name its
+#: two parts.
+Row = tuple[Any, ...]
 
-    Flat, because it is built once per message on the hot path and goes to ``COPY`` as it
-    is; :attr:`values` and :attr:`source` name its two parts.
-    """
 
-    __slots__ = ()
+def row_values(row: Row) -> tuple[Any, ...]:
+    """The row's contract (and key and header) column values."""
+    return row[:-_SOURCE]
 
-    @property
-    def values(self) -> tuple[Any, ...]:
-        return self[:-_SOURCE]
 
-    @property
-    def source(self) -> Provenance:
-        return Provenance(*self[-_SOURCE:])
+def row_source(row: Row) -> Provenance:
+    """Where the row's event came from."""
+    return Provenance(*row[-_SOURCE:])
 
 
 @dataclass(kw_only=True)
@@ -142,4 +141,6 @@ __all__ = [
     "Tombstone",
     "kafka_timestamp_ms",
     "ms_to_datetime",
+    "row_source",
+    "row_values",
 ]

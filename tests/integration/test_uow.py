@@ -47,7 +47,7 @@ from kafka_ingest.errors import (
     TransientError,
 )
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.records import Row
+from kafka_ingest.records import Row, row_source
 from kafka_ingest.requests import OffsetWindow
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,8 @@ def _rows(n: int, *, start: int = 0) -> list[Row]:
     """Rows (contract columns + provenance) for ``telemetry_metrics``."""
     epoch = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
     ms = int(1_000 * epoch)
-    return [Row((f"u-{i}", "d1", seconds_to_pg(epoch), float(i), "OK", None, TOPIC, 0, i, b"k",
-                 millis_to_pg(ms)))
+    return [(f"u-{i}", "d1", seconds_to_pg(epoch), float(i), "OK", None, TOPIC, 0, i, b"k",
+             millis_to_pg(ms))
             for i in range(start, start + n)]
 
 
@@ -166,7 +166,7 @@ def test_rows_encoded_ahead_load_exactly_as_rows_written_in_the_transaction(
     # The slice engine encodes a chunk for COPY outside its transaction: what lands must
     # be what the rows say, byte for byte, NULLs, bytes and timestamps included.
     rows = _rows(50)
-    rows[3] = Row((*rows[3][:5], "celsius", TOPIC, 0, 3, None, None))
+    rows[3] = (*rows[3][:5], "celsius", TOPIC, 0, 3, None, None)
     encoded = CopyEncoder(conn, pipeline).encode(rows)
     columns = ("event_id, device_id, \"timestamp\", metric_value, status, unit, source_topic,"
                " source_partition, source_offset, kafka_key, kafka_timestamp")
@@ -443,7 +443,7 @@ def test_a_row_the_encoder_refuses_is_isolated_and_dead_lettered_like_one_postgr
 
     def letting_one_through(messages: Any, pipe: Any, decoder: Any = None) -> Any:
         result = real(messages, pipe, decoder)
-        result.rows = [Row((r[0], bad[r.source.offset], *r[2:])) if r.source.offset in bad
+        result.rows = [(r[0], bad[row_source(r).offset], *r[2:]) if row_source(r).offset in bad
                        else r for r in result.rows]
         return result
 
@@ -486,8 +486,8 @@ def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_
     # keeps (the first place in the log, wherever it is in the chunk), so both paths
     # leave the same table and the same counts.
     rows = _rows(30)
-    rows += [Row((*rows[4][:3], 99.0, *rows[4][4:8], 40, *rows[4][9:])),
-             Row((*rows[9][:3], 77.0, *rows[9][4:8], 41, *rows[9][9:]))]
+    rows += [(*rows[4][:3], 99.0, *rows[4][4:8], 40, *rows[4][9:]),
+             (*rows[9][:3], 77.0, *rows[9][4:8], 41, *rows[9][9:])]
     landed: list[list[tuple[Any, ...]]] = []
     counts: list[tuple[int, int, int]] = []
     for chunk in (rows, rows, [*rows[:5], rows[-1], *rows[5:-1]]):
@@ -546,11 +546,11 @@ def test_a_letter_twice_in_a_chunk_lands_once_as_a_new_key_and_through_on_confli
 def test_a_row_postgres_refuses_in_a_new_keys_chunk_is_isolated_and_the_rest_lands(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
     rows = _rows(40)
-    rows[17] = Row(("x" * 200, *rows[17][1:]))  # event_id longer than varchar(128)
+    rows[17] = ("x" * 200, *rows[17][1:])  # event_id longer than varchar(128)
     with UnitOfWork(conn, pipeline) as uow:
         up = uow.rows.upsert(rows)
         assert (up.inserted, up.missing) == (39, 0)
-        assert [row.source.offset for row, _ in up.rejected] == [17]
+        assert [row_source(row).offset for row, _ in up.rejected] == [17]
         assert len(_table(conn)) == 39
     assert sum(filter(None, attempts)) == 39  # every half the bisection wrote: new keys
 
@@ -559,8 +559,8 @@ def test_three_copies_of_an_event_across_partitions_keep_the_lowest_place_both_w
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
     # A replay's chunk: rows of several partitions, not in log order, an event three times.
     rows = _rows(12)
-    rows = [Row((*r[:7], i % 3, 100 - i, *r[9:])) for i, r in enumerate(rows)]
-    copies = [Row((*rows[5][:3], v, *rows[5][4:7], p, o, *rows[5][9:]))
+    rows = [(*r[:7], i % 3, 100 - i, *r[9:]) for i, r in enumerate(rows)]
+    copies = [(*rows[5][:3], v, *rows[5][4:7], p, o, *rows[5][9:])
               for v, p, o in ((1.5, 2, 7), (2.5, 0, 3), (3.5, 0, 9))]
     chunk = [rows[0], copies[0], *rows[1:6], copies[1], *rows[6:], copies[2]]
     landed: list[dict[str, Any]] = []
@@ -667,7 +667,7 @@ def test_two_transactions_writing_the_same_new_keys_wait_for_each_other_never_de
                  " FOR EACH ROW EXECUTE FUNCTION hold_u100()")
     conn.commit()
     rows = _rows(200)
-    chunks = {0: rows, 1: [Row((*r[:7], 1, *r[8:])) for r in reversed(rows)]}
+    chunks = {0: rows, 1: [(*r[:7], 1, *r[8:]) for r in reversed(rows)]}
     outcome: dict[int, Any] = {}
 
     def write(partition: int) -> None:

@@ -67,7 +67,7 @@ from kafka_ingest.db import RunRecord, UpsertResult
 from kafka_ingest.errors import DatabaseUnavailable, FencedError, RejectedByDatabase
 from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.dlq import CONNECT, PREFIX, DeadLetter
-from kafka_ingest.records import Position, Row
+from kafka_ingest.records import Position, Row, row_source, row_values
 
 TOPIC = "orders"
 PARTITION = 3  # not 0, so a partition mix-up cannot pass by accident
@@ -636,7 +636,7 @@ class FakeEncoder:
     the fake table can check that what was encoded is what it is given."""
 
     def encode(self, rows: Sequence[Row]) -> bytes:
-        return repr([r.source.offset for r in rows]).encode()
+        return repr([row_source(r).offset for r in rows]).encode()
 
 
 class _Rows:
@@ -658,7 +658,7 @@ class _Rows:
         inserted = duplicates = 0
         rejected: list[tuple[Row, RejectedByDatabase]] = []
         for row in rows:
-            event_id = row.values[0]
+            event_id = row_values(row)[0]
             if event_id in uow.db.reject:
                 rejected.append((row, RejectedByDatabase(f"{event_id}: refused (fake)")))
             elif uow.stored_row(event_id) is None:
@@ -666,7 +666,7 @@ class _Rows:
                 inserted += 1
             else:
                 duplicates += 1
-        uow.db.events.append(("upsert", uow.txn, tuple(r.source.offset for r in rows)))
+        uow.db.events.append(("upsert", uow.txn, tuple(row_source(r).offset for r in rows)))
         return UpsertResult(inserted, duplicates, 0, rejected)
 
 

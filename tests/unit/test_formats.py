@@ -47,6 +47,7 @@ from kafka_ingest.kafka.registry import (
     map_registry_error,
     registry_settings_from,
 )
+from kafka_ingest.records import row_values
 from tests.unit.fakes import Msg
 
 AVRO: dict[str, Any] = {"type": "record", "name": "Reading", "namespace": "com.acme", "fields": [
@@ -156,7 +157,7 @@ def test_avro_decodes_once_per_schema_id_and_every_poison_is_its_own_dead_letter
         Msg(5, value_=avro_value(5, {**GOOD, "event_id": "e3", "device": "x" * 9})),
     ]
     result = validate_chunk(messages, p, decoder)
-    assert [r.values[:5] for r in result.rows] == [
+    assert [row_values(r)[:5] for r in result.rows] == [
         ("e1", "d1", 1.5, datetime(2026, 1, 1, tzinfo=UTC), Decimal("1.25")),
         ("e2", "d1", 1.5, datetime(2026, 1, 1, tzinfo=UTC), Decimal("1.25"))]
     assert [(d.source_offset, d.error_class, d.schema_id) for d in result.dead] == [
@@ -186,7 +187,7 @@ def test_json_schema_payloads_are_validated_as_json() -> None:
         Msg(2, value_=header + b'{"event_id": "e2", "device": "d", "value": 2,'
                                       b' "at": "2026-01-01T00:00:00"}'),  # naive
     ], p, decoder)
-    assert [r.values[0] for r in result.rows] == ["e1"]
+    assert [row_values(r)[0] for r in result.rows] == ["e1"]
     assert [d.error_class for d in result.dead] == ["undecodable", "contract_violation"]
 
 
@@ -231,7 +232,7 @@ def test_protobuf_messages_become_the_contract_s_dict_with_64_bit_ints_and_times
                              Msg(1, value_=header + b"\xff\xff")],
                             p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
     # value 0.0 has no presence in proto3 and still arrives; note is unset: missing (None)
-    assert [r.values for r in result.rows] == [
+    assert [row_values(r) for r in result.rows] == [
         ("e1", "d", 0.0, 2**40, datetime(2026, 1, 1, tzinfo=UTC), None, ["a"])]
     assert [d.error_class for d in result.dead] == ["undecodable"]
 
@@ -368,7 +369,7 @@ def test_a_registry_encoded_key_fills_the_key_column_and_deletes_on_its_tombston
         Msg(2, value_=avro_value(5, {**GOOD, "event_id": "e2"}), key_=b"plain"),
         Msg(3, value_=None, key_=b"\x00\x00\x00\x00\x63"),  # key schema id 99: unknown
     ], p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
-    assert [r.values[-1] for r in result.rows] == [7]  # the key column after the contract's
+    assert [row_values(r)[-1] for r in result.rows] == [7]  # the key column after the contract's
     assert [(t.key, t.offset) for t in result.deletes] == [(8, 1)]
     assert [(d.source_offset, d.error_class) for d in result.dead] == [
         (2, "bad_key"), (3, "bad_key")]

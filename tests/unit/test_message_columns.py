@@ -18,7 +18,7 @@ from kafka_ingest.config import KeyFormat, KeyType, Pipeline, RecordKey, parse_p
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.errors import BadHeader, BadKey
-from kafka_ingest.records import Tombstone
+from kafka_ingest.records import Tombstone, row_source, row_values
 
 Message = Callable[..., Msg]
 
@@ -228,8 +228,8 @@ def test_rows_carry_key_and_header_values_between_the_contract_and_the_provenanc
     assert KEYED.column_names[-3:] == ("entity", "trace_id", "tenant")
     assert tuple(result.rows[0]) == (*EVENT_VALUES, "dev-1", "t-1", "acme",
                                      "readings", 2, 41, b"dev-1", KAFKA_TS)
-    assert result.rows[0].values == (*EVENT_VALUES, "dev-1", "t-1", "acme")
-    assert result.rows[0].source.position == ("readings", 2, 41)
+    assert row_values(result.rows[0]) == (*EVENT_VALUES, "dev-1", "t-1", "acme")
+    assert row_source(result.rows[0]).position == ("readings", 2, 41)
 
 
 def test_bad_keys_and_headers_are_dead_letters_that_keep_the_record_headers(
@@ -246,7 +246,7 @@ def test_bad_keys_and_headers_are_dead_letters_that_keep_the_record_headers(
 
     result = validate_chunk(msgs, KEYED)
 
-    assert [row.source.offset for row in result.rows] == [1]
+    assert [row_source(row).offset for row in result.rows] == [1]
     assert [(d.source_offset, d.error_class) for d in result.dead] == [
         (2, "bad_key"), (3, "bad_key"), (4, "bad_header"), (5, "bad_header")]
     letters = {d.source_offset: d for d in result.dead}

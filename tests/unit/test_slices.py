@@ -44,6 +44,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
+from kafka_ingest.records import row_source
 from tests.interrupts import TaskTimeout, task_timeout_on_sigalrm
 
 PARTITION = 2
@@ -159,7 +160,7 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
                          (6, 9, "live", 3, 3, 0, 0), (9, 10, "live", 1, 1, 0, 0)]
     assert {r.run_id for r in w.db.runs} == {RUN_ID}
     assert sorted(w.db.rows) == VALID
-    assert w.db.rows["evt-007"].source == (pipeline.topic, PARTITION, 7, b"device",
+    assert row_source(w.db.rows["evt-007"]) == (pipeline.topic, PARTITION, 7, b"device",
                                            millis_to_pg(int(datetime(2026, 1, 1, tzinfo=UTC)
                                                             .timestamp() * 1000)))
     # The poison pill: produced to the DLQ, its delivery report read (the DLQ offset it

@@ -14,7 +14,7 @@ from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime
 from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
 from kafka_ingest.errors import DataError
 from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
-from kafka_ingest.records import MAX_TIMESTAMP_MS, kafka_timestamp_ms
+from kafka_ingest.records import MAX_TIMESTAMP_MS, kafka_timestamp_ms, row_source, row_values
 from kafka_ingest_dev.samples import make_event, poison_pills, sample_stream
 
 PIPELINES = ["telemetry_metrics", "orders_created"]
@@ -37,7 +37,7 @@ def test_every_poison_pill_gets_its_expected_error_class(
     result = validate_chunk(msgs, pipeline)
 
     dead_by_offset = {d.source_offset: d for d in result.dead}
-    row_offsets = {row.source.offset for row in result.rows}
+    row_offsets = {row_source(row).offset for row in result.rows}
     for i, sample in enumerate(pills):
         offset = 100 + i
         if sample.expect == "row":
@@ -111,13 +111,13 @@ def test_rows_carry_provenance(shipped: dict[str, Pipeline], message: Any) -> No
     assert (result.read, result.bytes) == (2, len(value) + len(no_ts.value()))
     row = result.rows[0]  # the table row, flat in COPY order
     assert len(row) == len(pipeline.model.SINK_COLUMNS) + 5
-    assert row.values == pipeline.model.model_validate_json(value).sink_values()
+    assert row_values(row) == pipeline.model.model_validate_json(value).sink_values()
     topic, partition, offset, key, kafka_ts = row[-5:]
     assert (topic, partition, offset, key) == ("pedidos-criados", 4, 987, b"customer-1")
     # the broker's milliseconds as the timestamptz they travel as: µs since 2000-01-01
-    assert kafka_ts == 820_540_800_123_000 == row.source.kafka_timestamp
+    assert kafka_ts == 820_540_800_123_000 == row_source(row).kafka_timestamp
     assert pg_to_datetime(kafka_ts) == datetime(2026, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
-    assert result.rows[1].source.kafka_timestamp is None  # no broker timestamp: NULL, not 0
+    assert row_source(result.rows[1]).kafka_timestamp is None  # no broker timestamp: NULL, not 0
 
 
 def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipeline]) -> None:
@@ -131,7 +131,7 @@ def test_replayed_dead_letters_validate_like_the_source(shipped: dict[str, Pipel
                    "metric_event.v2", pipeline.dlq_topic),
     ]
     result = validate_chunk([ReplayedMessage(d) for d in letters], pipeline)
-    assert [tuple(r.source) for r in result.rows] == [
+    assert [tuple(row_source(r)) for r in result.rows] == [
         ("telemetry-metrics", 1, 10, b"k", millis_to_pg(1_000))]
     assert [(d.source, d.error_class, d.timestamp_ms) for d in result.dead] == [
         (("telemetry-metrics", 1, 11), "not_an_object", None)]
@@ -149,7 +149,7 @@ def test_the_hot_loops_kafka_timestamp_is_kafka_timestamp_ms_as_it_travels(
                   timestamp_=timestamp)
     (row,) = validate_chunk([msg], pipeline).rows
     ms = kafka_timestamp_ms(msg)
-    assert row.source.kafka_timestamp == (None if ms is None else millis_to_pg(ms))
+    assert row_source(row).kafka_timestamp == (None if ms is None else millis_to_pg(ms))
 
 
 def test_an_empty_chunk(shipped: dict[str, Pipeline]) -> None:
@@ -168,7 +168,7 @@ def test_a_timestamp_no_date_can_hold_is_null_not_a_failed_batch(
 
     result = validate_chunk([good, bad], pipeline)
 
-    assert len(result.rows) == 1 and result.rows[0].source.kafka_timestamp is None
+    assert len(result.rows) == 1 and row_source(result.rows[0]).kafka_timestamp is None
     assert [d.timestamp_ms for d in result.dead] == [None]
 
 
@@ -181,14 +181,14 @@ def test_the_fields_validator_gives_the_models_verdict_rows_and_reasons(
     from kafka_ingest.contracts import base
 
     pipeline = small(shipped[name])
-    assert base.hot_validation(pipeline.model).fields is not None
+    assert base.hot_validation(pipeline.model).by_key
     samples = [*sample_stream(pipeline, 50, 0, tag="eq", partitions=1),
                *poison_pills(pipeline, "unit", MAX_BYTES)]
     msgs = [message(s.value, topic_=pipeline.topic, partition_=1, offset_=i, key_=s.key)
             for i, s in enumerate(samples)]
     fast = validate_chunk(msgs, pipeline)
     monkeypatch.setitem(base._VALIDATIONS, pipeline.model,
-                        base.Validation(pipeline.model.__pydantic_validator__, None))
+                        base.Validation(pipeline.model.__pydantic_validator__, by_key=False))
     slow = validate_chunk(msgs, pipeline)
     assert fast.rows == slow.rows and len(fast.rows) >= 50
     assert [(d.source_offset, d.error_class, d.error_detail) for d in fast.dead] == \
@@ -213,11 +213,46 @@ def test_a_contract_with_a_model_validator_keeps_the_models_validator(
 
     capped = pipeline.model_copy()
     object.__setattr__(capped, "_model", Capped)  # the pipeline's contract, as if declared so
-    assert base.hot_validation(Capped).fields is None
+    assert not base.hot_validation(Capped).by_key
     event = make_event(pipeline, 1, "cap", random.Random(3))
     msgs = [message(json.dumps({**event, "metric_value": v}).encode(), offset_=i)
             for i, v in enumerate((5.0, 500.0))]
     result = validate_chunk(msgs, capped)
-    assert [r.source.offset for r in result.rows] == [0]
+    assert [row_source(r).offset for r in result.rows] == [0]
     assert [d.error_detail for d in result.dead] == [
         "(root): Value error, metric_value over 100 [value_error]"]
+
+
+@pytest.mark.parametrize("name", ["telemetry_metrics", "orders_created", "device_state",
+                                  "account_balances"])
+def test_each_row_is_the_contracts_values_converted_then_its_columns_and_provenance(
+        name: str, shipped: dict[str, Pipeline], message: Any) -> None:
+    # The hot loop builds each row with a function made for the pipeline
+    # (row_builder): it must be what the contract, the key and header columns and the
+    # message say, written the plain way here.
+    from kafka_ingest.decode.message_columns import column_reader
+
+    pipeline = shipped[name]
+    stamps = [(1, 1_767_225_600_123), (0, -1), (1, 0), (2, 1_700_000_000_001)]
+    values = ([json.dumps({"event_id": f"a-{i}", "balance": "12.50", "currency": "EUR",
+                           "updatedAt": 1_767_225_600_123 + i,
+                           "limits": {"daily": i} if i % 2 else None}).encode()
+               for i in range(40)] if name == "account_balances" else
+              [s.value for s in sample_stream(pipeline, 40, 0, tag="rb", partitions=1)])
+    msgs = [message(v, topic_=pipeline.topic, partition_=i % 3, offset_=100 + i,
+                    key_=b"k-%d" % i, headers_=(("trace-id", b"t-%d" % i),),
+                    timestamp_=stamps[i % len(stamps)])
+            for i, v in enumerate(values) if v is not None]
+    result = validate_chunk(msgs, pipeline)
+    assert result.dead == [] and len(result.rows) == len(msgs) >= 40
+    model, extra = pipeline.model, column_reader(pipeline)
+    for msg, row in zip(msgs, result.rows, strict=True):
+        event = model.model_validate_json(msg.value())
+        values = []
+        for column, _ in model.SINK_COLUMNS:
+            value = getattr(event, column)
+            convert = model.STAGED.get(column, (None, None))[1]
+            values.append(convert(value) if convert and value is not None else value)
+        ms = kafka_timestamp_ms(msg)
+        assert row == (*values, *(extra(msg) if extra else ()), msg.topic(), msg.partition(),
+                       msg.offset(), msg.key(), None if ms is None else millis_to_pg(ms))

@@ -10,7 +10,7 @@ from kafka_ingest.records import Row
 
 
 def _row(event_id: str, topic: str, partition: int, offset: int) -> Row:
-    return Row((event_id, "d", 0, 1.0, "OK", None, topic, partition, offset, b"k", None))
+    return (event_id, "d", 0, 1.0, "OK", None, topic, partition, offset, b"k", None)
 
 
 def _expected(rows: list[Row]) -> list[Row]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -90,35 +90,53 @@ _GETTERS: dict[type[Contract], Any] = {}
 
 
 def sink_getter(model: type[Contract]) -> Any:
-    """A model instance -> its sink values (:func:`values_getter` of its attributes)."""
+    """A model instance -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
+    column's value converted: one C call (``attrgetter``; a contract has at least two
+    columns, so it returns a tuple), or with a converted column a function made from
+    :func:`values_code`."""
     getter = _GETTERS.get(model)
     if getter is None:
-        getter = _GETTERS[model] = values_getter(model, by_key=False)
+        if model.STAGED:
+            code, scope = values_code(model, "s", by_key=False)
+            getter = compiled("values", "s", f"return {code}", scope)
+        else:
+            getter = attrgetter(*(name for name, _ in model.SINK_COLUMNS))
+        _GETTERS[model] = getter
     return getter
 
 
-def values_getter(model: type[Contract], *, by_key: bool) -> Any:
-    """A validated event -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
-    column's value converted (``None`` stays ``None``); ``by_key``: the event is a fields
-    dict, else a model instance.
+def values_code(model: type[Contract], subject: str, *,
+                by_key: bool) -> tuple[str, dict[str, Any]]:
+    """Python source of the sink values of a validated event named ``subject`` (a fields
+    dict with ``by_key``, else a model instance), in ``SINK_COLUMNS`` order, each
+    ``STAGED`` column's value converted (``None`` stays ``None``), as the elements of a
+    tuple display (``a, b, c,``); and the names the source uses.
 
-    Without a converted column, one C call per message (``itemgetter``/``attrgetter``;
-    a contract has at least two columns, so it returns a tuple). With one, a function made
-    for the contract reads and converts every column in a single frame: 0.3 µs a message
-    with one epoch column, where a loop over the columns after the C call cost 0.8.
+    The hot path builds each row in one frame made from this source
+    (:func:`kafka_ingest.decode.validate.row_builder`): a loop over the columns, or a
+    tuple subclass around a C getter's tuple, cost a frame or an object more a message.
     """
-    names = [name for name, _ in model.SINK_COLUMNS]
-    converts = [model.STAGED[name][1] if name in model.STAGED else None for name in names]
-    if not any(converts):
-        return (itemgetter if by_key else attrgetter)(*names)
-    read = "s[{!r}]" if by_key else "getattr(s, {!r})"
-    parts = [read.format(name) if convert is None else
-             f"(None if (v{i} := {read.format(name)}) is None else c{i}(v{i}))"
-             for i, (name, convert) in enumerate(zip(names, converts, strict=True))]
-    scope: dict[str, Any] = {f"c{i}": c for i, c in enumerate(converts) if c is not None}
-    exec(f"def values(s):\n    return ({', '.join(parts)},)", scope)  # noqa: S102
-    values: Any = scope["values"]
-    return values
+    read = f"{subject}[{{!r}}]" if by_key else f"{subject}.{{}}"
+    scope: dict[str, Any] = {}
+    parts = []
+    for i, (name, _) in enumerate(model.SINK_COLUMNS):
+        if not by_key and not name.isidentifier():  # a field's name always is one
+            raise ValueError(f"sink column {name!r} of {model.__name__} is no attribute name")
+        if name in model.STAGED:
+            scope[f"convert_{i}"] = model.STAGED[name][1]
+            parts.append(f"(None if (v{i} := {read.format(name)}) is None"
+                         f" else convert_{i}(v{i}))")
+        else:
+            parts.append(read.format(name))
+    return "".join(f"{part}, " for part in parts), scope
+
+
+def compiled(name: str, arguments: str, body: str, scope: dict[str, Any]) -> Any:
+    """The function ``def name(arguments): body`` made in ``scope`` (which the source
+    made by the caller names; nothing in it comes from a message)."""
+    lines = "".join(f"    {line}\n" for line in body.splitlines())
+    exec(f"def {name}({arguments}):\n{lines}", scope)  # noqa: S102
+    return scope[name]
 
 
 @dataclass(frozen=True)
@@ -134,9 +152,9 @@ class Validation:
 
     #: A ``SchemaValidator`` (the model's may be pydantic's pluggable wrapper of one).
     validator: Any
-    #: The sink values of a result's fields dict (``result[0]``), :func:`values_getter`;
-    #: None: the result is a model instance (read it with :func:`sink_getter`).
-    fields: Any
+    #: Whether the result is ``(fields dict, extra, fields set)`` (read ``result[0]`` by
+    #: key), or a model instance (read its attributes).
+    by_key: bool
 
 
 _VALIDATIONS: dict[type[Contract], Validation] = {}
@@ -160,6 +178,9 @@ def _validation(model: type[Contract]) -> Validation:
              and not schema.get("custom_init") and not schema.get("root_model")
              and "post_init" not in schema and set(names) <= set(inner["fields"]))
     if not plain:
-        return Validation(model.__pydantic_validator__, None)
-    return Validation(SchemaValidator(inner, schema.get("config")),
-                      values_getter(model, by_key=True))
+        return Validation(model.__pydantic_validator__, by_key=False)
+    # Of the strings JSON parsing makes, only the object keys repeat from one message to
+    # the next: caching the values too (pydantic's default) costs a lookup each, for
+    # nothing (0.1 µs a message).
+    config = {**(schema.get("config") or {}), "cache_strings": "keys"}
+    return Validation(SchemaValidator(inner, config), by_key=True)

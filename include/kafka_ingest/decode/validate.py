@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
 from kafka_ingest.config import Format, OnTombstone, Pipeline
-from kafka_ingest.contracts.base import hot_validation, sink_getter
+from kafka_ingest.contracts.base import Contract, compiled, hot_validation, values_code
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.formats import RegistryDecoder, wire_schema_id
 from kafka_ingest.decode.message_columns import column_reader, key_value
@@ -85,9 +85,9 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
     model = pipeline.model
     validation = hot_validation(model)
     parse = _parser(validation.validator, decoder)
-    columns, fields = sink_getter(model), validation.fields
     max_bytes = pipeline.max_message_bytes
     extra = column_reader(pipeline, decoder)  # the key and header columns; None: none
+    build = row_builder(model, by_key=validation.by_key, extra=extra is not None)
     result = ValidationResult()
     rows_append = result.rows.append
     read = size = 0
@@ -112,15 +112,38 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
         except DataError as exc:  # the wire format, or the record key or a header
             result.dead.append(dead_letter(msg, pipeline, exc))
             continue
-        # One flat tuple per message, the Kafka timestamp (kafka_timestamp_ms, inline) as
-        # binary COPY sends a timestamptz (millis_to_pg, inline).
-        kind, ms = msg.timestamp()
-        rows_append(Row((*(columns(event) if fields is None else fields(event[0])), *more,
-                         msg.topic(), msg.partition(), msg.offset(), msg.key(),
-                         (ms - PG_EPOCH_MS) * 1000 if kind and 0 <= ms <= MAX_TIMESTAMP_MS
-                         else None)))
+        rows_append(build(event, msg, more))
     result.read, result.bytes = read, size
     return result
+
+
+#: A validated event (the validator's result), its message and its key and header
+#: column values -> its row.
+RowBuilder = Callable[[Any, MessageLike, tuple[Any, ...]], Row]
+_BUILDERS: dict[tuple[type[Contract], bool, bool], RowBuilder] = {}
+
+
+def row_builder(model: type[Contract], *, by_key: bool, extra: bool) -> RowBuilder:
+    """The function that makes a message's row in one frame: the contract's values
+    (:func:`~kafka_ingest.contracts.base.values_code`: read from the fields dict
+    ``result[0]`` when ``by_key``, else from the model instance), the key and header
+    columns (``extra``), then the provenance with the Kafka timestamp as the binary
+    timestamptz it travels as (:func:`~kafka_ingest.records.kafka_timestamp_ms`, then
+    :func:`~kafka_ingest.contracts.columns.millis_to_pg`, both inline). One flat tuple:
+    it goes to ``COPY`` as it is."""
+    key = (model, by_key, extra)
+    found = _BUILDERS.get(key)
+    if found is None:
+        values, scope = values_code(model, "s", by_key=by_key)
+        scope.update(PG_EPOCH_MS=PG_EPOCH_MS, MAX_TIMESTAMP_MS=MAX_TIMESTAMP_MS)
+        found = _BUILDERS[key] = compiled("row", "e, m, more", "\n".join([
+            "s = e[0]" if by_key else "s = e",
+            "kind, ms = m.timestamp()",
+            f"return ({values}{'*more, ' if extra else ''}m.topic(), m.partition(),"
+            " m.offset(), m.key(),"
+            " (ms - PG_EPOCH_MS) * 1000 if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None)"]),
+            scope)
+    return found
 
 
 def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult,

@@ -39,7 +39,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import DeadLetter, produce_dead_letters
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts
+from kafka_ingest.records import ChunkCounts, row_source
 from kafka_ingest.requests import LiveRun, RangeRequest, request_key
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult) -> lis
     if not up.rejected:
         return []
     by_offset = {m.offset(): m for m in chunk.messages}
-    return [dead_letter(by_offset[row.source.offset], pipeline, reason)
+    return [dead_letter(by_offset[row_source(row).offset], pipeline, reason)
             for row, reason in up.rejected]
 
 

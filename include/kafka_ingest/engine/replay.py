@@ -45,7 +45,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts, Position
+from kafka_ingest.records import ChunkCounts, Position, row_source
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,10 @@ class ReplayWriter:
               eligible: dict[Position, DeadLetter], outcomes: Counter[tuple[str, str]],
               ) -> tuple[list[DeadLetter], list[DeadLetter], ChunkCounts]:
         """Upsert the rows that now pass; return (recovered, still parked, counts)."""
-        rows = [r for r in result.rows if r.source.position in eligible]
+        rows = [r for r in result.rows if row_source(r).position in eligible]
         dead = [d for d in result.dead if d.source in eligible]
         deletes = [t for t in result.deletes if (t.topic, t.partition, t.offset) in eligible]
-        uow.rows.serialize([*(r.source.partition for r in rows),
+        uow.rows.serialize([*(row_source(r).partition for r in rows),
                             *(t.partition for t in deletes)])
         up = uow.rows.upsert(rows)
         removed = uow.rows.delete(deletes) if deletes else DeleteResult(0)
@@ -175,11 +175,11 @@ class ReplayWriter:
             raise ReconciliationError(chunk.partition, len(eligible),
                                       {"recovered": len(rows) + len(deletes)},
                                       missing=up.missing + removed.missing)
-        rejected = {row.source.position: reason for row, reason in up.rejected}
+        rejected = {row_source(row).position: reason for row, reason in up.rejected}
         dead += [dead_letter(ReplayedMessage(eligible[pos]), self.pipeline, reason)
                  for pos, reason in rejected.items()]
-        recovered = [eligible[r.source.position] for r in rows
-                     if r.source.position not in rejected]
+        recovered = [eligible[row_source(r).position] for r in rows
+                     if row_source(r).position not in rejected]
         recovered += [eligible[(t.topic, t.partition, t.offset)] for t in deletes]
         for d in recovered:
             outcomes[("recovered", d.error_class)] += 1
