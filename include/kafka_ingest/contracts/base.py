@@ -23,7 +23,7 @@ from operator import attrgetter
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-from pydantic_core import SchemaValidator
+from pydantic_core import CoreConfig, SchemaValidator
 
 # Postgres' text type cannot hold NUL; the pattern runs in pydantic-core, not Python.
 NO_NUL = r"^[^\x00]*$"
@@ -182,5 +182,5 @@ def _validation(model: type[Contract]) -> Validation:
     # Of the strings JSON parsing makes, only the object keys repeat from one message to
     # the next: caching the values too (pydantic's default) costs a lookup each, for
     # nothing (0.1 µs a message).
-    config = {**(schema.get("config") or {}), "cache_strings": "keys"}
+    config: CoreConfig = {**(schema.get("config") or {}), "cache_strings": "keys"}
     return Validation(SchemaValidator(inner, config), by_key=True)
