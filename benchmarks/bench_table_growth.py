@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket", type=int, default=1_000_000)
     p.add_argument("--keys", type=lambda t: t.split(","), default=["seq", "random"])
     p.add_argument("--paths", type=lambda t: t.split(","), default=["new"],
-                   help="new (the new-keys INSERT) and/or conflict (ON CONFLICT DO NOTHING)")
+                   help="new (the COPY of new keys) and/or conflict (ON CONFLICT DO NOTHING)")
     args = p.parse_args(argv)
     env = stack.up(report=lambda line: print(line, flush=True))
     load_before = [round(x, 2) for x in os.getloadavg()]

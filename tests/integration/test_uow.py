@@ -482,7 +482,7 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
 
 def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_alike(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
-    # The new-keys INSERT keeps, of each event twice in the chunk, the copy ON CONFLICT
+    # The COPY of new keys keeps, of each event twice in the chunk, the copy ON CONFLICT
     # keeps (the first place in the log, wherever it is in the chunk), so both paths
     # leave the same table and the same counts.
     rows = _rows(30)

@@ -92,7 +92,7 @@ class NewKeys:
 
 
 class _NotOnePerEvent(Exception):
-    """The new-keys INSERT wrote another count than one row per event: rolled back."""
+    """The COPY of new keys wrote another count than one row per event: rolled back."""
 
 
 @dataclass(frozen=True)
