@@ -32,7 +32,7 @@ import psycopg
 from kafka_ingest.config import load_pipelines
 from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 from kafka_ingest.db.upsert import RowsRepository
-from kafka_ingest.records import Row
+from kafka_ingest.records import Row, row_source
 
 CHUNK = 20_000
 RESULTS = Path(__file__).resolve().parent / "results" / "table_growth.json"
@@ -90,7 +90,7 @@ def fill(dsn: str, table: str, *, total: int, bucket: int, keys: str,
                 up = repo.upsert(chunk)
                 conn.commit()
                 if up.inserted != len(chunk):
-                    raise RuntimeError(f"chunk at {chunk[0].source.offset}: {up}")
+                    raise RuntimeError(f"chunk at {row_source(chunk[0]).offset}: {up}")
             wall, client = time.perf_counter() - w0, time.process_time() - c0
             backend = backend_cpu_s(pid) - b0
             server = bi.server_cpu().get("postgres", 0.0) - s0
