@@ -59,8 +59,9 @@ class Contract(BaseModel):
     SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]]
     #: Columns whose field's value is converted before it travels: column -> (the type
     #: of the field's value, what converts it into the column's binary ``COPY`` form),
-    #: e.g. an epoch in seconds -> ``timestamptz`` (:func:`~kafka_ingest.records.seconds_to_pg`).
-    #: :func:`sink_getter` applies it, so the row goes straight into the table.
+    #: e.g. an epoch in seconds -> ``timestamptz``
+    #: (:func:`~kafka_ingest.contracts.columns.seconds_to_pg`). The row's values are read
+    #: with it applied (:func:`values_code`), so the row can go straight into the table.
     STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
     #: A contract built from a declaration in the pipelines file
     #: (:mod:`~kafka_ingest.contracts.declared`): the declaration, as JSON; None for one
@@ -116,12 +117,10 @@ def values_code(model: type[Contract], subject: str, *,
     (:func:`kafka_ingest.decode.validate.row_builder`): a loop over the columns, or a
     tuple subclass around a C getter's tuple, cost a frame or an object more a message.
     """
-    read = f"{subject}[{{!r}}]" if by_key else f"{subject}.{{}}"
+    read = f"{subject}[{{!r}}]" if by_key else f"getattr({subject}, {{!r}})"
     scope: dict[str, Any] = {}
     parts = []
     for i, (name, _) in enumerate(model.SINK_COLUMNS):
-        if not by_key and not name.isidentifier():  # a field's name always is one
-            raise ValueError(f"sink column {name!r} of {model.__name__} is no attribute name")
         if name in model.STAGED:
             scope[f"convert_{i}"] = model.STAGED[name][1]
             parts.append(f"(None if (v{i} := {read.format(name)}) is None"
