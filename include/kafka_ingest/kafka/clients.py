@@ -55,6 +55,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     # watermark query behind it come back quickly.
     "fetch.wait.max.ms": 100,
     "socket.timeout.ms": 10_000,
+    # librdkafka prefetches until this many messages wait (default 100,000): two chunks
+    # of the default size keep the reader fed as well, and a slice's peak RSS is 30 MB
+    # lower (200 -> 171 MB over 1M events, the same CPU and events/s).
+    "queued.min.messages": 40_000,
 }
 FORCED_PRODUCER = {"acks": "all", "enable.idempotence": True}
 PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "message.timeout.ms": 30_000,
