@@ -63,7 +63,6 @@ def pg_to_datetime(us: int | None) -> datetime | None:
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-
 @dataclass(frozen=True)
 class Column:
     """One column of a target table, and how a row's value reaches it."""

@@ -36,8 +36,8 @@ _NULLABLE_PROVENANCE = frozenset({"kafka_key", "kafka_timestamp"})
 #: The suffix of the marker table of a pipeline that deletes on tombstones.
 MARKER_SUFFIX = "_tombstones"
 #: Provenance columns whose value is converted before it travels (see ``Contract.STAGED``):
-#: the Kafka timestamp (epoch milliseconds) becomes a binary timestamptz, in the hot loop
-#: itself (:func:`kafka_ingest.decode.validate.validate_chunk`).
+#: the Kafka timestamp (epoch milliseconds) becomes a binary timestamptz, inline in each
+#: row's making (:func:`kafka_ingest.decode.validate.row_builder`).
 PROVENANCE_STAGED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "kafka_timestamp": ("int8", millis_to_pg),
 }
