@@ -237,6 +237,10 @@ class RowsRepository:
 
         ``encoded``: the rows already encoded by a :class:`CopyEncoder` (sent as they are;
         the bisection, if any, encodes its halves again)."""
+        # Before any savepoint: this statement also opens the chunk's transaction when
+        # nothing has yet, and psycopg's transaction() outside one is a transaction of its
+        # own that COMMITs. (Making the stage only when the staged path runs broke
+        # test_uow_rolls_back_by_default for that reason.)
         self._ensure_stage()
         return self._upsert_isolating(list(rows), encoded)
 
