@@ -68,7 +68,7 @@ import psycopg
 from psycopg import sql
 
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
-from kafka_ingest.db import Database, RowsRepository
+from kafka_ingest.db import Database, UnitOfWork
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import read_range
@@ -302,8 +302,9 @@ def child_sink(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
             for chunk in _chunks(t, consumer):
                 prepared = validate_chunk(chunk.messages, pipeline).rows
                 t0, c0 = time.perf_counter(), time.process_time()
-                result = RowsRepository(conn, pipeline).upsert(prepared)  # new repo per chunk,
-                conn.commit()  # as the unit of work builds one per chunk
+                with UnitOfWork(conn, pipeline) as uow:  # one per chunk, as the slice's
+                    result = uow.rows.upsert(prepared)
+                    uow.commit()
                 secs, cpu = secs + time.perf_counter() - t0, cpu + time.process_time() - c0
                 rows, inserted = rows + len(prepared), inserted + result.inserted
     finally:

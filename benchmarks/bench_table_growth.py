@@ -31,7 +31,8 @@ import psycopg
 
 from kafka_ingest.config import load_pipelines
 from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
-from kafka_ingest.db.upsert import RowsRepository
+from kafka_ingest.db.uow import UnitOfWork
+from kafka_ingest.db.upsert import NewKeys
 from kafka_ingest.records import Row, row_source
 
 CHUNK = 20_000
@@ -84,11 +85,12 @@ def fill(dsn: str, table: str, *, total: int, bucket: int, keys: str,
             b0, s0, c0, w0 = (backend_cpu_s(pid), bi.server_cpu().get("postgres", 0.0),
                               time.process_time(), time.perf_counter())
             for chunk in chunks:
-                repo = RowsRepository(conn, pipeline)
+                new_keys = NewKeys()
                 if path == "conflict":
-                    repo.new_keys.met_stored_key()  # straight to ON CONFLICT
-                up = repo.upsert(chunk)
-                conn.commit()
+                    new_keys.met_stored_key()  # straight to ON CONFLICT
+                with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:
+                    up = uow.rows.upsert(chunk)
+                    uow.commit()
                 if up.inserted != len(chunk):
                     raise RuntimeError(f"chunk at {row_source(chunk[0]).offset}: {up}")
             wall, client = time.perf_counter() - w0, time.process_time() - c0

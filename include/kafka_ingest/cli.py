@@ -42,7 +42,15 @@ from kafka_ingest.config import (
     pool_import_document,
 )
 from kafka_ingest.contracts import json_schema
-from kafka_ingest.db import Database, OffsetsRepository, grant_runtime, lock_partition, migrate
+from kafka_ingest.db import (
+    Database,
+    IncarnationsRepository,
+    OffsetsRepository,
+    grant_runtime,
+    lock_partition,
+    migrate,
+    unlock_partition,
+)
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.formats import SCHEMA_TYPES
 from kafka_ingest.decode.schemas import contract_from_schema
@@ -369,35 +377,50 @@ def _reset_target(to: str, low: int, high: int) -> int:
 
 
 def cmd_reset_offsets(args: argparse.Namespace) -> int:
-    """Move a partition's stored offset by hand, under its advisory lock."""
+    """Move stored offsets by hand, each partition under its advisory lock. The offsets are
+    stored as offsets of the topic there now: after a topic was deleted and created again,
+    this is what starts reading the new one (its records then count as newer than every
+    row the old topic left)."""
     pipeline = get_pipeline(args.pipeline)
+    topic = pipeline.dlq_topic if args.dlq else pipeline.topic
+    lock = f"{pipeline.name}:replay" if args.dlq else pipeline.name
     clients = kafka_clients()
     wait_s = clients.request_timeout_s  # a cluster out of reach fails after its time-out
     consumer = clients.consumer(pipeline.group_id)
     try:
-        parts = partitions_of(consumer, pipeline.topic, timeout_s=wait_s)
-        if args.partition not in parts:
-            raise ValueError(f"partition {args.partition} does not exist in {pipeline.topic!r} "
+        parts = partitions_of(consumer, topic, timeout_s=wait_s)
+        chosen = parts if args.all else [args.partition]
+        if args.partition is not None and args.partition not in parts:
+            raise ValueError(f"partition {args.partition} does not exist in {topic!r} "
                              f"(partitions: {', '.join(map(str, parts))})")
-        low, high = watermarks(consumer, pipeline.topic, [args.partition],
-                               timeout_s=wait_s)[args.partition]
+        marks = watermarks(consumer, topic, chosen, timeout_s=wait_s)
     finally:
         consumer.close()
-    target = _reset_target(args.to, low, high)
-    if not low <= target <= high:
-        raise ValueError(f"offset {target} is outside [{low}, {high}] of "
-                         f"{pipeline.topic}[{args.partition}]")
+    topic_id = clients.topic_id(topic)
+    targets = {p: _reset_target(args.to, *marks[p]) for p in chosen}
+    for partition, target in targets.items():
+        low, high = marks[partition]
+        if not low <= target <= high:
+            raise ValueError(f"offset {target} is outside [{low}, {high}] of "
+                             f"{topic}[{partition}]")
     if not args.yes:
-        print(f"would set {pipeline.name} {pipeline.topic}[{args.partition}] to {target}; "
-              "add --yes to do it")
+        for partition, target in targets.items():
+            print(f"would set {pipeline.name} {topic}[{partition}] to {target}")
+        print("add --yes to do it")
         return 1
     db = database()
     with db.session() as conn:
-        lock_partition(conn, pipeline.name, args.partition, timeout_s=db.lock_timeout_s)
-        before = OffsetsRepository(conn).reset(pipeline.name, pipeline.topic, args.partition,
-                                               target)
+        IncarnationsRepository(conn).of(topic, topic_id)
         conn.commit()
-    print(f"{pipeline.name} {pipeline.topic}[{args.partition}]: {before} -> {target}")
+        for partition, target in targets.items():
+            lock_partition(conn, lock, partition, timeout_s=db.lock_timeout_s)
+            try:
+                before = OffsetsRepository(conn).reset(pipeline.name, topic, partition,
+                                                       target, topic_id)
+                conn.commit()
+            finally:
+                unlock_partition(conn, lock, partition)
+            print(f"{pipeline.name} {topic}[{partition}]: {before} -> {target}")
     return 0
 
 
@@ -553,9 +576,14 @@ def _add_inspection_commands(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=10)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("reset-offsets", help="set a partition's stored offset by hand")
+    p = sub.add_parser("reset-offsets", help="set a partition's stored offset by hand (also "
+                       "what starts reading a topic that was deleted and created again)")
     p.add_argument("pipeline")
-    p.add_argument("--partition", type=int, required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--partition", type=int)
+    which.add_argument("--all", action="store_true", help="every partition of the topic")
+    p.add_argument("--dlq", action="store_true",
+                   help="the replay cursor on the dead-letter topic, not the ingest one")
     p.add_argument("--to", required=True, help="an offset, 'earliest' or 'latest'")
     p.add_argument("--yes", action="store_true", help="do it (otherwise only say what)")
     p.set_defaults(func=cmd_reset_offsets)

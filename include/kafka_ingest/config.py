@@ -668,9 +668,29 @@ def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, 
             raise ValueError(f"{source}: pipelines.{name}: {exc}") from None
     try:
         airflow_pools(pipelines)
+        shared_tables(pipelines)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
     return pipelines
+
+
+def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
+    """A ``latest`` table keeps one version per key, ordered within its topic: pipelines
+    writing it must read the same topic with the same upsert (append pipelines may share a
+    table across topics: ``event_id`` decides). Raise ``ValueError`` otherwise."""
+    by_table: dict[str, list[Pipeline]] = {}
+    for pipeline in pipelines.values():
+        by_table.setdefault(pipeline.table, []).append(pipeline)
+    for table, writers in sorted(by_table.items()):
+        if len(writers) < 2 or all(p.upsert.mode is UpsertMode.APPEND for p in writers):
+            continue
+        if len({(p.topic, p.upsert) for p in writers}) > 1:
+            names = ", ".join(sorted(f"{p.name} ({p.topic}, {p.upsert.mode.value})"
+                                     for p in writers))
+            raise ValueError(
+                f"pipelines {names} all write table {table!r}: a latest table keeps one "
+                "version per key, and records of two topics (or two ways of choosing the "
+                "newest) cannot be ordered against each other; give each its own table")
 
 
 def pipelines_file() -> Path:

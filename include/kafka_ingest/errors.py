@@ -17,6 +17,8 @@
     │   ├── OffsetOutOfRange      the broker has no such offset, a stored offset is past
     │   │                         the high watermark (topic recreated?), or a cursor was
     │   │                         moved back under a slice
+    │   ├── TopicRecreated        the stored offsets belong to a topic deleted and created
+    │   │                         again since: reset them to read the new one
     │   ├── KafkaRefused          authentication, authorisation, TLS, or a fatal client
     │   │                         error: no retry can cure it
     │   ├── RegistryRefused       the schema registry refused the login or its TLS
@@ -51,6 +53,8 @@
         │                         missing, not UTF-8 / JSON, or out of its bounds
         ├── BadHeader             a header mapped to a column is not UTF-8 text that fits
         │                         (or is missing, when required)
+        ├── Unorderable           a key's record that log order cannot place against its
+        │                         stored version (another partition or topic)
         └── RejectedByDatabase    passed the contract, Postgres still refused it
 
 Retry policy is the class: the Airflow adapter fails at once on ``PermanentError`` and
@@ -204,6 +208,26 @@ class OffsetOutOfRange(PermanentError):
             "offset reset by hand? Check, then set the stored offset with "
             "`kafka-ingest reset-offsets`."
         )
+
+
+class TopicRecreated(PermanentError):
+    """The stored offsets are offsets of a topic that was deleted (and the name given to a
+    new topic): reading on from them would skip the new topic's records."""
+
+    def __init__(self, name: str, topic: str, stored_id: str, topic_id: str,
+                 partitions: list[int], *, dlq: bool = False) -> None:
+        self.name, self.topic = name, topic
+        self.stored_id, self.topic_id, self.partitions = stored_id, topic_id, partitions
+        self.dlq = dlq
+        which = "--all" if len(partitions) > 1 else f"--partition {partitions[0]}"
+        which += " --dlq" if dlq else ""
+        super().__init__(
+            f"{name}: topic {topic!r} was deleted and re-created since its offsets were "
+            f"stored (topic id {stored_id}, now {topic_id}): the stored offsets of "
+            f"partition(s) {', '.join(map(str, partitions))} are the old topic's. Read the "
+            f"new topic from its start with `kafka-ingest reset-offsets {name} {which} --to "
+            "earliest --yes` (its records count as newer than every row the old topic "
+            "left), or from its end with --to latest")
 
 
 class KafkaRefused(PermanentError):
@@ -394,6 +418,15 @@ class RejectedByDatabase(DataError):
     error_class = "rejected_by_database"
 
 
+class Unorderable(DataError):
+    """A ``latest`` pipeline ordered by the log met a key whose stored version (row or
+    deletion marker) came from another partition or topic: offsets cannot say which one
+    is newer, so neither is guessed. Replayable once the stored version is removed (the
+    key's records then order within the one partition they come from)."""
+
+    error_class = "unorderable"
+
+
 DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     Undecodable,
     NotAnObject,
@@ -404,6 +437,7 @@ DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
     UnknownSchema,
     BadKey,
     BadHeader,
+    Unorderable,
     RejectedByDatabase,
 )
 #: Error classes a dead letter can carry (``data_error`` is a dead-lettered tombstone).

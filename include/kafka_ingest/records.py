@@ -16,6 +16,22 @@ MAX_TIMESTAMP_MS = 253_402_300_799_999
 
 #: Source position of a message: (topic, partition, offset).
 Position = tuple[str, int, int]
+#: A dead letter's identity: (source topic, its incarnation, partition, offset).
+LetterKey = tuple[str, int, int, int]
+
+
+class Source(NamedTuple):
+    """One incarnation of a source topic: what a chunk's offsets are offsets of.
+
+    A topic deleted and created again under its name is a new incarnation (Kafka gives it
+    a new topic id; ``topic_incarnations`` numbers them 1, 2, ... as first seen), whose
+    offsets start at 0 again: (incarnation, offset) orders a partition's records across
+    re-creations, the offset alone does not."""
+
+    topic: str
+    #: Kafka's topic id (KIP-516), as ``kafka-topics --describe`` prints it.
+    topic_id: str | None
+    incarnation: int
 
 
 class MessageLike(Protocol):
@@ -134,10 +150,12 @@ __all__ = [
     "MAX_TIMESTAMP_MS",
     "PROVENANCE_COLUMNS",
     "ChunkCounts",
+    "LetterKey",
     "MessageLike",
     "Position",
     "Provenance",
     "Row",
+    "Source",
     "Tombstone",
     "kafka_timestamp_ms",
     "ms_to_datetime",

@@ -241,9 +241,12 @@ def dlq_positions(dlq: Mapping[Position, Record], pipeline: Pipeline,
         assert (h["__connect.errors.exception.class.name"]
                 == h["kafka-ingest.error_class"])
         assert record.value == original.value and record.key == original.key
-        # every copy of a dead letter carries the id a DLQ consumer drops copies by
+        # every copy of a dead letter carries the id a DLQ consumer drops copies by, and
+        # the id of the topic it came from (a re-created topic's offsets are other records)
+        topic_id = h["kafka-ingest.topic_id"].decode()
+        assert topic_id
         assert h["kafka-ingest.letter_id"] == (
-            f"{pipeline.name}/{pipeline.topic}/{pos[0]}/{pos[1]}".encode())
+            f"{pipeline.name}/{pipeline.topic}/{pos[0]}/{pos[1]}/{topic_id}".encode())
         seen[(pos, h["kafka-ingest.error_class"].decode())] += 1
     return seen
 
@@ -283,8 +286,11 @@ def assert_invariants(pipeline: Pipeline, clients: KafkaClients, dsn: str,
     poison = poison_positions(source, expected)
     letters = dead_letter_rows(dsn, pipeline)
     assert {pos: cls for pos, (cls, _) in letters.items()} == poison
-    seen = dlq_positions(read_topic(clients, pipeline.dlq_topic), pipeline, source)
+    dlq = read_topic(clients, pipeline.dlq_topic)
+    seen = dlq_positions(dlq, pipeline, source)
     assert set(seen) == set(poison.items())
+    assert {r.headers["kafka-ingest.topic_id"] for r in dlq.values()} <= {
+        clients.topic_id(pipeline.topic).encode()}
     if dlq_exactly_once:
         assert all(n == 1 for n in seen.values()), seen
 

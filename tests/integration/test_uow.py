@@ -492,6 +492,7 @@ def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_
     counts: list[tuple[int, int, int]] = []
     for chunk in (rows, rows, [*rows[:5], rows[-1], *rows[5:-1]]):
         conn.execute("TRUNCATE telemetry_metrics")
+        conn.commit()
         with UnitOfWork(conn, pipeline) as uow:
             if chunk is rows and landed:
                 uow.rows.new_keys.met_stored_key()  # straight to ON CONFLICT
@@ -534,6 +535,7 @@ def test_a_letter_twice_in_a_chunk_lands_once_as_a_new_key_and_through_on_confli
     rows = _rows(5)
     for attempt in (True, False):
         conn.execute("TRUNCATE telemetry_metrics")
+        conn.commit()
         with UnitOfWork(conn, pipeline) as uow:
             if not attempt:
                 uow.rows.new_keys.met_stored_key()
@@ -566,6 +568,7 @@ def test_three_copies_of_an_event_across_partitions_keep_the_lowest_place_both_w
     landed: list[dict[str, Any]] = []
     for attempt in (True, False):
         conn.execute("TRUNCATE telemetry_metrics")
+        conn.commit()
         with UnitOfWork(conn, pipeline) as uow:
             if not attempt:
                 uow.rows.new_keys.met_stored_key()

@@ -64,10 +64,11 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.db import RunRecord, UpsertResult
-from kafka_ingest.errors import DatabaseUnavailable, FencedError, RejectedByDatabase
+from kafka_ingest.errors import DatabaseUnavailable, DataError, FencedError, RejectedByDatabase
 from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.dlq import CONNECT, PREFIX, DeadLetter
-from kafka_ingest.records import Position, Row, row_source, row_values
+from kafka_ingest.records import LetterKey as RecordsLetterKey
+from kafka_ingest.records import Row, Source, row_source, row_values
 
 TOPIC = "orders"
 PARTITION = 3  # not 0, so a partition mix-up cannot pass by accident
@@ -328,6 +329,11 @@ class FakeClients:
         self.commit_consumers: list[FakeConsumer] = []
         self.group_ids: list[str] = []
         self.producers_handed_out = 0
+        #: Kafka's id of each topic (a topic re-created: set another one).
+        self.topic_ids: dict[str, str] = {}
+
+    def topic_id(self, topic: str, *, role: str = "topic") -> str:
+        return self.topic_ids.get(topic, f"id-of-{topic}")
 
     def consumer(self, group_id: str) -> FakeConsumer:
         consumer = self.consumer_factory()
@@ -394,7 +400,8 @@ class StoredLetter:
     dlq_offset: int | None = None
 
 
-LetterKey = tuple[str, str, int, int]  # (pipeline, source topic, partition, offset)
+#: (pipeline, source topic, incarnation, partition, offset)
+LetterKey = tuple[str, str, int, int, int]
 OffsetKey = tuple[str, str, int]  # (pipeline, topic, partition)
 
 
@@ -414,6 +421,10 @@ class FakeDatabase:
         self.events: list[Event] = events if events is not None else []
         self.lock_timeout_s = lock_timeout_s
         self.offsets: dict[OffsetKey, int] = dict(offsets or {})
+        #: The topic id each stored offset belongs to (absent: stored before ids were kept).
+        self.offset_topic_ids: dict[OffsetKey, str] = {}
+        #: (topic, topic id) -> incarnation, numbered as first seen.
+        self.incarnations: dict[tuple[str, str], int] = {}
         self.rows: dict[str, Row] = {}
         self.dead_letters: dict[LetterKey, StoredLetter] = {}
         self.runs: list[RunRecord] = []
@@ -523,11 +534,26 @@ class FakeSession:
         self.db._release(self, (name, partition))
         self.db.events.append(("unlock", name, partition))
 
-    def cursor(self, pipeline: str, topic: str, partition: int) -> int | None:
+    def cursor(self, pipeline: str, topic: str, partition: int) -> tuple[int, str | None] | None:
         self._check_open()
         value = self.db.offset(pipeline, topic, partition)
         self.db.events.append(("cursor", value))
-        return value
+        if value is None:
+            return None
+        return value, self.db.offset_topic_ids.get((pipeline, topic, partition))
+
+    def adopt(self, pipeline: str, topic: str, topic_id: str) -> None:
+        with self.db.state:
+            for key in self.db.offsets:
+                if key[:2] == (pipeline, topic):
+                    self.db.offset_topic_ids.setdefault(key, topic_id)
+
+    def incarnation(self, topic: str, topic_id: str) -> int:
+        with self.db.state:
+            numbers = self.db.incarnations
+            if (topic, topic_id) not in numbers:
+                numbers[(topic, topic_id)] = 1 + sum(t == topic for t, _ in numbers)
+            return numbers[(topic, topic_id)]
 
     def copy_encoder(self, pipeline: Pipeline) -> FakeEncoder:
         self._check_open()
@@ -574,6 +600,7 @@ class FakeUnitOfWork:
         self.offsets = _Offsets(self)
         self.dead_letters = _DeadLetters(self)
         self.runs = _Runs(self)
+        self.incarnations = _Incarnations(self)
         self.db.events.append(("begin", txn))
 
     def __enter__(self) -> FakeUnitOfWork:
@@ -648,7 +675,8 @@ class _Rows:
     def serialize(self, partitions: Iterable[int]) -> None:
         """Append pipelines only: nothing to hold (see ``RowsRepository.serialize``)."""
 
-    def upsert(self, rows: Sequence[Row], *, encoded: bytes | None = None) -> UpsertResult:
+    def upsert(self, rows: Sequence[Row], *, source: Source | None = None,
+               encoded: bytes | None = None) -> UpsertResult:
         if encoded is not None and encoded != FakeEncoder().encode(rows):
             raise AssertionError("the encoded payload is not these rows")
         uow = self.uow
@@ -656,7 +684,7 @@ class _Rows:
             raise NotImplementedError("the fake table knows append pipelines only")
         uow.fault("upsert")
         inserted = duplicates = 0
-        rejected: list[tuple[Row, RejectedByDatabase]] = []
+        rejected: list[tuple[Row, DataError]] = []
         for row in rows:
             event_id = row_values(row)[0]
             if event_id in uow.db.reject:
@@ -707,7 +735,7 @@ class _DeadLetters:
         uow = self.uow
         uow.fault("dead_letters")
         for d, loc in zip(letters, delivered, strict=True):
-            key = (pipeline, *d.source)
+            key = (pipeline, *d.letter_key)
             old = uow.stored_letter(key)
             attempts = d.attempts if old is None else max(old.attempts + 1, d.attempts)
             uow.pending_letters[key] = StoredLetter(
@@ -717,7 +745,7 @@ class _DeadLetters:
         uow.db.events.append(("dead_letters", uow.txn,
                               tuple(d.source_offset for d in letters)))
 
-    def mark_recovered(self, pipeline: str, keys: Sequence[Position]) -> None:
+    def mark_recovered(self, pipeline: str, keys: Sequence[RecordsLetterKey]) -> None:
         if not keys:
             return
         uow = self.uow
@@ -726,11 +754,24 @@ class _DeadLetters:
             if old is not None:
                 uow.pending_letters[(pipeline, *k)] = replace(
                     old, status="recovered", attempts=old.attempts + 1)
-        uow.db.events.append(("recovered", uow.txn, tuple(k[2] for k in keys)))
+        uow.db.events.append(("recovered", uow.txn, tuple(k[3] for k in keys)))
 
-    def status_of(self, pipeline: str, keys: Sequence[Position]) -> dict[Position, str]:
+    def status_of(self, pipeline: str,
+                  keys: Sequence[RecordsLetterKey]) -> dict[RecordsLetterKey, str]:
         found = {k: self.uow.stored_letter((pipeline, *k)) for k in keys}
         return {k: v.status for k, v in found.items() if v is not None}
+
+
+class _Incarnations:
+    """``topic_incarnations``, as the replay reads it."""
+
+    def __init__(self, uow: FakeUnitOfWork) -> None:
+        self.uow = uow
+
+    def known(self, topic: str, topic_id: str | None) -> int | None:
+        if topic_id is None:
+            return 1
+        return self.uow.db.incarnations.get((topic, topic_id))
 
 
 class _Runs:

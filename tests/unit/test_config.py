@@ -244,3 +244,28 @@ def test_two_sizes_for_one_pool_is_an_error_naming_both_pipelines() -> None:
                                          r"different sizes \(2, 3\)"):
         parse_pipelines(_pools_doc(a={"pool": "pg", "pool_slots": 2},
                                    b={"pool": "pg", "pool_slots": 3}), source="pipes.yaml")
+
+
+LATEST = {"upsert": {"mode": "latest", "key": "device_id"}}
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # two topics into one latest table: their offsets order nothing against each other
+    ({**LATEST, "table": "state"}, {**LATEST, "table": "state", "topic": "other-in"}),
+    # an append and a latest pipeline: one keeps every event, the other one per key
+    ({"table": "state"}, {**LATEST, "table": "state"}),
+])
+def test_a_latest_table_written_from_two_topics_or_two_ways_is_refused(
+        a: dict[str, Any], b: dict[str, Any]) -> None:
+    doc = {"pipelines": {"a": {**GOOD, **a}, "b": {**GOOD, "dlq_topic": "b-dlq", **b}}}
+    with pytest.raises(ValueError, match=r"pipelines a \(.*\), b \(.*\) all write table "
+                                         r"'state'.*cannot be ordered"):
+        parse_pipelines(doc)
+
+
+def test_append_pipelines_may_share_a_table_across_topics() -> None:
+    # event_id decides what is stored, whichever topic an event came from
+    doc = {"pipelines": {"a": {**GOOD, "table": "events"},
+                         "b": {**GOOD, "table": "events", "topic": "other-in",
+                               "dlq_topic": "b-dlq"}}}
+    assert set(parse_pipelines(doc)) == {"a", "b"}

@@ -47,11 +47,13 @@ from kafka_ingest.errors import (
     SettingsError,
     TooLarge,
     TopicMissing,
+    TopicRecreated,
     TransientError,
     TriggerParamsError,
     Undecodable,
     UnknownSchema,
     UnknownVersion,
+    Unorderable,
 )
 from kafka_ingest.kafka.clients import map_kafka_error
 
@@ -97,7 +99,7 @@ def test_every_data_error_has_a_distinct_class_name() -> None:
     names = [c.error_class for c in DATA_ERROR_CLASSES]
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
                      "too_large", "not_wire_format", "unknown_schema", "bad_key", "bad_header",
-                     "rejected_by_database"]
+                     "unorderable", "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 
@@ -155,6 +157,8 @@ ONE_OF_EACH: list[IngestError] = [
     BadKey("the record has no key"),
     BadHeader("header 'trace-id' is not UTF-8"),
     RejectedByDatabase("NUL"),
+    Unorderable("key 'a' at partition 1: stored from partition 0"),
+    TopicRecreated("p", "t", "old-id", "new-id", [0, 2], dlq=True),
 ]
 
 

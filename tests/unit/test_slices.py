@@ -41,6 +41,7 @@ from kafka_ingest.errors import (
     DeliveryFailed,
     FencedError,
     OffsetOutOfRange,
+    TopicRecreated,
 )
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
@@ -169,7 +170,7 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
     assert (dlq.topic(), dlq.partition(), dlq.offset(), dlq.value()) == (
         "telemetry-metrics-dlq", 0, 0, POISON)
     assert dict(dlq.headers() or [])[PREFIX + "offset"] == b"4"
-    stored = w.db.dead_letters[(pipeline.name, pipeline.topic, PARTITION, POISON_AT)]
+    stored = w.db.dead_letters[(pipeline.name, pipeline.topic, 1, PARTITION, POISON_AT)]
     assert (stored.status, stored.attempts, stored.dlq_partition, stored.dlq_offset) == (
         "parked", 1, 0, 0)
     assert stored.letter.error_class == "contract_violation"
@@ -570,24 +571,54 @@ def test_a_slice_already_done_reads_nothing(pipeline: Pipeline) -> None:
     assert w.clients.committed_offsets() == [10]
 
 
-@pytest.mark.parametrize("stored", [None, 2])
-def test_a_cursor_behind_the_slice_fails_without_reading(pipeline: Pipeline,
-                                                         stored: int | None) -> None:
-    # The cursor moved back (by hand) after the run was planned: re-reading from there
-    # would not be this run's slice. Fail loudly, read nothing, leave the lock.
+def test_a_cursor_deleted_after_planning_fails_without_reading(pipeline: Pipeline) -> None:
+    # Nothing stored for a slice that moves the cursor: not this run's to finish. Fail
+    # loudly, read nothing, leave the lock.
     w = World(pipeline)
-    if stored is None:
-        del w.db.offsets[(pipeline.name, pipeline.topic, PARTITION)]
-    else:
-        w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, stored)
-    with pytest.raises(OffsetOutOfRange, match=rf"stored offset is {stored}, behind"):
+    del w.db.offsets[(pipeline.name, pipeline.topic, PARTITION)]
+    with pytest.raises(OffsetOutOfRange, match="no offset is stored"):
         w.ingest(w.range(3, N))
 
     assert w.consumer.assigned == []
     assert w.consumer.served == []
     assert w.ev.of("begin") == []
-    assert w.stored() == stored
+    assert w.stored() is None
     assert w.ev.of("unlock") == [("unlock", "telemetry_metrics", PARTITION)]
+    assert w.db.held_locks() == {}
+
+
+@pytest.mark.parametrize("max_records", [100, 5])
+def test_a_cursor_moved_back_behind_the_slice_is_followed_back(pipeline: Pipeline,
+                                                               max_records: int) -> None:
+    # The cursor moved back after the run was planned: by hand, or by a failover to a
+    # standby that never got the commits of [2, 3) (offsets live with the rows: both were
+    # lost). The retry of the pinned slice [3, N) reads from the cursor, so nothing between
+    # is skipped, at most max_records_per_partition of it; the cursor ends where it read to.
+    pipeline = pipeline.model_copy(update={"max_records_per_partition": max_records})
+    w = World(pipeline)
+    w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 2)
+    report = w.ingest(w.range(3, N))
+
+    end = min(N, 2 + max_records)
+    assert report.resumed_from == 2
+    assert report.read == end - 2
+    assert w.stored() == end
+    assert w.db.runs[0].start_offset == 2  # the first chunk starts at the cursor
+    assert w.db.runs[-1].end_offset == end
+    assert w.db.held_locks() == {}
+
+
+def test_a_cursor_of_a_topic_since_re_created_is_refused(pipeline: Pipeline) -> None:
+    # The stored offset belongs to the topic as it was (its topic id); the topic there now
+    # has another id: reading on from the old offsets would skip the new topic's records.
+    w = World(pipeline)
+    w.ingest(w.range(0, 3))
+    assert w.db.offset_topic_ids[(pipeline.name, pipeline.topic, PARTITION)] == (
+        f"id-of-{pipeline.topic}")  # adopted by the first slice
+    w.clients.topic_ids[pipeline.topic] = "a-new-id"
+    with pytest.raises(TopicRecreated, match="deleted and re-created"):
+        w.ingest(w.range(3, N))
+    assert w.stored() == 3
     assert w.db.held_locks() == {}
 
 
@@ -615,7 +646,7 @@ def seed_dead_letters(db: FakeDatabase, pipeline: Pipeline, records: list[Msg],
         letters = [parse_dlq_message(m) for m in records]
         uow.dead_letters.record(pipeline.name, letters, [(0, m.offset()) for m in records])
         uow.dead_letters.mark_recovered(
-            pipeline.name, [d.source for d in letters if d.source_offset in recovered])
+            pipeline.name, [d.letter_key for d in letters if d.source_offset in recovered])
         uow.commit()
     session.close()
 
@@ -749,7 +780,7 @@ def test_a_backfill_dead_letters_a_poison_pill_once_and_never_again(pipeline: Pi
     # as known_dead: neither produced to the DLQ nor recorded again, attempts stay 1, and
     # the chunk still reconciles (read = ... + dead_lettered + known_dead + ...).
     w = World(pipeline)
-    key = (pipeline.name, pipeline.topic, PARTITION, POISON_AT)
+    key = (pipeline.name, pipeline.topic, 1, PARTITION, POISON_AT)
     first = w.ingest(w.range(0, N, Mode.BACKFILL))
 
     assert (first.dead_lettered, first.known_dead) == (1, 0)
@@ -784,7 +815,7 @@ def test_a_live_slice_re_reading_a_known_poison_pill_dead_letters_it_again(
 
     assert (report.dead_lettered, report.known_dead) == (1, 0)
     assert len(w.producer.delivered) == 2
-    assert w.db.dead_letters[(pipeline.name, pipeline.topic, PARTITION, POISON_AT)].attempts == 2
+    assert w.db.dead_letters[(pipeline.name, pipeline.topic, 1, PARTITION, POISON_AT)].attempts == 2
 
 
 def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(

@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
-from kafka_ingest.db.tables import create_statements, fits, marker_statement, row_columns
+from kafka_ingest.db.tables import (
+    create_statements,
+    derived_name,
+    fits,
+    marker_statement,
+    marker_table,
+    row_columns,
+    stage_table,
+)
 
 MIGRATION = (Path(__file__).resolve().parents[2] / "include" / "kafka_ingest" / "db"
              / "migrations" / "0002_example_tables.sql")
@@ -138,16 +146,18 @@ def test_create_an_append_table() -> None:
     assert marker_statement(shipments) is None
 
 
-def test_create_a_latest_table_keyed_by_the_entity_with_an_event_id_index() -> None:
+def test_create_a_latest_table_keyed_by_the_entity_with_the_incarnation_of_its_rows() -> None:
+    # A key's stored version is found by the primary key alone (no index on event_id);
+    # each row says which incarnation of its topic it came from.
     state = pipeline(table="device_state", upsert={"mode": "latest", "key": "device_id"})
 
-    create, index = create_statements(state)
+    [create] = create_statements(state)
 
-    assert create.statement.endswith('    PRIMARY KEY ("device_id")\n)')
+    assert create.statement.endswith(
+        '    "source_incarnation" integer NOT NULL DEFAULT 1,\n'
+        '    "ingested_at" timestamp with time zone NOT NULL DEFAULT now(),\n'
+        '    PRIMARY KEY ("device_id")\n)')
     assert '"event_id" character varying(128) NOT NULL,' in create.statement
-    assert (index.table, index.statement) == (
-        "device_state",
-        'CREATE INDEX "device_state_event_id_idx" ON "device_state" (event_id)')
     assert marker_statement(state) is None
 
 
@@ -171,7 +181,7 @@ def test_key_and_header_columns_come_between_the_contract_and_the_provenance() -
         upsert={"mode": "latest", "key": "account_id", "order_by": "source_offset"},
         on_tombstone="delete")
 
-    create, index = create_statements(accounts)
+    [create] = create_statements(accounts)
 
     lines = create.statement.splitlines()
     assert lines[5:10] == ['    "tags" text[] NOT NULL,',
@@ -180,8 +190,6 @@ def test_key_and_header_columns_come_between_the_contract_and_the_provenance() -
                            '    "tenant" character varying(16) NOT NULL,',
                            '    "source_topic" text NOT NULL,']
     assert lines[-2:] == ['    PRIMARY KEY ("account_id")', ")"]
-    assert index.statement == ('CREATE INDEX "shipments_event_id_idx" ON "shipments" '
-                               "(event_id)")
 
 
 def test_a_deleting_pipeline_gets_a_marker_table_keyed_like_its_table() -> None:
@@ -197,10 +205,36 @@ def test_a_deleting_pipeline_gets_a_marker_table_keyed_like_its_table() -> None:
     assert marker.statement == (
         'CREATE TABLE "accounts_tombstones" (\n'
         '    "account_id" character varying(40) PRIMARY KEY,\n'
+        '    "source_topic" text NOT NULL,\n'
         '    "source_partition" integer NOT NULL,\n'
         '    "source_offset" bigint NOT NULL,\n'
-        '    "deleted_at" timestamp with time zone NOT NULL DEFAULT now()\n'
+        '    "deleted_at" timestamp with time zone NOT NULL DEFAULT now(),\n'
+        '    "source_incarnation" integer NOT NULL DEFAULT 1\n'
         ")")
+
+
+@pytest.mark.parametrize("table", ["a" * 63, "b" * 52, "c" * 58])
+def test_names_made_from_a_long_table_name_fit_and_stay_apart(table: str) -> None:
+    # Postgres cuts identifiers at 63 bytes: "<63 chars>_tombstones" would be the table
+    # itself, and two tables sharing their first 52 characters would share one marker table.
+    accounts = pipeline(record_key={"column": "account_id"}, table=table,
+                        upsert={"mode": "latest", "key": "account_id",
+                                "order_by": "source_offset"}, on_tombstone="delete")
+    other = accounts.model_copy(update={"table": table[:-1] + "z"})
+
+    for made in (marker_table(accounts), stage_table(accounts)):
+        assert made is not None and len(made.encode()) <= 63
+        assert made != table
+    assert marker_table(accounts) != marker_table(other)
+    assert stage_table(accounts) != stage_table(other)
+    assert str(marker_table(accounts)).endswith("_tombstones")
+
+
+def test_a_short_table_keeps_its_plain_derived_names() -> None:
+    # names that fit are what they always were: existing marker tables are found
+    assert derived_name("accounts", suffix="_tombstones") == "accounts_tombstones"
+    assert derived_name("x" * 52, suffix="_tombstones") == "x" * 52 + "_tombstones"
+    assert derived_name("accounts", prefix="stage_") == "stage_accounts"
 
 
 # Migration 0002 made the example tables by hand; the planner must find them as it would

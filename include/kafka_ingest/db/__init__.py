@@ -14,6 +14,7 @@ from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
     GapsRepository,
+    IncarnationsRepository,
     OffsetsRepository,
     PinnedRange,
     PlansRepository,
@@ -31,6 +32,7 @@ __all__ = [
     "DeadLettersRepository",
     "DeleteResult",
     "GapsRepository",
+    "IncarnationsRepository",
     "OffsetsRepository",
     "PinnedRange",
     "PlansRepository",

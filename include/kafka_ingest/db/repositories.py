@@ -1,6 +1,7 @@
 """Repositories over the bookkeeping tables, each on the caller's connection.
 
 ``ingest_offsets`` (the next offset to read, moved only by compare-and-set),
+``topic_incarnations`` (each topic id a topic name had, numbered),
 ``dead_letters``, ``ingest_runs`` (the audit: one row per committed chunk), ``run_plans``
 (the ranges pinned to an Airflow run) and ``offset_gaps`` (ranges retention deleted
 before they were read). None of them commits: the unit of work does.
@@ -15,7 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from kafka_ingest.errors import FencedError
-from kafka_ingest.records import ChunkCounts, ms_to_datetime
+from kafka_ingest.records import ChunkCounts, LetterKey, ms_to_datetime
 
 
 class OffsetsRepository:
@@ -51,26 +52,53 @@ class OffsetsRepository:
             ([p for p, _ in wanted], [t for _, t in wanted])).fetchall()
         return {(p, t, int(part)): int(o) for p, t, part, o in rows}
 
-    def initialise(self, pipeline: str, topic: str, partition: int, offset: int) -> int:
-        """Store ``offset`` unless a value exists; return the stored value."""
+    def topic_ids(self, pipeline: str, topic: str) -> dict[int, str | None]:
+        """The topic id each stored offset belongs to (None: stored before it was kept)."""
+        rows = self.conn.execute(
+            "SELECT partition, topic_id FROM ingest_offsets WHERE pipeline = %s AND topic = %s",
+            (pipeline, topic)).fetchall()
+        return {int(p): t for p, t in rows}
+
+    def cursor(self, pipeline: str, topic: str, partition: int) -> tuple[int, str | None] | None:
+        """The stored next offset and the topic id it belongs to."""
+        row = self.conn.execute(
+            "SELECT next_offset, topic_id FROM ingest_offsets"
+            " WHERE pipeline = %s AND topic = %s AND partition = %s",
+            (pipeline, topic, partition)).fetchone()
+        return (int(row[0]), row[1]) if row else None
+
+    def adopt(self, pipeline: str, topic: str, topic_id: str) -> None:
+        """Offsets stored before topic ids were kept belong to the topic as it is now."""
         self.conn.execute(
-            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (pipeline, topic, partition, offset),
+            "UPDATE ingest_offsets SET topic_id = %s"
+            " WHERE pipeline = %s AND topic = %s AND topic_id IS NULL",
+            (topic_id, pipeline, topic))
+
+    def initialise(self, pipeline: str, topic: str, partition: int, offset: int,
+                   topic_id: str | None = None) -> int:
+        """Store ``offset`` (of the topic ``topic_id``) unless a value exists; return the
+        stored value."""
+        self.conn.execute(
+            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset, topic_id)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (pipeline, topic, partition, offset, topic_id),
         )
         stored = self.get(pipeline, topic, partition)
         if stored is None:  # the INSERT above made or found the row in this transaction
             raise RuntimeError(f"{pipeline} {topic}[{partition}]: no stored offset after insert")
         return stored
 
-    def reset(self, pipeline: str, topic: str, partition: int, offset: int) -> int | None:
-        """Set the stored offset by hand (operators only); return the previous value."""
+    def reset(self, pipeline: str, topic: str, partition: int, offset: int,
+              topic_id: str | None = None) -> int | None:
+        """Set the stored offset by hand (operators only), as an offset of the topic
+        ``topic_id`` (the one there now); return the previous value."""
         before = self.get(pipeline, topic, partition)
         self.conn.execute(
-            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (pipeline, topic, partition)"
-            " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
-            (pipeline, topic, partition, offset),
+            "INSERT INTO ingest_offsets (pipeline, topic, partition, next_offset, topic_id)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pipeline, topic, partition)"
+            " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now(),"
+            " topic_id = COALESCE(EXCLUDED.topic_id, ingest_offsets.topic_id)",
+            (pipeline, topic, partition, offset, topic_id),
         )
         return before
 
@@ -86,8 +114,50 @@ class OffsetsRepository:
                               self.get(pipeline, topic, partition))
 
 
+class IncarnationsRepository:
+    """``topic_incarnations``: each topic id a topic name has had, numbered 1, 2, ... in
+    the order first seen (see migration 0009)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def of(self, topic: str, topic_id: str) -> int:
+        """The incarnation number of ``topic_id``, given the next number when first seen
+        (under a transaction lock per topic name, so two runs seeing it at once agree)."""
+        found = self._lookup(topic, topic_id)
+        if found is not None:
+            return found
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                          ("kafka-ingest incarnation " + topic,))
+        self.conn.execute(
+            "INSERT INTO topic_incarnations (topic, topic_id, incarnation)"
+            " SELECT %s, %s, COALESCE(max(incarnation), 0) + 1 FROM topic_incarnations"
+            " WHERE topic = %s ON CONFLICT (topic, topic_id) DO NOTHING",
+            (topic, topic_id, topic))
+        found = self._lookup(topic, topic_id)
+        if found is None:  # made or found above, in this transaction
+            raise RuntimeError(f"{topic}: no incarnation for topic id {topic_id} after insert")
+        return found
+
+    def known(self, topic: str, topic_id: str | None) -> int | None:
+        """The number of ``topic_id`` if seen before; ``None``: the first incarnation (a
+        letter written before topic ids were kept) when the topic has one, else None."""
+        if topic_id is not None:
+            return self._lookup(topic, topic_id)
+        row = self.conn.execute("SELECT min(incarnation) FROM topic_incarnations"
+                                " WHERE topic = %s", (topic,)).fetchone()
+        return int(row[0]) if row and row[0] is not None else 1
+
+    def _lookup(self, topic: str, topic_id: str) -> int | None:
+        row = self.conn.execute(
+            "SELECT incarnation FROM topic_incarnations WHERE topic = %s AND topic_id = %s",
+            (topic, topic_id)).fetchone()
+        return int(row[0]) if row else None
+
+
 class DeadLettersRepository:
-    """``dead_letters``: one row per (pipeline, source topic, partition, offset)."""
+    """``dead_letters``: one row per (pipeline, source topic, its incarnation, partition,
+    offset): :attr:`~kafka_ingest.kafka.dlq.DeadLetter.letter_key`."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -98,20 +168,21 @@ class DeadLettersRepository:
         if not letters:
             return
         params = [
-            (pipeline, d.source_topic, d.source_partition, d.source_offset, d.key,
-             ms_to_datetime(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
-             d.attempts, d.first_failed_at, d.dlq_topic,
+            (pipeline, d.source_topic, d.source_incarnation, d.source_partition,
+             d.source_offset, d.key, ms_to_datetime(d.timestamp_ms), d.contract,
+             d.error_class, d.error_detail, d.attempts, d.first_failed_at, d.dlq_topic,
              loc[0] if loc else None, loc[1] if loc else None, d.schema_id)
             for d, loc in zip(letters, delivered, strict=True)
         ]
         with self.conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO dead_letters (pipeline, source_topic, source_partition,"
-                " source_offset, kafka_key, kafka_timestamp, contract, error_class,"
-                " error_detail, attempts, first_failed_at, dlq_topic, dlq_partition, dlq_offset,"
-                " schema_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (pipeline, source_topic, source_partition, source_offset) DO UPDATE"
+                "INSERT INTO dead_letters (pipeline, source_topic, source_incarnation,"
+                " source_partition, source_offset, kafka_key, kafka_timestamp, contract,"
+                " error_class, error_detail, attempts, first_failed_at, dlq_topic,"
+                " dlq_partition, dlq_offset, schema_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (pipeline, source_topic, source_incarnation, source_partition,"
+                " source_offset) DO UPDATE"
                 " SET error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,"
                 "     contract = EXCLUDED.contract,"
                 "     attempts = GREATEST(dead_letters.attempts + 1, EXCLUDED.attempts),"
@@ -122,27 +193,28 @@ class DeadLettersRepository:
                 params,
             )
 
-    def mark_recovered(self, pipeline: str, keys: Sequence[tuple[str, int, int]]) -> None:
+    def mark_recovered(self, pipeline: str, keys: Sequence[LetterKey]) -> None:
         if not keys:
             return
         with self.conn.cursor() as cur:
             cur.executemany(
                 "UPDATE dead_letters SET status = 'recovered', recovered_at = now(),"
                 " attempts = attempts + 1"
-                " WHERE pipeline = %s AND source_topic = %s AND source_partition = %s"
-                " AND source_offset = %s",
+                " WHERE pipeline = %s AND source_topic = %s AND source_incarnation = %s"
+                " AND source_partition = %s AND source_offset = %s",
                 [(pipeline, *k) for k in keys],
             )
 
-    def status_of(self, pipeline: str,
-                  keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+    def status_of(self, pipeline: str, keys: Sequence[LetterKey]) -> dict[LetterKey, str]:
+        """The status of each letter of ``keys`` that ``dead_letters`` holds."""
         rows = self.conn.execute(
-            "SELECT source_topic, source_partition, source_offset, status FROM dead_letters"
-            " WHERE pipeline = %s AND (source_topic, source_partition, source_offset)"
-            " IN (SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[]))",
-            (pipeline, [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
+            "SELECT source_topic, source_incarnation, source_partition, source_offset, status"
+            " FROM dead_letters WHERE pipeline = %s AND (source_topic, source_incarnation,"
+            " source_partition, source_offset)"
+            " IN (SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::bigint[]))",
+            (pipeline, *([k[i] for k in keys] for i in range(4))),
         ).fetchall()
-        return {(t, int(p), int(o)): s for t, p, o, s in rows}
+        return {(t, int(i), int(p), int(o)): s for t, i, p, o, s in rows}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ from kafka_ingest.errors import SettingsError
 #: What the runtime role needs of each bookkeeping table (no DELETE, no TRUNCATE).
 RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "ingest_offsets": ("SELECT", "INSERT", "UPDATE"),
+    "topic_incarnations": ("SELECT", "INSERT"),
     "dead_letters": ("SELECT", "INSERT", "UPDATE"),
     "ingest_runs": ("SELECT", "INSERT"),
     "run_plans": ("SELECT", "INSERT"),

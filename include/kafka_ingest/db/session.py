@@ -13,7 +13,8 @@ import psycopg
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db.locks import lock_partition, unlock_partition
-from kafka_ingest.db.repositories import OffsetsRepository
+from kafka_ingest.db.repositories import IncarnationsRepository, OffsetsRepository
+from kafka_ingest.db.tables import TargetShape, target_shape
 from kafka_ingest.db.uow import UnitOfWork
 from kafka_ingest.db.upsert import CopyEncoder, NewKeys
 
@@ -26,6 +27,8 @@ class SliceSession:
         self.lock_timeout_s = lock_timeout_s
         #: Whether the slice's chunks met stored keys (see :class:`NewKeys`).
         self.new_keys = NewKeys()
+        #: The target table as the slice found it (:meth:`target`).
+        self.shape: TargetShape | None = None
 
     def lock(self, name: str, partition: int) -> None:
         """The (name, partition) advisory lock of the session, held until :meth:`unlock`
@@ -35,20 +38,42 @@ class SliceSession:
     def unlock(self, name: str, partition: int) -> None:
         unlock_partition(self.conn, name, partition)
 
-    def cursor(self, pipeline: str, topic: str, partition: int) -> int | None:
-        """The stored next offset, read in a transaction of its own (so it is current)."""
-        stored = OffsetsRepository(self.conn).get(pipeline, topic, partition)
+    def cursor(self, pipeline: str, topic: str, partition: int) -> tuple[int, str | None] | None:
+        """The stored next offset and the topic id it belongs to, read in a transaction of
+        its own (so it is current)."""
+        stored = OffsetsRepository(self.conn).cursor(pipeline, topic, partition)
         self.conn.commit()
         return stored
+
+    def adopt(self, pipeline: str, topic: str, topic_id: str) -> None:
+        """Offsets stored before topic ids were kept belong to the topic read now."""
+        OffsetsRepository(self.conn).adopt(pipeline, topic, topic_id)
+        self.conn.commit()
+
+    def incarnation(self, topic: str, topic_id: str) -> int:
+        """The incarnation number of ``topic_id`` (numbered now if first seen)."""
+        number = IncarnationsRepository(self.conn).of(topic, topic_id)
+        self.conn.commit()
+        return number
+
+    def target(self, pipeline: Pipeline) -> TargetShape:
+        """The target table as it is now (read once, when the slice starts): what its rows
+        travel as (see :class:`~kafka_ingest.db.tables.TargetShape`)."""
+        if self.shape is None:
+            try:
+                self.shape = target_shape(self.conn, pipeline)
+            finally:
+                self.conn.rollback()  # a catalog read: end its transaction
+        return self.shape
 
     def copy_encoder(self, pipeline: Pipeline) -> CopyEncoder:
         """What encodes a chunk's rows for ``COPY`` outside its transaction (made before
         the slice's first transaction; see :class:`~kafka_ingest.db.upsert.CopyEncoder`)."""
-        return CopyEncoder(self.conn, pipeline)
+        return CopyEncoder(self.conn, pipeline, self.target(pipeline))
 
     def unit_of_work(self, pipeline: Pipeline) -> UnitOfWork:
-        return UnitOfWork(self.conn, pipeline, lock_timeout_s=self.lock_timeout_s,
-                          new_keys=self.new_keys)
+        return UnitOfWork(self.conn, pipeline, shape=self.target(pipeline),
+                          lock_timeout_s=self.lock_timeout_s, new_keys=self.new_keys)
 
     def close(self) -> None:
         self.conn.close()

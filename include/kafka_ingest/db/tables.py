@@ -4,19 +4,28 @@ the drift check that runs before any data moves.
 A pipeline's table is the contract's columns, the record-key and header columns, then the
 provenance columns every table has; its primary key is ``event_id`` (``append``), the
 entity key (``latest``), or ``event_id`` and the partitioning column (a partitioned
-table). ``latest`` tables get an index on ``event_id`` (the upsert looks a replayed event up
-by it); pipelines that delete on tombstones get a marker table beside theirs.
+table). ``latest`` tables also say which incarnation of the topic each row came from
+(``source_incarnation``, see :class:`~kafka_ingest.records.Source`); pipelines that delete
+on tombstones get a marker table beside theirs. Names made from the table's (the marker
+table's, the staging table's) fit Postgres' 63 bytes: past it, a hash of the whole name
+keeps them apart (:func:`derived_name`).
 
 The planner only ever adds: ``CREATE TABLE`` for a missing table, ``ADD COLUMN`` for a
 column the contract gained (nullable: a new field is optional). It never drops a column,
 never changes a type and never sets NOT NULL: those are :class:`Drift` the user resolves,
 and the message says how. :func:`check_table` compares the table with the contract when a
 run is planned, so a mismatch fails the run naming the column, instead of a COPY failing
-mid-slice.
+mid-slice. The check also refuses what the write path cannot write correctly: a
+generated or identity column under a column the pipeline fills, ``ingested_at`` that
+``COPY`` cannot leave to its default, a unique key ``ON CONFLICT`` cannot use (deferrable,
+invalid), and ``INSERT``/``UPDATE`` rules (``COPY`` skips rules; ``ON CONFLICT`` refuses
+them). :func:`target_shape` reads, when a slice starts, what the table takes now: a
+column widened since (``integer`` to ``bigint``) gets values of its own width.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,6 +44,23 @@ from kafka_ingest.records import PROVENANCE_COLUMNS
 _NULLABLE_PROVENANCE = frozenset({"kafka_key", "kafka_timestamp"})
 #: The suffix of the marker table of a pipeline that deletes on tombstones.
 MARKER_SUFFIX = "_tombstones"
+#: The prefix of a slice's temporary staging table.
+STAGE_PREFIX = "stage_"
+#: The longest identifier Postgres keeps (NAMEDATALEN - 1 bytes); longer ones are cut.
+MAX_IDENTIFIER = 63
+#: A ``latest`` table's column naming the incarnation of the topic a row came from. Rows
+#: stored before incarnations were kept belong to the first (the column's default).
+INCARNATION_COLUMN = "source_incarnation"
+INCARNATION_DDL = f'"{INCARNATION_COLUMN}" integer NOT NULL DEFAULT 1'
+#: A marker table's columns besides the key, as ``format_type()`` prints them, and their
+#: DDL (the ones added later have defaults, for markers stored before them).
+_MARKER_COLUMNS = {
+    "source_partition": ("integer", '"source_partition" integer NOT NULL'),
+    "source_offset": ("bigint", '"source_offset" bigint NOT NULL'),
+    "deleted_at": ("timestamp with time zone",
+                   '"deleted_at" timestamp with time zone NOT NULL DEFAULT now()'),
+    INCARNATION_COLUMN: ("integer", INCARNATION_DDL),
+}
 #: Provenance columns whose value is converted before it travels (see ``Contract.STAGED``):
 #: the Kafka timestamp (epoch milliseconds) becomes a binary timestamptz, inline in each
 #: row's making (:func:`kafka_ingest.decode.validate.row_builder`).
@@ -60,11 +86,35 @@ def row_columns(pipeline: Pipeline) -> tuple[Column, ...]:
     return (*pipeline.sink_columns, *provenance_columns())
 
 
+def derived_name(table: str, *, prefix: str = "", suffix: str = "") -> str:
+    """``prefix + table + suffix``, or, when that is longer than Postgres keeps (it would
+    cut it, and two tables sharing a long prefix would share the name, or the marker
+    table of a 63-character table would be the table itself), the table's name cut to
+    fit with 8 hex digits of a hash of the whole name before the suffix."""
+    name = f"{prefix}{table}{suffix}"
+    if len(name.encode()) <= MAX_IDENTIFIER:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    room = MAX_IDENTIFIER - len(prefix) - len(suffix) - len(digest) - 1
+    return f"{prefix}{table.encode()[:room].decode(errors='ignore')}_{digest}{suffix}"
+
+
 def marker_table(pipeline: Pipeline) -> str | None:
     """The table of a deleting pipeline's deletion markers (see :mod:`kafka_ingest.db.upsert`)."""
     if pipeline.on_tombstone is not OnTombstone.DELETE:
         return None
-    return f"{pipeline.table}{MARKER_SUFFIX}"
+    return derived_name(pipeline.table, suffix=MARKER_SUFFIX)
+
+
+def stage_table(pipeline: Pipeline) -> str:
+    """The temporary table a slice stages a chunk's rows in."""
+    return derived_name(pipeline.table, prefix=STAGE_PREFIX)
+
+
+def orders_versions(pipeline: Pipeline) -> bool:
+    """Whether the table keeps one version per key, ordered (``latest``): its rows carry
+    their topic's incarnation."""
+    return pipeline.upsert.mode is UpsertMode.LATEST
 
 
 def runtime_tables(pipelines: Iterable[Pipeline]) -> tuple[list[str], list[str]]:
@@ -108,35 +158,38 @@ def _quote(name: str) -> str:
     return sql.Identifier(name).as_string(None)
 
 
+#: ``ingested_at``: every target table's, filled by its default (``COPY`` leaves it out).
+INGESTED_AT_DDL = '"ingested_at" timestamp with time zone NOT NULL DEFAULT now()'
+
+
 def create_statements(pipeline: Pipeline) -> list[Change]:
     """The DDL that makes a pipeline's tables from nothing."""
     table = pipeline.table
     columns = [_column_sql(c, for_create=True) for c in row_columns(pipeline)]
-    columns.append('"ingested_at" timestamp with time zone NOT NULL DEFAULT now()')
+    if orders_versions(pipeline):
+        columns.append(INCARNATION_DDL)
+    columns.append(INGESTED_AT_DDL)
     key = ", ".join(map(_quote, pipeline.conflict_columns))
     body = ",\n    ".join([*columns, f"PRIMARY KEY ({key})"])
     tail = (f" PARTITION BY RANGE ({_quote(pipeline.partition_by.column)})"
             if pipeline.partition_by else "")
-    changes = [Change(table, "the table is missing",
-                      f"CREATE TABLE {_quote(table)} (\n    {body}\n){tail}")]
-    if pipeline.upsert.mode is UpsertMode.LATEST:
-        changes.append(Change(table, "latest mode looks replayed events up by event_id",
-                              f"CREATE INDEX {_quote(table + '_event_id_idx')} ON "
-                              f"{_quote(table)} (event_id)"))
-    return changes
+    return [Change(table, "the table is missing",
+                   f"CREATE TABLE {_quote(table)} (\n    {body}\n){tail}")]
+
+
+def _marker_key(pipeline: Pipeline) -> Column:
+    return next(c for c in pipeline.sink_columns if c.name == pipeline.upsert.key)
 
 
 def marker_statement(pipeline: Pipeline) -> Change | None:
     marker = marker_table(pipeline)
     if marker is None:
         return None
-    key = next(c for c in pipeline.sink_columns if c.name == pipeline.upsert.key)
+    key = _marker_key(pipeline)
+    columns = [f"{_quote(key.name)} {key.ddl} PRIMARY KEY", '"source_topic" text NOT NULL',
+               *(ddl for _, ddl in _MARKER_COLUMNS.values())]
     return Change(marker, "tombstones delete rows: their markers keep a deleted key deleted",
-                  f"CREATE TABLE {_quote(marker)} (\n"
-                  f"    {_quote(key.name)} {key.ddl} PRIMARY KEY,\n"
-                  '    "source_partition" integer NOT NULL,\n'
-                  '    "source_offset" bigint NOT NULL,\n'
-                  '    "deleted_at" timestamp with time zone NOT NULL DEFAULT now()\n)')
+                  f"CREATE TABLE {_quote(marker)} (\n    " + ",\n    ".join(columns) + "\n)")
 
 
 @dataclass(frozen=True)
@@ -145,6 +198,10 @@ class ActualColumn:
     ddl: str
     nullable: bool
     has_default: bool
+    #: ``GENERATED ALWAYS AS (...) STORED`` (nobody may write it).
+    generated: bool = False
+    #: ``GENERATED ALWAYS AS IDENTITY`` (``COPY`` and ``INSERT`` may not write it).
+    identity_always: bool = False
 
 
 def actual_columns(conn: psycopg.Connection[Any], table: str) -> dict[str, ActualColumn] | None:
@@ -155,10 +212,19 @@ def actual_columns(conn: psycopg.Connection[Any], table: str) -> dict[str, Actua
         return None
     rows = conn.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull,"
-        " a.atthasdef FROM pg_attribute a WHERE a.attrelid = to_regclass(%s)"
-        " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        " a.atthasdef, a.attgenerated <> '', a.attidentity = 'a' FROM pg_attribute a"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"
+        " ORDER BY a.attnum",
         (_quote(table),)).fetchall()
-    return {r[0]: ActualColumn(r[0], r[1], r[2], r[3]) for r in rows}
+    return {r[0]: ActualColumn(*r) for r in rows}
+
+
+def _rules(conn: psycopg.Connection[Any], table: str) -> list[str]:
+    """The table's ``INSERT`` and ``UPDATE`` rules, by name."""
+    rows = conn.execute(
+        "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(%s)"
+        " AND ev_type IN ('2', '3') ORDER BY rulename", (_quote(table),)).fetchall()
+    return [r[0] for r in rows]
 
 
 _VARCHAR = re.compile(r"^character varying\((\d+)\)(\[\])?$")
@@ -191,6 +257,12 @@ def fits(wanted: str, actual: str) -> bool:
 
 
 def _drift(table: str, wanted: Column, actual: ActualColumn) -> str | None:
+    if actual.generated or actual.identity_always:
+        kind = "a generated column" if actual.generated else "an identity column (ALWAYS)"
+        return (f"{table}.{wanted.name} is {kind}, but the pipeline writes it: drop the "
+                f"expression (ALTER TABLE {table} ALTER COLUMN {wanted.name} DROP "
+                f"{'EXPRESSION' if actual.generated else 'IDENTITY'}) or rename the field's "
+                "column")
     if not fits(wanted.ddl, actual.ddl):
         return (f"{table}.{wanted.name} is {actual.ddl}, but the contract needs {wanted.ddl}: "
                 f"the planner never changes a type; alter it yourself (ALTER TABLE {table} "
@@ -211,13 +283,16 @@ def plan_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan:
     else:
         _compare(plan, pipeline, actual)
         plan.drift += _key_drift(conn, pipeline)
+        plan.drift += _rule_drift(pipeline.table, _rules(conn, pipeline.table))
     marker = marker_statement(pipeline)
     if marker is not None:
         markers = actual_columns(conn, marker.table)
         if markers is None:
             plan.changes.append(marker)
         else:
-            plan.drift += _marker_drift(pipeline, marker.table, markers)
+            _compare_markers(plan, pipeline, marker.table, markers)
+            plan.drift += _key_drift(conn, pipeline, table=marker.table,
+                                     key=(pipeline.upsert.key or "",))
     return plan
 
 
@@ -238,44 +313,163 @@ def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn
                     f"once they do, ALTER TABLE {table} ALTER COLUMN {name} SET NOT NULL")
         elif (problem := _drift(table, column, have)) is not None:
             plan.drift.append(problem)
-    if "ingested_at" not in actual:
-        plan.drift.append(f"{table}.ingested_at is missing: every target table has it "
-                          "(timestamp with time zone NOT NULL DEFAULT now())")
+    own = {"ingested_at"}
+    if orders_versions(pipeline):
+        own.add(INCARNATION_COLUMN)
+        _incarnation(plan, table, actual.get(INCARNATION_COLUMN))
+    plan.drift += _ingested_at_drift(table, actual.get("ingested_at"))
     for name, have in actual.items():
-        if name not in wanted and name != "ingested_at" and not have.nullable \
-                and not have.has_default:
+        if name not in wanted and name not in own and not have.nullable \
+                and not have.has_default and not have.generated:
             plan.drift.append(f"{table}.{name} is NOT NULL without a default and the "
                               "pipeline never fills it: give it a default or drop NOT NULL")
 
 
-def _marker_drift(pipeline: Pipeline, table: str, actual: dict[str, ActualColumn]) -> list[str]:
-    """The marker table holds each deleted key: its key column must fit the key."""
-    key = next(c for c in pipeline.sink_columns if c.name == pipeline.upsert.key)
-    have = actual.get(key.name)
+def _incarnation(plan: TablePlan, table: str, have: ActualColumn | None) -> None:
+    """A latest table's ``source_incarnation``: added (its rows so far are of the first
+    incarnation), or checked."""
     if have is None:
-        return [f"{table} has no column {key.name}: it holds the deleted keys; drop it and run "
-                "`kafka-ingest schema apply` (it holds markers only)"]
-    if not fits(key.ddl, have.ddl):
-        return [f"{table}.{key.name} is {have.ddl}, but the key needs {key.ddl}: ALTER TABLE "
-                f"{table} ALTER COLUMN {key.name} TYPE {key.ddl}"]
+        plan.changes.append(Change(
+            table, f"column {INCARNATION_COLUMN} is missing (latest tables order a key's "
+            "versions by the incarnation of their topic too)",
+            f"ALTER TABLE {_quote(table)} ADD COLUMN {INCARNATION_DDL}"))
+    elif have.ddl not in ("integer", "bigint") or have.nullable or have.generated:
+        plan.drift.append(f"{table}.{INCARNATION_COLUMN} is {have.ddl}"
+                          f"{' NULL' if have.nullable else ''}, but the pipeline needs "
+                          f"{INCARNATION_DDL}")
+
+
+def _ingested_at_drift(table: str, have: ActualColumn | None) -> list[str]:
+    """``ingested_at`` is filled by its default: ``COPY`` names every other column."""
+    if have is None:
+        return [f"{table}.ingested_at is missing: every target table has it; ALTER TABLE "
+                f"{table} ADD COLUMN {INGESTED_AT_DDL}"]
+    if have.ddl != "timestamp with time zone" or have.generated:
+        return [f"{table}.ingested_at is {have.ddl}{' (generated)' if have.generated else ''}"
+                f", but it must be a plain timestamp with time zone: the pipeline sets it to "
+                "now()"]
+    if not have.has_default and not have.nullable:
+        return [f"{table}.ingested_at is NOT NULL without a default: every row the pipeline "
+                f"writes would be refused; ALTER TABLE {table} ALTER COLUMN ingested_at SET "
+                "DEFAULT now()"]
     return []
 
 
-def _key_drift(conn: psycopg.Connection[Any], pipeline: Pipeline) -> list[str]:
-    """``ON CONFLICT`` needs a unique index on exactly the conflict columns."""
-    wanted = list(pipeline.conflict_columns)
+def _rule_drift(table: str, rules: list[str]) -> list[str]:
+    if not rules:
+        return []
+    return [f"{table} has INSERT or UPDATE rules ({', '.join(rules)}): COPY applies no rule "
+            "and INSERT ... ON CONFLICT refuses tables that have them, so the pipeline "
+            f"cannot honour them; do the same in a trigger (COPY and ON CONFLICT fire "
+            f"triggers) and DROP RULE {rules[0]} ON {table}"]
+
+
+def _compare_markers(plan: TablePlan, pipeline: Pipeline, table: str,
+                     actual: dict[str, ActualColumn]) -> None:
+    """The marker table holds each deleted key and where its tombstone was: its key
+    column must fit the key; the columns it gained since are added."""
+    key = _marker_key(pipeline)
+    have = actual.get(key.name)
+    if have is None:
+        plan.drift.append(f"{table} has no column {key.name}: it holds the deleted keys; drop "
+                          "it and run `kafka-ingest schema apply` (it holds markers only)")
+    elif not fits(key.ddl, have.ddl):
+        plan.drift.append(f"{table}.{key.name} is {have.ddl}, but the key needs {key.ddl}: "
+                          f"ALTER TABLE {table} ALTER COLUMN {key.name} TYPE {key.ddl}")
+    topic = sql.Literal(pipeline.topic).as_string(None)
+    wanted = {"source_topic": ("text", f'"source_topic" text NOT NULL DEFAULT {topic}'),
+              **_MARKER_COLUMNS}
+    for name, (ddl, column) in wanted.items():
+        found = actual.get(name)
+        if found is None:
+            plan.changes.append(Change(table, f"column {name} is missing (markers stored "
+                                       "before it get the default)",
+                                       f"ALTER TABLE {_quote(table)} ADD COLUMN {column}"))
+        elif not fits(ddl, found.ddl) or found.nullable or found.generated \
+                or (name == "deleted_at" and not found.has_default):
+            plan.drift.append(f"{table}.{name} is {found.ddl}"
+                              f"{' NULL' if found.nullable else ''}"
+                              f"{' without a default' if not found.has_default else ''}, but "
+                              f"markers need {column}: drop the table and run `kafka-ingest "
+                              "schema apply` (it holds markers only)")
+
+
+def _key_drift(conn: psycopg.Connection[Any], pipeline: Pipeline, *, table: str | None = None,
+               key: tuple[str, ...] | None = None) -> list[str]:
+    """``ON CONFLICT`` needs a unique index on exactly the conflict columns, one it can
+    use: immediate (not ``DEFERRABLE``) and valid (not a failed ``CREATE INDEX
+    CONCURRENTLY``)."""
+    table = table or pipeline.table
+    wanted = sorted(key or pipeline.conflict_columns)
     rows = conn.execute(
         # the key columns only (not INCLUDE ones), of unique indexes on plain columns
-        "SELECT array_agg(a.attname ORDER BY k.i) FROM pg_index x"
+        "SELECT array_agg(a.attname ORDER BY k.i), bool_and(x.indimmediate),"
+        " bool_and(x.indisvalid AND x.indisready), min(c.relname)"
+        " FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid"
         " CROSS JOIN LATERAL unnest((x.indkey::int2[])[0:x.indnkeyatts - 1])"
         " WITH ORDINALITY AS k(attnum, i)"
         " JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum"
         " WHERE x.indrelid = to_regclass(%s) AND x.indisunique AND x.indpred IS NULL"
-        " AND x.indexprs IS NULL GROUP BY x.indexrelid", (_quote(pipeline.table),)).fetchall()
-    if any(sorted(r[0]) == sorted(wanted) for r in rows):
+        " AND x.indexprs IS NULL GROUP BY x.indexrelid", (_quote(table),)).fetchall()
+    matching = [r for r in rows if sorted(r[0]) == wanted]
+    if any(immediate and valid for _, immediate, valid, _ in matching):
         return []
-    return [f"{pipeline.table} has no unique index on ({', '.join(wanted)}), which the upsert's "
-            f"ON CONFLICT names: CREATE UNIQUE INDEX ON {pipeline.table} ({', '.join(wanted)})"]
+    listed = ", ".join(wanted)
+    if matching:
+        _, immediate, _, index = matching[0]
+        why = "DEFERRABLE" if not immediate else "not valid (a failed CREATE INDEX CONCURRENTLY?)"
+        fix = (f"ALTER TABLE {table} ALTER CONSTRAINT {index} NOT DEFERRABLE" if not immediate
+               else f"REINDEX INDEX {index}")
+        return [f"{table}'s unique index on ({listed}) is {why}, which ON CONFLICT cannot use: "
+                f"{fix}"]
+    return [f"{table} has no unique index on ({listed}), which the upsert's ON CONFLICT "
+            f"names: CREATE UNIQUE INDEX ON {table} ({listed})"]
+
+
+#: Integer column types, as ``format_type()`` prints them -> the type values travel as.
+_INT_WIRE = {"smallint": "int2", "integer": "int4", "bigint": "int8"}
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """How a slice's rows travel into the target table as it is when the slice starts:
+    per row column (:func:`row_columns` order), the binary ``COPY`` type and the staging
+    table's column type. A column widened since the contract's type (``integer`` to
+    ``bigint``, ``integer[]`` to ``bigint[]``, which the drift check accepts) travels as
+    the table's type: a binary ``COPY`` must send each value in its column's width."""
+
+    wire_types: tuple[str, ...]
+    stage_types: tuple[str, ...]
+
+
+def contract_shape(pipeline: Pipeline) -> TargetShape:
+    """The shape of a table made from the contract (nothing widened)."""
+    columns = row_columns(pipeline)
+    return TargetShape(tuple(c.wire_type for c in columns), tuple(c.ddl for c in columns))
+
+
+def _widened(column: Column, actual: ActualColumn | None) -> tuple[str, str]:
+    """(wire type, stage type) of one column, the table's own where it widened an integer."""
+    wire, ddl = column.wire_type, column.ddl
+    if actual is None or column.convert is not None:
+        return wire, ddl
+    array = "[]" if wire.endswith("[]") else ""
+    have = actual.ddl.removesuffix("[]") if actual.ddl.endswith("[]") == bool(array) else ""
+    if wire.removesuffix(array) in ("int2", "int4") and have in _INT_WIRE:
+        return _INT_WIRE[have] + array, actual.ddl
+    return wire, ddl
+
+
+def target_shape(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TargetShape:
+    """The table's :class:`TargetShape`, read from the catalog (in the caller's
+    transaction); :class:`SchemaDrift` if it gained ``INSERT`` or ``UPDATE`` rules since
+    the run was planned (see :func:`_rule_drift`)."""
+    rules = _rule_drift(pipeline.table, _rules(conn, pipeline.table))
+    if rules:
+        raise SchemaDrift(pipeline.name, rules, [])
+    actual = actual_columns(conn, pipeline.table) or {}
+    pairs = [_widened(c, actual.get(c.name)) for c in row_columns(pipeline)]
+    return TargetShape(tuple(w for w, _ in pairs), tuple(d for _, d in pairs))
 
 
 def check_table(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan:
@@ -327,19 +521,26 @@ def apply_pipelines(conn: psycopg.Connection[Any],
 
 
 __all__ = [
+    "INCARNATION_COLUMN",
     "MARKER_SUFFIX",
     "ActualColumn",
     "Change",
     "TablePlan",
+    "TargetShape",
     "actual_columns",
     "apply_pipelines",
     "apply_tables",
     "check_table",
+    "contract_shape",
     "create_statements",
+    "derived_name",
     "fits",
     "marker_table",
+    "orders_versions",
     "plan_tables",
     "provenance_columns",
     "row_columns",
     "runtime_tables",
+    "stage_table",
+    "target_shape",
 ]

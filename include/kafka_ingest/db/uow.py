@@ -6,15 +6,16 @@ import logging
 from typing import Any, Self
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
-    GapsRepository,
+    IncarnationsRepository,
     OffsetsRepository,
-    PlansRepository,
     RunsRepository,
 )
+from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.upsert import NewKeys, RowsRepository
 from kafka_ingest.errors import CommitOutcomeUnknown
 
@@ -22,29 +23,42 @@ log = logging.getLogger(__name__)
 
 
 class UnitOfWork:
-    """One transaction; rolls back on exit unless :meth:`commit` ran.
+    """One transaction, opened on entry; rolls back on exit unless :meth:`commit` ran.
 
     Repositories hang off it (``uow.rows``, ``uow.offsets``, ``uow.dead_letters``,
-    ``uow.runs``, ``uow.plans``, ``uow.gaps``), all on the one connection. A lost reply to
-    COMMIT raises :class:`CommitOutcomeUnknown`: the caller must re-read the stored offset
-    to learn whether the chunk landed.
+    ``uow.runs``, ``uow.incarnations``), all on the one connection. A lost reply to COMMIT
+    raises :class:`CommitOutcomeUnknown`: the caller must re-read the stored offset to
+    learn whether the chunk landed.
     """
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
-                 lock_timeout_s: float = 30.0, new_keys: NewKeys | None = None) -> None:
+                 shape: TargetShape | None = None, lock_timeout_s: float = 30.0,
+                 new_keys: NewKeys | None = None) -> None:
         self.conn = conn
         self.pipeline = pipeline
-        self.rows = RowsRepository(conn, pipeline, lock_timeout_s=lock_timeout_s,
+        self.rows = RowsRepository(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s,
                                    new_keys=new_keys)
         self.offsets = OffsetsRepository(conn)
         self.dead_letters = DeadLettersRepository(conn)
         self.runs = RunsRepository(conn)
-        self.plans = PlansRepository(conn)
-        self.gaps = GapsRepository(conn)
+        self.incarnations = IncarnationsRepository(conn)
         self._committed = False
 
     def __enter__(self) -> Self:
+        """BEGIN. psycopg opens a transaction before the first statement of an idle
+        connection, so the statement here opens the chunk's: every statement after it,
+        savepoints included, belongs to it (a ``conn.transaction()`` block on an idle
+        connection would be a transaction of its own that COMMITs). JIT is off for its
+        statements: compiling them (tens to hundreds of ms once a chunk's estimated cost
+        passes ``jit_above_cost``) costs more than running them; the server's setting is
+        untouched outside the transaction."""
+        status = self.conn.info.transaction_status
+        if status != TransactionStatus.IDLE:
+            # a savepoint of a transaction left open would commit nothing
+            raise RuntimeError("a unit of work opens its own transaction; the connection "
+                               f"is not idle ({status.name})")
         self._committed = False
+        self.conn.execute("SET LOCAL jit = off")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -60,6 +74,3 @@ class UnitOfWork:
         except psycopg.OperationalError as exc:
             raise CommitOutcomeUnknown(self.pipeline.name, partition, start, end) from exc
         self._committed = True
-
-    def rollback(self) -> None:
-        self.conn.rollback()

@@ -25,7 +25,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kafka_ingest.config import Pipeline
@@ -39,7 +39,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import DeadLetter, produce_dead_letters
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts, row_source
+from kafka_ingest.records import ChunkCounts, Source, row_source
 from kafka_ingest.requests import LiveRun, RangeRequest, request_key
 
 log = logging.getLogger(__name__)
@@ -86,13 +86,16 @@ class IngestWriter:
         return result
 
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: ValidationResult,
-              producer: Any) -> ChunkResult:
+              producer: Any, source: Source) -> ChunkResult:
         pipeline = self.pipeline
         uow.rows.serialize([chunk.partition])  # a deleting pipeline's keys, until COMMIT
-        up = uow.rows.upsert(prepared.rows, encoded=prepared.encoded)
-        deletes = uow.rows.delete(prepared.deletes) if prepared.deletes else DeleteResult(0)
+        up = uow.rows.upsert(prepared.rows, source=source, encoded=prepared.encoded)
+        deletes = (uow.rows.delete(prepared.deletes, source=source) if prepared.deletes
+                   else DeleteResult(0))
         at("upserted")
-        dead = prepared.dead + _rejected_letters(pipeline, chunk, up)
+        dead = [*prepared.dead, *_rejected_letters(pipeline, chunk, up, deletes)]
+        dead = [replace(d, source_topic_id=source.topic_id,
+                        source_incarnation=source.incarnation) for d in dead]
         dead, known = _known_letters(uow, pipeline, dead) if self.backfill else (dead, 0)
         delivered = produce_dead_letters(producer, dead, pipeline.name,
                                          pipeline.dlq_header_style)
@@ -101,7 +104,8 @@ class IngestWriter:
         counts = ChunkCounts(read=prepared.read, inserted=up.inserted,
                              duplicates=up.duplicates, stale=up.stale,
                              dead_lettered=len(dead), known_dead=known,
-                             tombstones=prepared.tombstones, deleted=deletes.deleted,
+                             tombstones=prepared.tombstones - len(deletes.rejected),
+                             deleted=deletes.deleted,
                              bytes=prepared.bytes)
         reconcile(chunk.partition, counts, missing=up.missing + deletes.missing)
         return ChunkResult(counts)
@@ -113,17 +117,22 @@ def _known_letters(uow: UnitOfWork, pipeline: Pipeline,
     ones and how many were known."""
     if not dead:
         return dead, 0
-    known = uow.dead_letters.status_of(pipeline.name, [d.source for d in dead])
-    fresh = [d for d in dead if d.source not in known]
+    known = uow.dead_letters.status_of(pipeline.name, [d.letter_key for d in dead])
+    fresh = [d for d in dead if d.letter_key not in known]
     return fresh, len(dead) - len(fresh)
 
 
-def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult) -> list[DeadLetter]:
-    if not up.rejected:
+def _rejected_letters(pipeline: Pipeline, chunk: Chunk, up: UpsertResult,
+                      deletes: DeleteResult) -> list[DeadLetter]:
+    """The rows and tombstones the table refused (a value, or a version log order cannot
+    place), as dead letters of their messages."""
+    if not up.rejected and not deletes.rejected:
         return []
     by_offset = {m.offset(): m for m in chunk.messages}
-    return [dead_letter(by_offset[row_source(row).offset], pipeline, reason)
-            for row, reason in up.rejected]
+    return [*(dead_letter(by_offset[row_source(row).offset], pipeline, reason)
+              for row, reason in up.rejected),
+            *(dead_letter(by_offset[tombstone.offset], pipeline, reason)
+              for tombstone, reason in deletes.rejected)]
 
 
 def reconcile(partition: int, counts: ChunkCounts, *, missing: int = 0) -> None:

@@ -13,6 +13,12 @@ Ingest and replay plan the same way over different topics; what differs is a
 
 Only cursor ranges may move the cursor. Empty ranges make no task.
 
+Every plan learns which incarnation of the topic it reads (Kafka's topic id, numbered in
+``topic_incarnations``: see :class:`~kafka_ingest.records.Source`). A cursor stored for
+another topic id is refused (:class:`~kafka_ingest.errors.TopicRecreated`): the topic was
+deleted and created again, and reading on from the old topic's offsets would skip the new
+one's records; cursors stored before topic ids were kept are adopted by the topic there now.
+
 A cursor run that moves cursors and writes (live ingest, an unfiltered replay that is
 not a dry run) also re-syncs the consumer group: for every partition of the topic,
 planned or not, whose group offset differs from the stored offset, the stored offset is
@@ -36,10 +42,11 @@ from kafka_ingest.db import (
     PinnedRange,
     PlansRepository,
 )
+from kafka_ingest.db.repositories import IncarnationsRepository
 from kafka_ingest.db.tables import apply_tables, check_table
 from kafka_ingest.decode.formats import open_registry
 from kafka_ingest.decode.schemas import check_subject
-from kafka_ingest.errors import KafkaRefused, KafkaUnavailable
+from kafka_ingest.errors import KafkaRefused, KafkaUnavailable, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import (
     committed_offsets,
@@ -102,10 +109,12 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
                 check_subject(pipeline, registry)
         ensure_table(conn, pipeline)
         wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
+        topic_id = clients.topic_id(target.topic, role=target.role)
+        IncarnationsRepository(conn).of(target.topic, topic_id)
         consumer = clients.consumer(target.group_id)
         try:
             ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id,
-                                   wait_s=wait_s)
+                                   topic_id=topic_id, wait_s=wait_s)
         finally:
             consumer.close()
         plans.pin(target.plan_name, run_id, request_key,
@@ -136,7 +145,8 @@ def ensure_table(conn: Any, pipeline: Pipeline) -> None:
 
 
 def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,
-          conn: Any, run_id: str, *, wait_s: float) -> tuple[list[OffsetRange], dict[int, int]]:
+          conn: Any, run_id: str, *, topic_id: str,
+          wait_s: float) -> tuple[list[OffsetRange], dict[int, int]]:
     """The ranges, and the stored offsets the group is behind on (see :func:`_behind`).
     Each request to the cluster waits at most ``wait_s`` (its ``socket.timeout.ms``)."""
     topic = target.topic
@@ -152,16 +162,30 @@ def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consume
         end = offsets_for_time(consumer, topic, parts, request.to_ms, timeout_s=wait_s)
         return plan_between(topic, start, end, mode=target.window_mode), {}
     return _plan_cursor(pipeline, target, conn, consumer, [
-        PartitionState(p, *marks[p], None) for p in parts], run_id)
+        PartitionState(p, *marks[p], None) for p in parts], run_id, topic_id)
+
+
+def _check_topic_id(pipeline: Pipeline, target: PlanTarget, offsets: OffsetsRepository,
+                    topic_id: str) -> None:
+    """Refuse cursors stored for another incarnation of the topic; adopt unmarked ones
+    (stored before topic ids were kept) for the topic there now."""
+    stored = offsets.topic_ids(pipeline.name, target.topic)
+    old = sorted(p for p, t in stored.items() if t is not None and t != topic_id)
+    if old:
+        raise TopicRecreated(pipeline.name, target.topic, str(stored[old[0]]), topic_id, old,
+                             dlq=target.topic == pipeline.dlq_topic)
+    if target.writes and None in stored.values():
+        offsets.adopt(pipeline.name, target.topic, topic_id)
 
 
 def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: Any,
-                 parts: list[PartitionState],
-                 run_id: str) -> tuple[list[OffsetRange], dict[int, int]]:
+                 parts: list[PartitionState], run_id: str,
+                 topic_id: str) -> tuple[list[OffsetRange], dict[int, int]]:
     # The group is read before the stored offsets: a slice commits to Postgres before it
     # commits to Kafka, so stored offsets read afterwards are never older than the group's.
     group = _group_offsets(consumer, target, [s.partition for s in parts])
     offsets = OffsetsRepository(conn)
+    _check_topic_id(pipeline, target, offsets, topic_id)
     stored = offsets.all(pipeline.name, target.topic)
     states = [replace(s, stored=stored.get(s.partition)) for s in parts]
     ranges, gaps = plan_live(target.topic, states,
@@ -177,13 +201,14 @@ def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: An
         if target.writes:
             GapsRepository(conn).record(target.plan_name, target.topic, gap.partition,
                                         gap.start, gap.low, run_id)
-            offsets.initialise(pipeline.name, target.topic, gap.partition, gap.start)
+            offsets.initialise(pipeline.name, target.topic, gap.partition, gap.start,
+                               topic_id)
             offsets.advance(pipeline.name, target.topic, gap.partition, gap.start, gap.low)
     if target.writes:  # the start policy is applied once, then the stored cursor rules
         for s in states:
             if s.stored is None:
                 offsets.initialise(pipeline.name, target.topic, s.partition,
-                                   start_offset(s, target.start_policy))
+                                   start_offset(s, target.start_policy), topic_id)
     return ranges, _behind(target, stored, group) if group is not None else {}
 
 

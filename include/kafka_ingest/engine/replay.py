@@ -45,7 +45,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts, Position, row_source
+from kafka_ingest.records import ChunkCounts, Position, Source, row_source
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 #: ``duplicate_in_dlq`` (the same source offset twice in the DLQ, from a retried
 #: produce), ``not_a_dead_letter`` (a record without our headers), ``other_pipeline``,
 #: ``truncated`` (value cut to fit the DLQ: backfill the source offset instead),
-#: ``tombstone`` (a null value the current rule skips; left parked).
+#: ``tombstone`` (a null value the current rule skips; left parked),
+#: ``unknown_incarnation`` (the letter names a source topic id this database never saw,
+#: so its records cannot be ordered against the stored ones; left parked).
 OUTCOMES = ("recovered", "still_parked", "already_recovered", "filtered_out")
 _SUMMED = ("read", "inserted", "duplicates", "stale")
 
@@ -95,12 +97,25 @@ def plan_replay(pipeline: Pipeline, clients: KafkaClients, db: Database, *, run_
 # --------------------------------------------------------------------------- one chunk
 
 
+#: The letters of one source incarnation in a chunk: (source topic, its topic id as the
+#: letters name it; None: letters written before topic ids were kept).
+Origin = tuple[str, str | None]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A chunk's letters of one source incarnation, re-validated: their positions are
+    unique within it (the same offset of a re-created topic is another letter)."""
+
+    letters: dict[Position, DeadLetter]
+    result: ValidationResult
+
+
 @dataclass(frozen=True)
 class _Triaged:
     """A chunk of DLQ records, parsed, filtered and re-validated (no database yet)."""
 
-    letters: dict[Position, DeadLetter]
-    result: ValidationResult
+    groups: dict[Origin, _Group]
     outcomes: Counter[tuple[str, str]]
     bytes: int
 
@@ -115,52 +130,72 @@ class ReplayWriter:
     #: The registry format's decoder (None: JSON): letters keep their wire header.
     decoder: RegistryDecoder | None = None
     needs_producer: bool = False
-    #: Source positions met earlier in this slice: a second DLQ record of the same source
+    #: Letters met earlier in this slice: a second DLQ record of the same source record
     #: (a retried produce) is a duplicate whichever chunk it is in, so a dry run (whose
     #: chunks see nothing of each other's writes) counts exactly what the real run would.
-    seen: set[Position] = field(default_factory=set)
+    seen: set[tuple[Origin, Position]] = field(default_factory=set)
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> _Triaged:
         # Which rows load is known only inside the transaction (each letter's status):
         # they are encoded there, not here.
         outcomes: Counter[tuple[str, str]] = Counter()
-        letters: dict[Position, DeadLetter] = {}
+        by_origin: dict[Origin, dict[Position, DeadLetter]] = {}
         for msg in chunk.messages:
             letter, skip = _letter_of(self.pipeline, msg)
             if letter is None:
                 outcomes[(skip, "-")] += 1
-            elif not self.filters.matches(letter):
+                continue
+            origin = (letter.source_topic, letter.source_topic_id)
+            if not self.filters.matches(letter):
                 outcomes[("filtered_out", letter.error_class)] += 1
-            elif letter.source in self.seen:
+            elif (origin, letter.source) in self.seen:
                 outcomes[("duplicate_in_dlq", letter.error_class)] += 1
             else:
-                letters[letter.source] = letter
-                self.seen.add(letter.source)
-        result = validate_chunk([ReplayedMessage(d) for d in letters.values()], self.pipeline,
-                                self.decoder)
+                by_origin.setdefault(origin, {})[letter.source] = letter
+                self.seen.add((origin, letter.source))
+        groups = {origin: _Group(letters, validate_chunk(
+            [ReplayedMessage(d) for d in letters.values()], self.pipeline, self.decoder))
+            for origin, letters in by_origin.items()}
         size = sum(len(m.value() or b"") for m in chunk.messages)
-        return _Triaged(letters, result, outcomes, size)
+        return _Triaged(groups, outcomes, size)
 
-    def write(self, uow: UnitOfWork, chunk: Chunk, prepared: _Triaged,
-              producer: Any) -> ChunkResult:
+    def write(self, uow: UnitOfWork, chunk: Chunk, prepared: _Triaged, producer: Any,
+              source: Source) -> ChunkResult:
+        """Load each group of letters as rows of the incarnation it came from (``source``
+        is the DLQ topic's, which the rows do not come from)."""
         outcomes = Counter(prepared.outcomes)
-        status = (uow.dead_letters.status_of(self.pipeline.name, list(prepared.letters))
-                  if prepared.letters else {})
+        counts = ChunkCounts(read=len(chunk.messages), bytes=prepared.bytes)
+        for (topic, topic_id), group in prepared.groups.items():
+            incarnation = uow.incarnations.known(topic, topic_id)
+            if incarnation is None:  # a topic id this database never saw: cannot order it
+                outcomes[("unknown_incarnation", "-")] += len(group.letters)
+                continue
+            letters = {pos: replace(d, source_incarnation=incarnation)
+                       for pos, d in group.letters.items()}
+            self._write_group(uow, chunk, Source(topic, topic_id, incarnation), letters,
+                              group.result, outcomes, counts)
+        return ChunkResult(counts, outcomes)
+
+    def _write_group(self, uow: UnitOfWork, chunk: Chunk, origin: Source,
+                     letters: dict[Position, DeadLetter], result: ValidationResult,
+                     outcomes: Counter[tuple[str, str]], counts: ChunkCounts) -> None:
+        status = uow.dead_letters.status_of(self.pipeline.name,
+                                            [d.letter_key for d in letters.values()])
         eligible = {}
-        for key, letter in prepared.letters.items():
-            if status.get(key) == "recovered":
+        for key, letter in letters.items():
+            if status.get(letter.letter_key) == "recovered":
                 outcomes[("already_recovered", letter.error_class)] += 1
             else:
                 eligible[key] = letter
-        recovered, parked, counts = self._load(uow, chunk, prepared.result, eligible, outcomes)
+        recovered, parked, loaded = self._load(uow, chunk, origin, result, eligible, outcomes)
         if not self.dry_run:
-            uow.dead_letters.mark_recovered(self.pipeline.name, [d.source for d in recovered])
+            uow.dead_letters.mark_recovered(self.pipeline.name,
+                                            [d.letter_key for d in recovered])
             uow.dead_letters.record(self.pipeline.name, parked,
                                     [_dlq_location(d) for d in parked])
-        counts.bytes = prepared.bytes
-        return ChunkResult(counts, outcomes)
+        counts.add(loaded)
 
-    def _load(self, uow: UnitOfWork, chunk: Chunk, result: ValidationResult,
+    def _load(self, uow: UnitOfWork, chunk: Chunk, origin: Source, result: ValidationResult,
               eligible: dict[Position, DeadLetter], outcomes: Counter[tuple[str, str]],
               ) -> tuple[list[DeadLetter], list[DeadLetter], ChunkCounts]:
         """Upsert the rows that now pass; return (recovered, still parked, counts)."""
@@ -169,18 +204,21 @@ class ReplayWriter:
         deletes = [t for t in result.deletes if (t.topic, t.partition, t.offset) in eligible]
         uow.rows.serialize([*(row_source(r).partition for r in rows),
                             *(t.partition for t in deletes)])
-        up = uow.rows.upsert(rows)
-        removed = uow.rows.delete(deletes) if deletes else DeleteResult(0)
+        up = uow.rows.upsert(rows, source=origin)
+        removed = (uow.rows.delete(deletes, source=origin) if deletes else DeleteResult(0))
         if up.missing or removed.missing:  # rolled back with the chunk's transaction
             raise ReconciliationError(chunk.partition, len(eligible),
                                       {"recovered": len(rows) + len(deletes)},
                                       missing=up.missing + removed.missing)
         rejected = {row_source(row).position: reason for row, reason in up.rejected}
+        rejected.update({(t.topic, t.partition, t.offset): reason
+                         for t, reason in removed.rejected})
         dead += [dead_letter(ReplayedMessage(eligible[pos]), self.pipeline, reason)
                  for pos, reason in rejected.items()]
         recovered = [eligible[row_source(r).position] for r in rows
                      if row_source(r).position not in rejected]
-        recovered += [eligible[(t.topic, t.partition, t.offset)] for t in deletes]
+        recovered += [eligible[(t.topic, t.partition, t.offset)] for t in deletes
+                      if (t.topic, t.partition, t.offset) not in rejected]
         for d in recovered:
             outcomes[("recovered", d.error_class)] += 1
         parked = []
@@ -188,13 +226,14 @@ class ReplayWriter:
             old = eligible[new.source]
             parked.append(replace(new, attempts=old.attempts + 1,
                                   first_failed_at=old.first_failed_at,
-                                  dlq_partition=old.dlq_partition, dlq_offset=old.dlq_offset))
+                                  dlq_partition=old.dlq_partition, dlq_offset=old.dlq_offset,
+                                  source_topic_id=old.source_topic_id,
+                                  source_incarnation=old.source_incarnation))
             outcomes[("still_parked", new.error_class)] += 1
         tombstones = len(eligible) - len(rows) - len(deletes) - (len(dead) - len(rejected))
         if tombstones:
             outcomes[("tombstone", "data_error")] += tombstones
-        counts = ChunkCounts(read=len(chunk.messages), inserted=up.inserted,
-                             duplicates=up.duplicates, stale=up.stale,
+        counts = ChunkCounts(inserted=up.inserted, duplicates=up.duplicates, stale=up.stale,
                              dead_lettered=len(parked), deleted=removed.deleted)
         return recovered, parked, counts
 

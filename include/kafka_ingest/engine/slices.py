@@ -9,7 +9,12 @@ and replay is passed in: a :class:`SliceSpec` (names, the group, whether it comm
    a dry run) takes no lock: it moves nothing another run could fence, and its upserts are
    idempotent, so it runs beside live slices without waiting for them or holding them up;
 2. **resume**: a cursor-moving slice starts where its stored cursor is now, so a retry or
-   a cleared task finishes exactly its pinned slice; a cursor behind the slice is fenced;
+   a cleared task finishes exactly its pinned slice; a cursor moved back behind the slice
+   (a reset by hand, or commits a failover lost) is followed back: the slice reads from
+   there, at most ``max_records_per_partition`` of it. Every slice first learns which
+   incarnation of its topic it reads (:class:`~kafka_ingest.records.Source`); a cursor
+   stored for a topic deleted and created again since is refused
+   (:class:`~kafka_ingest.errors.TopicRecreated`);
 3. **read** chunk by chunk (bounded by offsets and bytes) and **prepare** each chunk
    (decode, validate, encode the rows for ``COPY``: CPU only);
 4. **one transaction per chunk** in the writer thread: what the :class:`ChunkWriter`
@@ -66,11 +71,11 @@ from kafka_ingest.db import (
     UnitOfWork,
     translate_errors,
 )
-from kafka_ingest.errors import OffsetOutOfRange
+from kafka_ingest.errors import OffsetOutOfRange, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import Chunk, read_range, watermarks
 from kafka_ingest.ranges import OffsetRange
-from kafka_ingest.records import ChunkCounts
+from kafka_ingest.records import ChunkCounts, Source
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +116,10 @@ class ChunkWriter(Protocol[P]):
         writer thread."""
         ...
 
-    def write(self, uow: UnitOfWork, chunk: Chunk, prepared: P,
-              producer: Any) -> ChunkResult:
-        """Write the chunk inside its transaction (rows, dead letters); return its counts."""
+    def write(self, uow: UnitOfWork, chunk: Chunk, prepared: P, producer: Any,
+              source: Source) -> ChunkResult:
+        """Write the chunk, read from ``source`` (the incarnation of the topic the slice
+        reads), inside its transaction (rows, dead letters); return its counts."""
         ...
 
 
@@ -197,11 +203,13 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
             owned.callback(producer.flush, 5)
         session = owned.enter_context(closing(db.open_slice()))
         encoder = session.copy_encoder(pipeline)
-        start, group = rng.start, None
+        topic_id = clients.topic_id(rng.topic)
+        source = Source(rng.topic, topic_id, session.incarnation(rng.topic, topic_id))
+        start, end, group = rng.start, rng.end, None
         if moves:
             session.lock(spec.lock_name, rng.partition)
             owned.callback(session.unlock, spec.lock_name, rng.partition)
-            start = resume_from_cursor(session, pipeline, rng)
+            start, end = resume_from_cursor(session, pipeline, rng, source)
             group = owned.enter_context(clients.committer(
                 spec.group_id, on_commit=partial(at, "kafka_committed")))
             if start != rng.start:
@@ -210,9 +218,9 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 report.resumed_from = start
                 group.post(rng.topic, rng.partition, start)
         chunks = owned.enter_context(closing(read_range(
-            consumer, rng.topic, rng.partition, start, rng.end,
+            consumer, rng.topic, rng.partition, start, end,
             chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
-        transaction = _Transaction(spec, writer, rng, session, producer, moves)
+        transaction = _Transaction(spec, writer, rng, session, producer, moves, source)
 
         def committed(done: _Committed | None) -> None:
             if done is not None:
@@ -228,7 +236,7 @@ def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
                 committed(sink.hand_over(chunk, partial(
                     transaction, chunk, prepared, time.monotonic() - t0)))
             committed(sink.finish())
-        report.lag_after = _lag_after(consumer, rng)
+        report.lag_after = _lag_after(consumer, rng.topic, rng.partition, end)
     log.info(report.log_line())
     return report
 
@@ -365,13 +373,14 @@ class _Transaction:
     session: SliceSession
     producer: Any
     moves: bool
+    source: Source
 
     def __call__(self, chunk: Chunk, prepared: Any,
                  prepare_s: float) -> tuple[ChunkResult, float]:
         t0 = time.monotonic()
         spec = self.spec
         with self.session.unit_of_work(spec.pipeline) as uow:
-            result = self.writer.write(uow, chunk, prepared, self.producer)
+            result = self.writer.write(uow, chunk, prepared, self.producer, self.source)
             seconds = prepare_s + time.monotonic() - t0
             if not spec.commits:
                 return result, seconds  # a dry run: the unit of work rolls back
@@ -387,29 +396,48 @@ class _Transaction:
         return result, seconds
 
 
-def resume_from_cursor(session: SliceSession, pipeline: Pipeline, rng: OffsetRange) -> int:
-    """Where a slice that moves a stored cursor starts: where the cursor is now.
+def resume_from_cursor(session: SliceSession, pipeline: Pipeline, rng: OffsetRange,
+                       source: Source) -> tuple[int, int]:
+    """Where a slice that moves a stored cursor starts and ends: from where the cursor is
+    now, to the pinned end.
 
     A retry or a cleared task thus finishes exactly its pinned slice. A cursor behind the
-    slice's start means someone moved it back by hand: fail rather than guess.
+    slice's start was moved back after the run was planned: by hand (``reset-offsets``),
+    or by a failover to a standby that had not received the commits of the runs before
+    (offsets live with the rows: it lost both). The slice then reads from the cursor, at
+    most ``max_records_per_partition`` of it, so nothing between the two is skipped. A
+    cursor stored for another topic id is refused: the topic was deleted and created again
+    since (:class:`TopicRecreated`); one stored before topic ids were kept is adopted.
     """
-    stored = session.cursor(pipeline.name, rng.topic, rng.partition)
-    if stored is None or stored < rng.start:
-        raise OffsetOutOfRange(
-            f"{pipeline.name} {rng.topic}[{rng.partition}]",
-            f"the stored offset is {stored}, behind this run's slice [{rng.start}, "
-            f"{rng.end}); it was moved back after the run was planned, so the slice is not "
-            "this run's to finish")
+    where = f"{pipeline.name} {rng.topic}[{rng.partition}]"
+    found = session.cursor(pipeline.name, rng.topic, rng.partition)
+    if found is None:
+        raise OffsetOutOfRange(where, f"no offset is stored, but this run's slice [{rng.start}"
+                               f", {rng.end}) moves it; it was deleted after the run was "
+                               "planned, so the slice is not this run's to finish")
+    stored, stored_id = found
+    if stored_id is None and source.topic_id is not None:
+        session.adopt(pipeline.name, rng.topic, source.topic_id)
+    elif stored_id != source.topic_id:
+        raise TopicRecreated(pipeline.name, rng.topic, str(stored_id), str(source.topic_id),
+                             [rng.partition], dlq=rng.topic == pipeline.dlq_topic)
+    if stored < rng.start:
+        end = min(rng.end, stored + pipeline.max_records_per_partition)
+        log.warning("%s: the stored offset is %d, behind this run's slice [%d, %d): it was "
+                    "moved back since the run was planned (a reset, or a failover that lost "
+                    "commits); reading [%d, %d) from it instead", where, stored, rng.start,
+                    rng.end, stored, end)
+        return stored, end
     if stored != rng.start:
-        log.info("%s[%d]: stored offset is %d; resuming the pinned slice [%d, %d) there",
-                 rng.topic, rng.partition, stored, rng.start, rng.end)
-    return min(stored, rng.end)
+        log.info("%s: stored offset is %d; resuming the pinned slice [%d, %d) there", where,
+                 stored, rng.start, rng.end)
+    return min(stored, rng.end), rng.end
 
 
-def _lag_after(consumer: Any, rng: OffsetRange) -> int | None:
+def _lag_after(consumer: Any, topic: str, partition: int, end: int) -> int | None:
     try:
-        _, high = watermarks(consumer, rng.topic, [rng.partition])[rng.partition]
+        _, high = watermarks(consumer, topic, [partition])[partition]
     except Exception:  # lag is a report, not a reason to fail a committed slice
         log.warning("could not read the high watermark for the lag report", exc_info=True)
         return None
-    return max(0, high - rng.end)
+    return max(0, high - end)

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from kafka_ingest.errors import (
@@ -33,6 +33,7 @@ from kafka_ingest.errors import (
     KafkaUnavailable,
     OffsetOutOfRange,
     SettingsError,
+    TopicMissing,
 )
 from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.registry import RegistrySettings
@@ -213,6 +214,30 @@ class KafkaClients:
     def admin(self) -> AdminClient:
         return _configured("admin client", AdminClient, self._common())
 
+    def topic_id(self, topic: str, *, role: str = "topic") -> str:
+        """Kafka's id of the topic now under this name (KIP-516), as ``kafka-topics
+        --describe`` prints it: a topic deleted and created again has a new one. One
+        request, bounded by :attr:`request_timeout_s`; :class:`TopicMissing` if there is
+        no such topic."""
+        wait_s = self.request_timeout_s
+        operation = f"describe {topic!r}"
+        refusals = _Refusals()
+        # held until the answer: a client let go cancels its requests
+        admin = _configured("admin client", AdminClient, {**self._common(),
+                                                          "error_cb": refusals})
+        future = admin.describe_topics(TopicCollection([topic]), request_timeout=wait_s)[topic]
+        try:
+            return str(future.result(wait_s + 1).topic_id)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise TopicMissing(topic, role) from exc
+            raise _refused(admin, refusals, operation) or map_kafka_error(operation,
+                                                                          exc) from exc
+        except TimeoutError as exc:
+            raise _refused(admin, refusals, operation) or KafkaUnavailable(
+                operation, f"no answer within {wait_s:g} s") from exc
+
 
 C = TypeVar("C")
 
@@ -246,6 +271,19 @@ REFUSED_CODES = frozenset({
 _OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 
 
+def _refused(client: Any, refusals: _Refusals, operation: str) -> KafkaRefused | None:
+    """The refusal ``client`` (an admin client) was told of, its error events served now."""
+    client.poll(0)
+    return _as_refused(refusals.last, operation)
+
+
+def _as_refused(err: KafkaError | None, operation: str) -> KafkaRefused | None:
+    if err is None:
+        return None
+    kind = "fatal" if err.fatal() else "refused"
+    return KafkaRefused(operation, f"{err.name()} [{kind}]: {err.str()}")
+
+
 def refusal(client: Any, operation: str) -> KafkaRefused | None:
     """Whether the cluster refused ``client`` (an unassigned consumer of ours): its queued
     error events are served first, so a refusal is seen as soon as the request fails."""
@@ -254,11 +292,7 @@ def refusal(client: Any, operation: str) -> KafkaRefused | None:
         return None
     if refusals.last is None and not client.assignment():
         client.poll(0)  # serves error_cb; an unassigned consumer has no message to lose
-    err = refusals.last
-    if err is None:
-        return None
-    kind = "fatal" if err.fatal() else "refused"
-    return KafkaRefused(operation, f"{err.name()} [{kind}]: {err.str()}")
+    return _as_refused(refusals.last, operation)
 
 
 def map_kafka_error(operation: str, err: Any, client: Any = None) -> IngestError:

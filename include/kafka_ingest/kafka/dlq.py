@@ -17,7 +17,13 @@ Delivery into the DLQ topic is at least once: a chunk whose transaction did not 
 (a kill, a failure after its dead letters were delivered) is read again and its dead
 letters produced again, while the ``dead_letters`` table holds each once. Every copy of a
 dead letter carries the same ``kafka-ingest.letter_id`` header (pipeline, source topic,
-partition and offset), so a consumer of the DLQ topic can drop the copies by it.
+partition and offset, and the source topic's id), so a consumer of the DLQ topic can drop
+the copies by it.
+
+A letter names the source topic's id (``kafka-ingest.topic_id``): the same offset of a
+topic deleted and created again is another record (see
+:class:`~kafka_ingest.records.Source`), and a replay orders what it loads by the
+incarnation the letter came from.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 from kafka_ingest.config import DlqHeaderStyle
 from kafka_ingest.errors import DeliveryFailed, KafkaRefused
 from kafka_ingest.kafka.clients import REFUSED_CODES
+from kafka_ingest.records import LetterKey, Position
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +87,27 @@ class DeadLetter:
     headers: tuple[tuple[str, bytes | None], ...] = ()
     #: The writer schema id of a registry-encoded value (its wire header's), else None.
     schema_id: int | None = None
+    #: The source topic's id (None: a letter written before ids were kept) and the number
+    #: of that incarnation (:class:`~kafka_ingest.records.Source`).
+    source_topic_id: str | None = None
+    source_incarnation: int = 1
 
     @property
-    def source(self) -> tuple[str, int, int]:
+    def source(self) -> Position:
         return (self.source_topic, self.source_partition, self.source_offset)
+
+    @property
+    def letter_key(self) -> LetterKey:
+        """What ``dead_letters`` keys the letter by (with the pipeline)."""
+        return (self.source_topic, self.source_incarnation, self.source_partition,
+                self.source_offset)
 
 
 def letter_id(letter: DeadLetter, pipeline: str) -> str:
     """The same for every copy of one dead letter in the DLQ topic (see the module doc)."""
+    topic_id = f"/{letter.source_topic_id}" if letter.source_topic_id else ""
     return (f"{pipeline}/{letter.source_topic}/{letter.source_partition}/"
-            f"{letter.source_offset}")
+            f"{letter.source_offset}{topic_id}")
 
 
 def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
@@ -112,6 +130,8 @@ def headers_for(letter: DeadLetter, pipeline: str, style: DlqHeaderStyle,
     }
     if letter.schema_id is not None:
         fields["schema_id"] = str(letter.schema_id)
+    if letter.source_topic_id is not None:
+        fields["topic_id"] = letter.source_topic_id
     headers: list[tuple[str, bytes | None]] = list(letter.headers)
     if style in (DlqHeaderStyle.NATIVE, DlqHeaderStyle.BOTH):
         headers += [(PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in fields.items()]
@@ -295,6 +315,7 @@ def parse_dlq_message(msg: Any) -> DeadLetter:
         dlq_offset=msg.offset(),
         headers=tuple((k, v) for k, v in msg.headers() or () if not _is_ours(k)),
         schema_id=int(h[PREFIX + "schema_id"]) if h.get(PREFIX + "schema_id") else None,
+        source_topic_id=h.get(PREFIX + "topic_id") or None,
     )
     if first:
         letter = replace(letter, first_failed_at=datetime.fromisoformat(first))
