@@ -163,6 +163,50 @@ def test_every_declared_type_lands_exactly_and_each_kind_of_poison_is_dead_lette
         "eu", "Ada", "t-1")]
 
 
+EPOCHS = {"version": 1, "fields": {
+    "at_s": {"type": "timestamptz", "encoding": "epoch_seconds"},
+    "at_ms": {"type": "timestamptz", "encoding": "epoch_millis"},
+}}
+
+
+def test_the_last_second_of_year_9999_lands_exactly_and_year_10000_is_dead_lettered(
+        topics: Any, clients: Any, db: Any, pg_dsn: str) -> None:
+    """Both epoch encodings over the write path (validation, the conversion in the row
+    builder, binary COPY, the upsert) at the end of the range: every instant of
+    9999-12-31T23:59:59Z's second lands as the timestamptz Postgres' own ``to_timestamp``
+    makes of it, 10000-01-01T00:00:00Z is a dead letter."""
+    pipeline = declared(topics, {"epochs": EPOCHS},
+                        contract={"event_type": "epochs", "version": 1})
+    apply(pg_dsn, pipeline)
+    events = [
+        # the last second's start, and the case the fix is about: its last millisecond
+        {"event_id": "e-0", "at_s": 253402300799, "at_ms": 253402300799999},
+        # half-way through it; .001 of it
+        {"event_id": "e-1", "at_s": 253402300799.5, "at_ms": 253402300799001},
+        # the last double below 253402300800 (a 2**-15 s step)
+        {"event_id": "e-2", "at_s": 253402300799.99997, "at_ms": 253402300799000},
+        # 10000-01-01T00:00:00Z, in each encoding
+        {"event_id": "x-3", "at_s": 253402300800, "at_ms": 253402300799999},
+        {"event_id": "x-4", "at_s": 253402300799, "at_ms": 253402300800000},
+    ]
+    produce(clients, pipeline.topic, [(b"k", json.dumps(e).encode(), None) for e in events])
+
+    summary = run(pipeline, clients, db)
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (5, 3, 2)
+    assert letters(pg_dsn) == {3: "contract_violation", 4: "contract_violation"}
+    last = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT event_id, at_s, at_ms FROM p_rows ORDER BY 1").fetchall()
+        # what the server itself makes of the seconds (to_timestamp rounds to the µs)
+        server = conn.execute("SELECT to_timestamp(253402300799.99997::float8)").fetchone()
+    assert rows == [
+        ("e-0", last, last.replace(microsecond=999_000)),
+        ("e-1", last.replace(microsecond=500_000), last.replace(microsecond=1_000)),
+        ("e-2", last.replace(microsecond=999_968), last)]
+    assert server == (last.replace(microsecond=999_968),)
+
+
 # --------------------------------------------------------------------------- plan, apply, drift
 
 SHIPMENT = {"version": 2, "fields": {

@@ -48,15 +48,16 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
+from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
 from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 #: The widest ``varchar`` Postgres has.
 TEXT_MAX = 10_485_760
-#: Epoch milliseconds of :data:`EPOCH_MAX`.
-EPOCH_MS_MAX = int(EPOCH_MAX * 1000)
+#: The last epoch millisecond a timestamp takes: 9999-12-31T23:59:59.999Z (see
+#: :data:`~kafka_ingest.contracts.base.EPOCH_END`).
+EPOCH_MS_MAX = EPOCH_END * 1000 - 1
 #: The names a declared contract may not use for a column: the base contract's own fields
 #: and the provenance columns every table has.
 RESERVED_COLUMNS = frozenset({"event_id", "version", "source_topic", "source_partition",
@@ -257,7 +258,7 @@ class FieldSpec(_Strict):
 
     def _timestamp(self) -> Any:
         if self.encoding is TimeEncoding.EPOCH_SECONDS:
-            return Annotated[float, Field(ge=0, le=EPOCH_MAX)]
+            return Annotated[float, Field(ge=0, lt=EPOCH_END)]
         if self.encoding is TimeEncoding.EPOCH_MILLIS:
             return Annotated[int, Field(ge=0, le=EPOCH_MS_MAX)]
         return AwareDatetime
