@@ -20,6 +20,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.contracts.columns import SYSTEM_COLUMNS
 from kafka_ingest.db.tables import apply_tables
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
@@ -205,6 +206,19 @@ def test_the_last_second_of_year_9999_lands_exactly_and_year_10000_is_dead_lette
         ("e-1", last.replace(microsecond=500_000), last.replace(microsecond=1_000)),
         ("e-2", last.replace(microsecond=999_968), last)]
     assert server == (last.replace(microsecond=999_968),)
+
+
+def test_the_names_refused_at_load_are_the_system_columns_postgres_has(pg_dsn: str) -> None:
+    """The load-time refusal (``SYSTEM_COLUMNS``) against the server: its system columns
+    are exactly those (``oid`` no longer one), and a table with one fails as it would."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE TABLE probe (oid bigint)")  # allowed since Postgres 12
+        found = {name for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'probe'::regclass"
+            " AND attnum < 0").fetchall()}
+        with pytest.raises(psycopg.errors.DuplicateColumn, match="system column"):
+            conn.execute("CREATE TABLE probe_2 (xmin bigint)")
+    assert found == SYSTEM_COLUMNS
 
 
 # --------------------------------------------------------------------------- plan, apply, drift
