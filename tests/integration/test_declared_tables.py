@@ -297,6 +297,38 @@ def test_a_new_optional_field_is_drift_until_applied_then_a_replay_fills_it(
     assert rows == [("s-1", None, None, Decimal("1.50")), ("s-2", "acme", "t-2", Decimal("2.25"))]
 
 
+def test_a_replay_leaves_a_letter_whose_headers_were_dropped_for_size(
+        topics: Any, clients: Any, db: Any, pg_dsn: str) -> None:
+    """A record whose own headers do not fit in the DLQ beside ours is dead-lettered
+    without them (``kafka-ingest.headers.dropped``). Its header columns cannot be filled
+    from that letter: the replay leaves it parked (``headers_dropped``: backfill the source
+    offset instead) rather than loading it with a NULL ``trace_id``."""
+    v1 = shipment(topics, 1, headers={"trace-id": "trace_id"})
+    apply(pg_dsn, v1)
+    v2_event = b'{"event_id": "s-%d", "status": "sent", "weight_kg": 2, "version": 2}'
+    produce(clients, v1.topic, [
+        (b"s1", b'{"event_id": "s-1", "status": "sent", "weight_kg": 1}', [("trace-id", b"t-1")]),
+        # v1 refuses both v2 events; this one's headers pass the DLQ's 900,000 bytes
+        (b"s2", v2_event % 2, [("trace-id", b"t-2"), ("blob", b"x" * 905_000)]),
+        (b"s3", v2_event % 3, [("trace-id", b"t-3")]),
+    ])
+    first = run(v1, clients, db)
+    assert (first["inserted"], first["dead_lettered"]) == (1, 2)
+    v2 = with_contract_version(v1, 2)
+    apply(pg_dsn, v2)
+
+    replayed = replay(v2, clients, db)
+
+    assert (replayed["outcomes"]["recovered"], replayed["outcomes"].get("headers_dropped")) \
+        == (1, 1), replayed
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT event_id, trace_id FROM p_rows ORDER BY 1").fetchall()
+        status = conn.execute("SELECT source_offset, status FROM dead_letters"
+                              " ORDER BY 1").fetchall()
+    assert rows == [("s-1", "t-1"), ("s-3", "t-3")]
+    assert status == [(1, "parked"), (2, "recovered")]
+
+
 @pytest.mark.parametrize(("alter", "named"), [
     # a type narrower than the contract's bound: rows would fail the COPY mid-slice
     ("ALTER TABLE p_rows ALTER COLUMN status TYPE varchar(8)",

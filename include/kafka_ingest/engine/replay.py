@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 #: ``duplicate_in_dlq`` (the same source offset twice in the DLQ, from a retried
 #: produce), ``not_a_dead_letter`` (a record without our headers), ``other_pipeline``,
 #: ``truncated`` (value cut to fit the DLQ: backfill the source offset instead),
+#: ``headers_dropped`` (the record's own headers dropped to fit the DLQ, and the pipeline
+#: fills columns from headers: backfill the source offset instead),
 #: ``tombstone`` (a null value the current rule skips; left parked).
 OUTCOMES = ("recovered", "still_parked", "already_recovered", "filtered_out")
 _SUMMED = ("read", "inserted", "duplicates", "stale")
@@ -213,6 +215,10 @@ def _letter_of(pipeline: Pipeline, msg: Any) -> tuple[DeadLetter | None, str]:
         return None, "other_pipeline"
     if PREFIX + "value.truncated" in headers or PREFIX + "key.truncated" in headers:
         return None, "truncated"  # not the original bytes: backfill the source offset
+    if PREFIX + "headers.dropped" in headers and pipeline.headers:
+        # the record's own headers did not fit in the DLQ: its header columns would load
+        # NULL (or the letter park as a missing required header); backfill the offset
+        return None, "headers_dropped"
     try:
         return parse_dlq_message(msg), ""
     except ValueError as exc:
