@@ -138,6 +138,9 @@ class ReplayWriter:
             else:
                 letters[letter.source] = letter
                 self.seen.add(letter.source)
+        # No "the registry knows none of the chunk's ids" check here (ingest has one): a
+        # DLQ chunk holds the failures alone, unknown_schema poison among them, which would
+        # fail it for good; a letter of an unknown id stays parked, and nothing is lost.
         result = validate_chunk([ReplayedMessage(d) for d in letters.values()], self.pipeline,
                                 self.decoder)
         size = sum(len(m.value() or b"") for m in chunk.messages)
