@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from kafka_ingest.contracts import REGISTRY, Contract, get_contract
-from kafka_ingest.contracts.columns import Column, contract_columns
+from kafka_ingest.contracts.columns import Column, contract_columns, refuse_system_column
 from kafka_ingest.contracts.declared import (
     RESERVED_COLUMNS,
     ContractSpec,
@@ -471,10 +471,14 @@ class Pipeline(_Strict):
 
     def _check_columns(self) -> None:
         seen = set(self.contract_column_names)
+        for name in self.contract_column_names:  # declared: checked as they load; Python: here
+            refuse_system_column(name, f"contract {self.model.key()}", "rename the field")
         for column in self.message_columns:
             if column.name in seen or column.name in RESERVED_COLUMNS:
                 raise ValueError(f"column {column.name!r} (from the record key or a header) "
                                  "is already a column of the contract or of every table")
+            refuse_system_column(column.name, "the record key or a header",
+                                 "choose another column name")
             seen.add(column.name)
 
     def _check_latest_columns(self) -> None:

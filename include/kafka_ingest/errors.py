@@ -7,6 +7,9 @@
     │   ├── KafkaUnavailable      broker unreachable, metadata or fetch timed out
     │   ├── DeliveryFailed        a dead letter was not acknowledged by the DLQ topic
     │   ├── RegistryUnavailable   the schema registry down, timing out, or answering 5xx
+    │   ├── RegistryLacksSchemas  the registry knows none of the schema ids a chunk's
+    │   │                         records carry (restored from another backup? a lagging
+    │   │                         replica?): an infrastructure fault, not poison
     │   ├── DatabaseUnavailable   Postgres down, restarted, connection lost, lock timeout
     │   ├── CommitOutcomeUnknown  the reply to COMMIT was lost; re-read the stored offset
     │   └── FencedError           the stored offset moved under this chunk (a zombie or an
@@ -22,8 +25,9 @@
     │   ├── KafkaRefused          authentication, authorisation, TLS, or a fatal client
     │   │                         error: no retry can cure it
     │   ├── RegistryRefused       the schema registry refused the login or its TLS
-    │   ├── ContractMismatch      the pipeline's contract cannot read the subject's latest
-    │   │                         schema (a field it requires is missing or of another type)
+    │   ├── ContractMismatch      the pipeline's contract reads none of the subject's
+    │   │                         registered versions (a field it requires is missing or of
+    │   │                         another type in every one)
     │   ├── SchemaUnreadable      a registered writer schema this reader cannot build (Avro
     │   │                         named references, Protobuf imports of other files)
     │   ├── DatabaseRefused       Postgres refused the login: password, certificate, TLS
@@ -48,7 +52,8 @@
         ├── TooLarge              over the pipeline's max_message_bytes
         ├── NotWireFormat         a registry-encoded pipeline's record without the
         │                         Confluent wire header (magic byte 0, a schema id)
-        ├── UnknownSchema         a schema id the registry does not know (404)
+        ├── UnknownSchema         a schema id the registry does not know (404), beside
+        │                         records of the same chunk whose ids it knows
         ├── BadKey                the record key the pipeline reads a column from is
         │                         missing, not UTF-8 / JSON, or out of its bounds
         ├── BadHeader             a header mapped to a column is not UTF-8 text that fits
@@ -120,6 +125,32 @@ class RegistryUnavailable(TransientError):
         self.operation = operation
         self.reason = reason
         super().__init__(f"schema registry {operation} failed: {reason}")
+
+
+class RegistryLacksSchemas(TransientError):
+    """The registry answered 404 for every schema id a chunk's records carry.
+
+    One unknown id among known ones is that record's fault (:class:`UnknownSchema`, dead
+    letters); a chunk none of whose ids the registry knows says more about the registry
+    than about the records: one restored from another backup, a replica that lags the
+    one the producers register with, or the wrong registry. Dead-lettering the chunk would
+    move a stream of readable records to the DLQ; so the chunk fails, nothing is
+    dead-lettered, no offset moves, and the retry reads it again.
+    """
+
+    def __init__(self, where: str, schema_ids: list[int], url: str) -> None:
+        self.where = where
+        self.schema_ids = schema_ids
+        self.url = url
+        shown = ", ".join(map(str, schema_ids[:10])) + (", ..." if len(schema_ids) > 10 else "")
+        super().__init__(
+            f"{where}: the schema registry at {url} knows none of schema ids [{shown}] that "
+            "this chunk's records carry: a registry restored from another backup, a lagging "
+            "replica, or not the registry the producers write with? Nothing was "
+            "dead-lettered and no offset moved; the chunk is read again once the registry "
+            "serves these ids (a lone unknown id among known ones is dead-lettered as "
+            "unknown_schema)"
+        )
 
 
 class DeliveryFailed(TransientError):
@@ -251,12 +282,22 @@ class RegistryRefused(PermanentError):
 
 
 class ContractMismatch(PermanentError):
-    """The pipeline's contract cannot read what the subject's producers now write."""
+    """The pipeline's contract reads none of the subject's registered versions: no record
+    written under the subject can load, so the run fails before any data moves.
+    ``problems``: why it cannot read the latest version.
 
-    def __init__(self, pipeline: str, subject: str, problems: list[str]) -> None:
+    A contract that reads some version but not the latest is not this error: records are
+    judged by the schema they carry, those written with an unreadable one dead-lettered
+    (``contract_violation``, naming the schema id and the field)."""
+
+    def __init__(self, pipeline: str, subject: str, problems: list[str], *,
+                 versions: int = 1) -> None:
         self.pipeline, self.subject, self.problems = pipeline, subject, problems
-        super().__init__(f"pipeline {pipeline}: its contract cannot read the latest schema of "
-                         f"subject {subject!r}: {'; '.join(problems)}")
+        self.versions = versions
+        which = "its only version" if versions == 1 else f"any of its {versions} versions"
+        super().__init__(f"pipeline {pipeline}: its contract cannot read {which} of subject "
+                         f"{subject!r} (the latest: {'; '.join(problems)}); fix the "
+                         "contract or the subject")
 
 
 class SchemaUnreadable(PermanentError):

@@ -20,6 +20,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.contracts.columns import SYSTEM_COLUMNS
 from kafka_ingest.db.tables import apply_tables
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
@@ -163,6 +164,63 @@ def test_every_declared_type_lands_exactly_and_each_kind_of_poison_is_dead_lette
         "eu", "Ada", "t-1")]
 
 
+EPOCHS = {"version": 1, "fields": {
+    "at_s": {"type": "timestamptz", "encoding": "epoch_seconds"},
+    "at_ms": {"type": "timestamptz", "encoding": "epoch_millis"},
+}}
+
+
+def test_the_last_second_of_year_9999_lands_exactly_and_year_10000_is_dead_lettered(
+        topics: Any, clients: Any, db: Any, pg_dsn: str) -> None:
+    """Both epoch encodings over the write path (validation, the conversion in the row
+    builder, binary COPY, the upsert) at the end of the range: every instant of
+    9999-12-31T23:59:59Z's second lands as the timestamptz Postgres' own ``to_timestamp``
+    makes of it, 10000-01-01T00:00:00Z is a dead letter."""
+    pipeline = declared(topics, {"epochs": EPOCHS},
+                        contract={"event_type": "epochs", "version": 1})
+    apply(pg_dsn, pipeline)
+    events = [
+        # the last second's start, and the case the fix is about: its last millisecond
+        {"event_id": "e-0", "at_s": 253402300799, "at_ms": 253402300799999},
+        # half-way through it; .001 of it
+        {"event_id": "e-1", "at_s": 253402300799.5, "at_ms": 253402300799001},
+        # the last double below 253402300800 (a 2**-15 s step)
+        {"event_id": "e-2", "at_s": 253402300799.99997, "at_ms": 253402300799000},
+        # 10000-01-01T00:00:00Z, in each encoding
+        {"event_id": "x-3", "at_s": 253402300800, "at_ms": 253402300799999},
+        {"event_id": "x-4", "at_s": 253402300799, "at_ms": 253402300800000},
+    ]
+    produce(clients, pipeline.topic, [(b"k", json.dumps(e).encode(), None) for e in events])
+
+    summary = run(pipeline, clients, db)
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (5, 3, 2)
+    assert letters(pg_dsn) == {3: "contract_violation", 4: "contract_violation"}
+    last = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT event_id, at_s, at_ms FROM p_rows ORDER BY 1").fetchall()
+        # what the server itself makes of the seconds (to_timestamp rounds to the µs)
+        server = conn.execute("SELECT to_timestamp(253402300799.99997::float8)").fetchone()
+    assert rows == [
+        ("e-0", last, last.replace(microsecond=999_000)),
+        ("e-1", last.replace(microsecond=500_000), last.replace(microsecond=1_000)),
+        ("e-2", last.replace(microsecond=999_968), last)]
+    assert server == (last.replace(microsecond=999_968),)
+
+
+def test_the_names_refused_at_load_are_the_system_columns_postgres_has(pg_dsn: str) -> None:
+    """The load-time refusal (``SYSTEM_COLUMNS``) against the server: its system columns
+    are exactly those (``oid`` no longer one), and a table with one fails as it would."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE TABLE probe (oid bigint)")  # allowed since Postgres 12
+        found = {name for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'probe'::regclass"
+            " AND attnum < 0").fetchall()}
+        with pytest.raises(psycopg.errors.DuplicateColumn, match="system column"):
+            conn.execute("CREATE TABLE probe_2 (xmin bigint)")
+    assert found == SYSTEM_COLUMNS
+
+
 # --------------------------------------------------------------------------- plan, apply, drift
 
 SHIPMENT = {"version": 2, "fields": {
@@ -237,6 +295,38 @@ def test_a_new_optional_field_is_drift_until_applied_then_a_replay_fills_it(
         rows = conn.execute("SELECT event_id, carrier, trace_id, weight_kg FROM p_rows"
                             " ORDER BY 1").fetchall()
     assert rows == [("s-1", None, None, Decimal("1.50")), ("s-2", "acme", "t-2", Decimal("2.25"))]
+
+
+def test_a_replay_leaves_a_letter_whose_headers_were_dropped_for_size(
+        topics: Any, clients: Any, db: Any, pg_dsn: str) -> None:
+    """A record whose own headers do not fit in the DLQ beside ours is dead-lettered
+    without them (``kafka-ingest.headers.dropped``). Its header columns cannot be filled
+    from that letter: the replay leaves it parked (``headers_dropped``: backfill the source
+    offset instead) rather than loading it with a NULL ``trace_id``."""
+    v1 = shipment(topics, 1, headers={"trace-id": "trace_id"})
+    apply(pg_dsn, v1)
+    v2_event = b'{"event_id": "s-%d", "status": "sent", "weight_kg": 2, "version": 2}'
+    produce(clients, v1.topic, [
+        (b"s1", b'{"event_id": "s-1", "status": "sent", "weight_kg": 1}', [("trace-id", b"t-1")]),
+        # v1 refuses both v2 events; this one's headers pass the DLQ's 900,000 bytes
+        (b"s2", v2_event % 2, [("trace-id", b"t-2"), ("blob", b"x" * 905_000)]),
+        (b"s3", v2_event % 3, [("trace-id", b"t-3")]),
+    ])
+    first = run(v1, clients, db)
+    assert (first["inserted"], first["dead_lettered"]) == (1, 2)
+    v2 = with_contract_version(v1, 2)
+    apply(pg_dsn, v2)
+
+    replayed = replay(v2, clients, db)
+
+    assert (replayed["outcomes"]["recovered"], replayed["outcomes"].get("headers_dropped")) \
+        == (1, 1), replayed
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT event_id, trace_id FROM p_rows ORDER BY 1").fetchall()
+        status = conn.execute("SELECT source_offset, status FROM dead_letters"
+                              " ORDER BY 1").fetchall()
+    assert rows == [("s-1", "t-1"), ("s-3", "t-3")]
+    assert status == [(1, "parked"), (2, "recovered")]
 
 
 @pytest.mark.parametrize(("alter", "named"), [

@@ -13,9 +13,11 @@ Covered: exact rows and exact dead letters for each format, with poison of every
 (no magic byte, an unknown schema id, a payload its writer schema cannot decode, records
 the contract refuses, an unknown version), the schema id in ``dead_letters.schema_id`` and
 in the DLQ record's ``kafka-ingest.schema_id`` header; the registry stopped mid-run (a
-registry of this test's own) is transient and the retry exact; schema evolution under
-BACKWARD; ``kafka-ingest schema from-registry`` onboarding an Avro topic end to end; TLS
-and basic-auth settings reaching the client without leaking the secret.
+registry of this test's own) is transient and the retry exact, and so is a restarted
+registry that knows none of a chunk's ids; schema evolution under BACKWARD, records judged
+by the version they carry (an unreadable latest version stops none of a readable one);
+``kafka-ingest schema from-registry`` onboarding an Avro topic end to end; TLS and
+basic-auth settings reaching the client without leaking the secret.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.db.tables import apply_tables
 from kafka_ingest.engine.ingest import ingest_range, plan_run, run_ingest
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
-from kafka_ingest.errors import ContractMismatch, RegistryRefused, RegistryUnavailable
+from kafka_ingest.errors import (
+    ContractMismatch,
+    RegistryLacksSchemas,
+    RegistryRefused,
+    RegistryUnavailable,
+)
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, registry_settings_from
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
@@ -597,6 +604,80 @@ def test_the_registry_stopped_mid_run_is_transient_and_the_retry_is_exact(
     assert stored_offsets(pg_dsn, pipeline) == {0: 3}
 
 
+#: Two schemas of other subjects, registered before the producing team's: in a fresh
+#: registry (ids allocated from 1) its schema gets id 3.
+FILLERS = [{"type": "record", "name": f"Filler{i}", "namespace": "test.fillers",
+            "fields": [{"name": f"n{i}", "type": "int"}]} for i in (1, 2)]
+
+
+def _register_all(url: str, schemas: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    """Register (subject, Avro schema) pairs in order, as the producing teams did; their ids."""
+    client = SchemaRegistryClient({"url": url})
+    try:
+        return [client.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+                for subject, schema in schemas]
+    finally:
+        client.close()
+
+
+def test_a_restarted_registry_that_knows_none_of_a_chunks_ids_fails_and_the_retry_is_exact(
+        own_registry: str, topics: Any, clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    """A registry restored from another backup (here: this test's own registry restarted,
+    so empty, then given the topic's subject again, whose schema now has another id): the
+    subject exists and the contract reads it, but the registry answers 404 for the id every
+    record carries. That is the registry's fault, not the records': the run fails
+    (RegistryLacksSchemas, transient), nothing is dead-lettered, no offset moves. The
+    right registry back (the same schemas registered in the same order: the same ids),
+    the retry of the run loads exactly what it would have."""
+    url = own_registry
+    pipeline = registry_pipeline(topics, "avro", CONTRACT_FIELDS)
+    subject = f"{pipeline.topic}-value"
+    history = [("filler-1-value", FILLERS[0]), ("filler-2-value", FILLERS[1]),
+               (subject, AVRO_PAYMENT)]
+    *_, first_id = _register_all(url, history)
+    apply(pg_dsn, pipeline)
+    producer_sr = SchemaRegistryClient({"url": url})
+    try:
+        w = writer("avro", producer_sr, pipeline.topic)
+        values = [w.value(GOOD_1), w.value(GOOD_2),
+                  w.value({**GOOD_1, "event_id": "pay-x", "account": "a" * 17})]
+    finally:
+        producer_sr.close()
+    assert {int.from_bytes(v[1:5], "big") for v in values} == {first_id}
+    produce(clients, pipeline.topic, values)
+
+    stack.stop_registry(report=print)
+    assert stack.start_registry(report=print) == url
+    [restored_id] = _register_all(url, [(subject, AVRO_PAYMENT)])  # the subject, readable
+    assert restored_id != first_id
+    own = registry_clients(clients, url)
+    run_id = new_run_id()
+
+    with pytest.raises(RegistryLacksSchemas) as raised:
+        run_ingest(pipeline, own, db, run_id=run_id)
+
+    print(f"\nthe restored registry: {raised.value}")
+    assert raised.value.schema_ids == [first_id]
+    assert f"{pipeline.topic}[0] offsets [0, 3)" in str(raised.value)
+    assert query(pg_dsn, "SELECT count(*) FROM dead_letters") == [(0,)]
+    assert query(pg_dsn, f"SELECT count(*) FROM {TABLE}") == [(0,)]
+    assert stored_offsets(pg_dsn, pipeline) in ({}, {0: 0})
+    assert group_offsets(clients, pipeline) == {0: None}
+    assert highs(clients, pipeline.dlq_topic) == {0: 0}
+
+    stack.stop_registry(report=print)  # the right backup: the same schemas, the same ids
+    assert stack.start_registry(report=print) == url
+    assert _register_all(url, history)[-1] == first_id
+
+    summary = run_ingest(pipeline, own, db, run_id=run_id)  # the retry: the pinned plan
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (3, 2, 1)
+    assert query(pg_dsn, f"SELECT event_id FROM {TABLE} ORDER BY 1") == [("pay-1",),
+                                                                      ("pay-2",)]
+    assert letters(pg_dsn, pipeline) == {2: ("contract_violation", first_id)}
+    assert stored_offsets(pg_dsn, pipeline) == {0: 3}
+
+
 # --------------------------------------------------------------------------- 3. evolution
 
 ORDER_V1 = {"type": "record", "name": "Order", "namespace": "test.evolution", "fields": [
@@ -697,6 +778,55 @@ def test_schema_evolution_under_backward_and_a_replay_once_the_contract_learns_v
     assert query(pg_dsn, "SELECT source_offset, status, schema_id FROM dead_letters") == [
         (2, "recovered", v2_id)]
     assert v1_id != v2_id
+
+
+#: A later version without ``account``, which the contract requires. Dropping a field is
+#: BACKWARD-compatible (a reader of it reads older data), so the registry takes it.
+ORDER_V2_NO_ACCOUNT = {**ORDER_V1, "fields": [f for f in ORDER_V1["fields"]
+                                              if f["name"] != "account"]}
+
+
+def test_an_unreadable_latest_version_stops_no_record_of_a_readable_one(
+        topics: Any, clients: KafkaClients, db: Any, pg_dsn: str, registry_url: str,
+        sr: SchemaRegistryClient, subjects: list[str]) -> None:
+    """The subject's latest version is one the contract cannot read, and nobody has
+    produced with it yet: the records of version 1 load (the plan only warns). Once a
+    producer writes with it, those records are dead-lettered one by one, the reason naming
+    the schema id and the field, and the version-1 records beside them still load."""
+    pipeline = registry_pipeline(topics, "avro", ORDER_CONTRACT, event_type="order_judged",
+                                 version=2, contract_version=1, table="orders_judged")
+    subject = f"{pipeline.topic}-value"
+    subjects.append(subject)
+    apply(pg_dsn, pipeline)
+    old = Writer("avro", AvroSerializer(sr, json.dumps(ORDER_V1)), _avro_object,
+                 pipeline.topic)
+    order = {"event_id": "o-1", "version": 1, "account": "acc-1", "amount": Decimal("10.00")}
+    produce(clients, pipeline.topic, [old.value(order),
+                                      old.value({**order, "event_id": "o-2"})])
+    v2_id = sr.register_schema(subject, Schema(json.dumps(ORDER_V2_NO_ACCOUNT), "AVRO"))
+    assert sr.get_versions(subject) == [1, 2]
+
+    reg = registry_clients(clients, registry_url)
+    first = run_ingest(pipeline, reg, db, run_id=new_run_id())
+
+    assert (first["read"], first["inserted"], first["dead_lettered"]) == (2, 2, 0)
+    new = Writer("avro", AvroSerializer(sr, json.dumps(ORDER_V2_NO_ACCOUNT)), _avro_object,
+                 pipeline.topic)
+    no_account = {k: v for k, v in order.items() if k != "account"}
+    produce(clients, pipeline.topic, [new.value({**no_account, "event_id": "o-3"}),
+                                      old.value({**order, "event_id": "o-4"})])
+
+    second = run_ingest(pipeline, reg, db, run_id=new_run_id())
+
+    assert (second["read"], second["inserted"], second["dead_lettered"]) == (2, 1, 1)
+    assert query(pg_dsn, "SELECT event_id FROM orders_judged ORDER BY 1") == [
+        ("o-1",), ("o-2",), ("o-4",)]
+    assert letters(pg_dsn, pipeline) == {2: ("contract_violation", v2_id)}
+    [(detail,)] = query(pg_dsn, "SELECT error_detail FROM dead_letters")
+    print(f"\nthe letter of version 2: {detail}")
+    assert detail.startswith(
+        f"written with schema id {v2_id}, which the contract cannot read (field 'account': "
+        "required by the contract, absent from the writer schema): account: Field required")
 
 
 # --------------------------------------------------------------------------- 4. onboarding

@@ -131,7 +131,9 @@ METRIC_REJECTS = [
     ("huge_int_for_float", with_literal(METRIC, "metric_value", "1" + "0" * 400),
      "metric_value", "finite_number"),
     # an epoch past year 9999 cannot become a timestamptz
-    ("epoch_too_big", encode(METRIC, timestamp=1e20), "timestamp", "less_than_equal"),
+    ("epoch_too_big", encode(METRIC, timestamp=1e20), "timestamp", "less_than"),
+    # 10000-01-01T00:00:00Z: the first instant past 9999's last second
+    ("epoch_year_10000", encode(METRIC, timestamp=253_402_300_800), "timestamp", "less_than"),
     # a negative epoch is refused by the contract
     ("epoch_negative", encode(METRIC, timestamp=-1.0), "timestamp", "greater_than_equal"),
     # Postgres text cannot hold NUL
@@ -211,6 +213,20 @@ def test_order_contract_is_strict(raw: bytes, field: str, error_type: str) -> No
     assert isinstance(error, ContractViolation)
     assert f"{field}: " in error.detail
     assert f"[{error_type}" in error.detail
+
+
+@pytest.mark.parametrize(("timestamp", "expected"), [
+    # 9999-12-31T23:59:59Z, the last second's start
+    (253_402_300_799.0, datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    # half-way through it: a bound on the second's start refused the rest of the second
+    (253_402_300_799.5, datetime(9999, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC)),
+    # the last double below 253402300800 (a 2**-15 s step), rounded to the microsecond
+    (253_402_300_799.99997, datetime(9999, 12, 31, 23, 59, 59, 999_968, tzinfo=UTC)),
+])
+def test_metric_accepts_the_whole_last_second_of_year_9999(timestamp: float,
+                                                            expected: datetime) -> None:
+    event = MetricEventV1.model_validate_json(encode(METRIC, timestamp=timestamp))
+    assert pg_to_datetime(seconds_to_pg(event.timestamp)) == expected
 
 
 def test_event_id_of_exactly_128_characters_is_accepted() -> None:

@@ -140,7 +140,7 @@ METRIC_CASES = [
     # a string spelling a number is not one
     ("string_for_float", encode(METRIC, metric_value="21.5"), ("metric_value", "float_type")),
     # an epoch past 9999-12-31 has no timestamptz
-    ("epoch_too_big", encode(METRIC, timestamp=1e20), ("timestamp", "less_than_equal")),
+    ("epoch_too_big", encode(METRIC, timestamp=1e20), ("timestamp", "less_than")),
     ("epoch_negative", encode(METRIC, timestamp=-1), ("timestamp", "greater_than_equal")),
     # Postgres text holds no NUL
     ("nul", encode(METRIC, device_id="a\x00b"), ("device_id", "string_pattern_mismatch")),
@@ -285,6 +285,16 @@ def test_ge_le_wider_than_the_width_stay_inside_it() -> None:
     assert outcome(model, "-32769") == {"greater_than_equal"}
 
 
+@pytest.mark.parametrize(
+    ("literal", "expected"),
+    [("1", {"greater_than_equal"}), ("2", 2), ("3", 3), ("4", {"less_than_equal"})],
+)
+def test_fractional_ge_le_of_an_integer_are_its_whole_numbers_inside(literal: str,
+                                                                     expected: Any) -> None:
+    # an integer validator takes no fractional bound: 1.5..3.5 is 2..3
+    assert outcome(one_field({"type": "integer", "ge": 1.5, "le": 3.5}), literal) == expected
+
+
 def test_ge_le_that_leave_no_value_are_a_load_error_naming_the_field() -> None:
     # smallint tops out at 32767: ge 40000 leaves nothing
     message = load_error({"contracts": {"gauge": {"fields": {
@@ -365,7 +375,10 @@ def test_timestamptz_iso8601(literal: str, expected: Any) -> None:
     # the value travels as a binary timestamptz: microseconds since 2000-01-01
     [("1767225600.5", 820_540_800_500_000), ("0", -946_684_800_000_000),
      ("253402300799", 252_455_615_999_000_000),  # 9999-12-31T23:59:59Z
-     ("253402300800", {"less_than_equal"}),
+     ("253402300799.5", 252_455_615_999_500_000),  # 9999-12-31T23:59:59.5Z
+     # the last double below 10000-01-01 (a 2**-15 s step): 9999-12-31T23:59:59.999968Z
+     ("253402300799.99997", 252_455_615_999_999_968),
+     ("253402300800", {"less_than"}),  # 10000-01-01T00:00:00Z
      ("-1", {"greater_than_equal"}),
      ('"2026-01-01T00:00:00Z"', {"float_type"}),
      ("NaN", {"finite_number"})],
@@ -382,7 +395,10 @@ def test_timestamptz_epoch_seconds(literal: str, expected: Any) -> None:
     ("literal", "expected"),
     [("1767225600123", 820_540_800_123_000), ("0", -946_684_800_000_000),
      ("253402300799000", 252_455_615_999_000_000),  # 9999-12-31T23:59:59Z
-     ("253402300799001", {"less_than_equal"}),
+     # the rest of that second: a bound on its start refused these 999 milliseconds
+     ("253402300799001", 252_455_615_999_001_000),  # 9999-12-31T23:59:59.001Z
+     ("253402300799999", 252_455_615_999_999_000),  # 9999-12-31T23:59:59.999Z
+     ("253402300800000", {"less_than_equal"}),  # 10000-01-01T00:00:00.000Z
      ("-1", {"greater_than_equal"}),
      ("1767225600123.5", {"int_type"}),  # milliseconds are whole
      ('"1767225600123"', {"int_type"})],
@@ -658,6 +674,44 @@ LOAD_ERRORS = [
      ["contracts.ledger_entry", "'source_offset'", "reserved"]),
     ("reserved_by_rename", _contract({"offset": {"type": "bigint", "column": "event_id"}}),
      ["contracts.ledger_entry", "'offset'", "'event_id' is reserved"]),
+    # every table has the system columns: CREATE TABLE would fail with 42701
+    ("system_column", _contract({"xmin": {"type": "bigint"}}),
+     ["contracts.ledger_entry", "field 'xmin'", "name of a Postgres system column",
+      "give it another with 'column'"]),
+    ("system_column_by_rename", _contract({"rowId": {"type": "text", "max_length": 9,
+                                                     "column": "ctid"}}),
+     ["contracts.ledger_entry", "field 'rowId'", "column 'ctid' is the name of a Postgres"]),
+    *((f"system_column_{name}", _contract({name: {"type": "bigint"}}),
+       [f"column {name!r} is the name of a Postgres system column"])
+      for name in ("tableoid", "cmin", "xmax", "cmax")),
+    # bounds that admit no value: every record would be dead-lettered
+    ("float_ge_over_le", _contract({"ratio": {"type": "float", "ge": 2.5, "le": 1}}),
+     ["contracts.ledger_entry.fields.ratio", "ge 2.5 and le 1 leave no float value"]),
+    ("float_ge_infinity", _contract({"ratio": {"type": "float", "ge": float("inf")}}),
+     ["contracts.ledger_entry.fields.ratio", "infinity leaves no finite value"]),
+    ("float_le_nan", _contract({"ratio": {"type": "float", "le": float("nan")}}),
+     ["contracts.ledger_entry.fields.ratio", "le is NaN"]),
+    ("numeric_ge_over_le", _contract({"amount": {"type": "numeric", "precision": 8,
+                                                 "scale": 2, "ge": 10, "le": 5}}),
+     ["contracts.ledger_entry.fields.amount", "ge 10 and le 5 leave no numeric value of "
+      "numeric(8,2)"]),
+    # numeric(4,2) holds at most 99.99
+    ("numeric_ge_past_precision", _contract({"amount": {"type": "numeric", "precision": 4,
+                                                        "scale": 2, "ge": 100}}),
+     ["contracts.ledger_entry.fields.amount", "ge 100 leave no numeric value"]),
+    # no whole number between 0.2 and 0.8
+    ("numeric_between_steps", _contract({"amount": {"type": "numeric", "precision": 4,
+                                                    "scale": 0, "ge": 0.2, "le": 0.8}}),
+     ["contracts.ledger_entry.fields.amount", "leave no numeric value of numeric(4,0)"]),
+    ("integer_between_steps", _contract({"count": {"type": "integer", "ge": 1.2,
+                                                   "le": 1.8}}),
+     ["contracts.ledger_entry.fields.count", "leave no integer value"]),
+    ("min_length_over_max_length", _contract({"memo": {"type": "text", "max_length": 3,
+                                                       "min_length": 4}}),
+     ["contracts.ledger_entry.fields.memo", "min_length 4 is over max_length 3"]),
+    ("array_items_admit_nothing", _contract({"tags": {"type": "array", "items": {
+        "type": "text", "max_length": 2, "min_length": 3}}}),
+     ["contracts.ledger_entry.fields.tags.items", "min_length 3 is over max_length 2"]),
     ("two_fields_one_column", _contract({"amount": {"type": "bigint"},
                                          "amountCents": {"type": "bigint",
                                                          "column": "amount"}}),
@@ -694,6 +748,21 @@ def test_load_errors_name_the_contract_and_the_key(document: dict[str, Any],
     message = load_error(document)
     for needle in needles:
         assert needle in message, message
+
+
+@pytest.mark.parametrize("field", [
+    {"type": "float", "ge": 1.5, "le": 1.5},  # one value
+    {"type": "numeric", "precision": 4, "scale": 2, "ge": 99.99},  # numeric(4,2)'s top
+    {"type": "numeric", "precision": 4, "scale": 1, "ge": 0.1, "le": 0.1},  # one step
+    {"type": "integer", "ge": 1.5, "le": 2},  # 2
+    {"type": "integer", "ge": float("-inf"), "le": 3},  # -inf leaves every low value
+    {"type": "text", "max_length": 3, "min_length": 3},  # three characters exactly
+    {"type": "text", "max_length": 3, "min_length": 0},  # the empty string too
+    # the oid column: a system column until Postgres 12 only
+    {"type": "bigint", "column": "oid"},
+])
+def test_constraints_that_admit_a_value_load(field: dict[str, Any]) -> None:
+    assert one_field(field).model_fields["oid" if "column" in field else "v"] is not None
 
 
 def test_a_pipeline_naming_an_undeclared_version_is_a_load_error() -> None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.contracts import REGISTRY, Contract
 from kafka_ingest.db.tables import (
     create_statements,
     derived_name,
@@ -310,6 +311,13 @@ REFUSED = [
      "column 'entity' (from the record key or a header) is already a column"),
     ("two_headers_one_column", {"headers": {"trace-id": "trace", "traceId": "trace"}},
      "column 'trace' (from the record key or a header) is already a column"),
+    # ...nor a Postgres system column's name: CREATE TABLE would fail with 42701
+    ("key_is_xmin", {"record_key": {"column": "xmin"}},
+     "the record key or a header: column 'xmin' is the name of a Postgres system column"),
+    ("header_is_ctid", {"headers": {"row-id": "ctid"}},
+     "the record key or a header: column 'ctid' is the name of a Postgres system column"),
+    ("header_is_tableoid", {"headers": {"table": {"column": "tableoid"}}},
+     "column 'tableoid' is the name of a Postgres system column"),
 ]
 
 
@@ -318,6 +326,23 @@ REFUSED = [
 def test_settings_that_make_no_table_are_refused_at_load(body: dict[str, Any],
                                                           reason: str) -> None:
     assert reason in load_error(**body)
+
+
+class _RowVersionV1(Contract):
+    """A hand-written contract whose field takes a system column's name."""
+
+    EVENT_TYPE: ClassVar[str] = "row_version"
+    VERSION: ClassVar[int] = 1
+    SINK_COLUMNS: ClassVar[tuple[tuple[str, str], ...]] = (("event_id", "text"),
+                                                          ("xmax", "int8"))
+    xmax: int
+
+
+def test_a_python_contract_with_a_system_column_is_refused_at_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY, _RowVersionV1.key(), _RowVersionV1)
+    assert "contract row_version.v1: column 'xmax' is the name of a Postgres system column" \
+        in load_error(contract={"event_type": "row_version", "version": 1})
 
 
 def test_a_deleting_pipeline_with_all_it_needs_is_accepted() -> None:

@@ -30,8 +30,11 @@ NO_NUL = r"^[^\x00]*$"
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
-# 9999-12-31T23:59:59Z: the last second every client library can turn into a date.
-EPOCH_MAX = 253_402_300_799.0
+# 10000-01-01T00:00:00Z in Unix seconds: an epoch is below it, so its time is at most
+# 9999-12-31T23:59:59.999999Z, the last instant every client library can turn into a date
+# (Python's datetime among them). The end of the last second, not its start: an epoch
+# bounded by 253_402_300_799 refused the 999 milliseconds that follow it.
+EPOCH_END = 253_402_300_800
 
 EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
 

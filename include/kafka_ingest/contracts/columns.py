@@ -36,6 +36,21 @@ DDL_TYPES: dict[str, str] = {
 }
 
 
+#: The system columns every Postgres table has: ``CREATE TABLE`` refuses a column of one
+#: of these names (42701, "column name ... conflicts with a system column name"). ``oid``
+#: was one until Postgres 12 (tables lost their hidden oids then) and is a name like any
+#: other on every release still supported, so it is not refused.
+SYSTEM_COLUMNS = frozenset({"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"})
+
+
+def refuse_system_column(column: str, what: str, fix: str) -> None:
+    """A ``ValueError`` at load time when ``column`` is a system column's name."""
+    if column in SYSTEM_COLUMNS:
+        raise ValueError(f"{what}: column {column!r} is the name of a Postgres system column "
+                         f"(every table has {', '.join(sorted(SYSTEM_COLUMNS))}; CREATE TABLE "
+                         f"refuses another): {fix}")
+
+
 #: Postgres' epoch (2000-01-01) in Unix seconds and milliseconds.
 PG_EPOCH_S = 946_684_800
 PG_EPOCH_MS = PG_EPOCH_S * 1000
@@ -147,5 +162,6 @@ def contract_columns(model: Any) -> tuple[Column, ...]:
     return tuple(columns)
 
 
-__all__ = ["DDL_TYPES", "PG_EPOCH_MS", "PG_EPOCH_S", "Column", "admits_none", "contract_columns",
-           "ddl_type", "millis_to_pg", "pg_to_datetime", "seconds_to_pg"]
+__all__ = ["DDL_TYPES", "PG_EPOCH_MS", "PG_EPOCH_S", "SYSTEM_COLUMNS", "Column", "admits_none",
+           "contract_columns", "ddl_type", "millis_to_pg", "pg_to_datetime",
+           "refuse_system_column", "seconds_to_pg"]

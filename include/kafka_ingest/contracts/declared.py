@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Callable
 from datetime import date
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from enum import StrEnum
 from typing import Annotated, Any
 from uuid import UUID
@@ -48,15 +48,16 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
-from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
+from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
+from kafka_ingest.contracts.columns import millis_to_pg, refuse_system_column, seconds_to_pg
 
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 #: The widest ``varchar`` Postgres has.
 TEXT_MAX = 10_485_760
-#: Epoch milliseconds of :data:`EPOCH_MAX`.
-EPOCH_MS_MAX = int(EPOCH_MAX * 1000)
+#: The last epoch millisecond a timestamp takes: 9999-12-31T23:59:59.999Z (see
+#: :data:`~kafka_ingest.contracts.base.EPOCH_END`).
+EPOCH_MS_MAX = EPOCH_END * 1000 - 1
 #: The names a declared contract may not use for a column: the base contract's own fields
 #: and the provenance columns every table has.
 RESERVED_COLUMNS = frozenset({"event_id", "version", "source_topic", "source_partition",
@@ -144,6 +145,53 @@ _ONLY: dict[str, set[FieldType]] = {
 }
 
 
+def _bound(value: float | int | None) -> Decimal | None:
+    """A finite ``ge``/``le`` as the decimal Pydantic compares with (a float by its repr);
+    None for none, or an infinity on the side that leaves every value."""
+    if value is None or math.isinf(value):
+        return None
+    return Decimal(repr(value) if isinstance(value, float) else value)
+
+
+def _admits_nothing(spec: FieldSpec) -> str | None:
+    """Why a field's constraints together admit no value (None: some value passes)."""
+    for key, value in (("ge", spec.ge), ("le", spec.le)):
+        if isinstance(value, float) and math.isnan(value):
+            return f"{key} is NaN, which no value compares with"
+    if spec.type is FieldType.TEXT and spec.min_length > (spec.max_length or TEXT_MAX):
+        return f"min_length {spec.min_length} is over max_length {spec.max_length}"
+    if spec.ge is None and spec.le is None:
+        return None
+    given = " and ".join(f"{k} {v}" for k, v in (("ge", spec.ge), ("le", spec.le))
+                         if v is not None)
+    if (spec.ge or 0) == math.inf or (spec.le or 0) == -math.inf:
+        return f"{given}: a bound of infinity leaves no finite value"
+    low, high = _bound(spec.ge), _bound(spec.le)
+    if spec.type in _INTS:  # whole numbers inside the column's range
+        first, last = spec._whole_bounds
+        empty = first > last
+    elif spec.type is FieldType.NUMERIC:
+        empty = _numeric_empty(spec, low, high)
+    else:  # float
+        empty = low is not None and high is not None and low > high
+    return f"{given} leave no {spec.type.value} value{_shape(spec)}" if empty else None
+
+
+def _numeric_empty(spec: FieldSpec, low: Decimal | None, high: Decimal | None) -> bool:
+    """Whether no multiple of 10**-scale inside numeric(precision, scale) is in [low, high]."""
+    step = Decimal(1).scaleb(-spec.scale)
+    top = Decimal(10) ** ((spec.precision or 0) - spec.scale) - step
+    first = max(-top, -top if low is None else low)
+    last = min(top, top if high is None else high)
+    return (first / step).to_integral_value(rounding=ROUND_CEILING) > \
+        (last / step).to_integral_value(rounding=ROUND_FLOOR)
+
+
+def _shape(spec: FieldSpec) -> str:
+    return f" of numeric({spec.precision},{spec.scale})" if spec.type is FieldType.NUMERIC \
+        else ""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -188,6 +236,10 @@ class FieldSpec(_Strict):
                 raise ValueError("an array of timestamps takes ISO-8601 items only")
         if "default" in given and "required" in given and self.required:
             raise ValueError("a field with a default is optional: drop 'required: true'")
+        empty = _admits_nothing(self)
+        if empty is not None:
+            raise ValueError(f"{empty}: no value passes, so every record would be "
+                             "dead-lettered")
         return self
 
     @property
@@ -213,6 +265,16 @@ class FieldSpec(_Strict):
         return self.travel_type
 
     @property
+    def _whole_bounds(self) -> tuple[int, int]:
+        """An integer type's bounds: ``ge``/``le`` to the whole numbers inside them (``ge:
+        1.5`` is 2, an integer validator takes no fraction) and inside the column's range
+        (bounds that leave no value are refused as the field loads: :func:`_admits_nothing`)."""
+        lowest, highest, _ = _INTS[self.type]
+        low, high = _bound(self.ge), _bound(self.le)
+        return (lowest if low is None else max(lowest, math.ceil(low)),
+                highest if high is None else min(highest, math.floor(high)))
+
+    @property
     def _items(self) -> FieldSpec:
         if self.items is None:  # refused by the validator; here for the type checker
             raise ValueError("an array needs items")
@@ -228,11 +290,7 @@ class FieldSpec(_Strict):
             case FieldType.TEXT:
                 return short_text(self.max_length or TEXT_MAX, min_length=self.min_length)
             case FieldType.SMALLINT | FieldType.INTEGER | FieldType.BIGINT:
-                low, high, _ = _INTS[self.type]
-                ge, le = max(low, bounds.get("ge", low)), min(high, bounds.get("le", high))
-                if ge > le:
-                    raise ValueError(f"ge/le leave no {self.type.value} value")
-                return Annotated[int, Field(ge=ge, le=le)]
+                return Annotated[int, Field(ge=self._whole_bounds[0], le=self._whole_bounds[1])]
             case FieldType.FLOAT:
                 return Annotated[float, Field(**bounds)]
             case FieldType.NUMERIC:
@@ -257,7 +315,7 @@ class FieldSpec(_Strict):
 
     def _timestamp(self) -> Any:
         if self.encoding is TimeEncoding.EPOCH_SECONDS:
-            return Annotated[float, Field(ge=0, le=EPOCH_MAX)]
+            return Annotated[float, Field(ge=0, lt=EPOCH_END)]
         if self.encoding is TimeEncoding.EPOCH_MILLIS:
             return Annotated[int, Field(ge=0, le=EPOCH_MS_MAX)]
         return AwareDatetime
@@ -283,6 +341,7 @@ class ContractSpec(_Strict):
             if column in RESERVED_COLUMNS or name in ("event_id", "version"):
                 raise ValueError(f"field {name!r}: column {column!r} is reserved (every "
                                  "contract and table has it)")
+            refuse_system_column(column, f"field {name!r}", "give it another with 'column'")
             if column in seen:
                 raise ValueError(f"fields {seen[column]!r} and {name!r} both make column "
                                  f"{column!r}")

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from kafka_ingest.contracts.base import EPOCH_MAX, Contract, short_text
+from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
 from kafka_ingest.contracts.columns import seconds_to_pg
 
 
@@ -32,7 +32,7 @@ class MetricEventV1(Contract):
 
     version: int = Field(default=1, ge=1, le=1)
     device_id: short_text(128)  # type: ignore[valid-type]
-    timestamp: float = Field(ge=0, le=EPOCH_MAX)
+    timestamp: float = Field(ge=0, lt=EPOCH_END)
     metric_value: float
     status: short_text(32) = "OK"  # type: ignore[valid-type]
 

@@ -1,6 +1,7 @@
 """Writer schemas against contracts: what a registered schema's fields arrive as, the
-plan-time check that a pipeline's contract can read its subject's latest schema, and a
-declared contract made from a registered schema.
+check that a pipeline's contract can read a writer schema (at plan time, the subject's
+versions; as records are decoded, the schema each carries), and a declared contract made
+from a registered schema.
 
 One table decides both: each writer field's *kind* (what the decoder hands the contract:
 ``str``, ``int``, ``Decimal``, ``datetime``, ...) and, per contract column, the kinds its
@@ -192,25 +193,50 @@ def contract_problems(pipeline: Pipeline, fields: dict[str, WriterField]) -> lis
     return problems
 
 
+def schema_problems(pipeline: Pipeline, schema: WriterSchema) -> list[str]:
+    """Why the pipeline's contract cannot read records written with ``schema`` ([]: it
+    can; see :func:`contract_problems`)."""
+    if pipeline.format is Format.PROTOBUF:
+        return _protobuf_problems(pipeline, schema.text)
+    return contract_problems(pipeline, writer_fields(pipeline.format, schema))
+
+
 def check_subject(pipeline: Pipeline, registry: SchemaRegistry) -> WriterSchema | None:
-    """Plan time: the contract must read the subject's latest schema, or
-    :class:`ContractMismatch` names each field. No subject yet (nothing produced with the
-    registry) is a warning, not a failure."""
+    """Plan time: the contract must read at least one registered version of the subject,
+    or :class:`ContractMismatch` names each field the latest lacks (no record written
+    under the subject could load: a contract to fix before any data moves).
+
+    A latest version the contract cannot read while an older one it can is a warning, not
+    a failure: a version registered is not a version produced with, and the records carry
+    their own schema id. Each is judged by it as it is decoded
+    (:class:`~kafka_ingest.decode.formats.RegistryDecoder`): records of a readable version
+    load, those of an unreadable one that the contract refuses are dead-lettered, their
+    reason naming the schema id and the field. No subject yet (nothing produced with the
+    registry) is a warning too."""
     if pipeline.format is Format.JSON or pipeline.schema_registry is None:
         return None
     subject = pipeline.schema_registry.subject(pipeline.topic)
-    latest = registry.latest(subject, serialized=pipeline.format is Format.PROTOBUF)
+    serialized = pipeline.format is Format.PROTOBUF
+    latest = registry.latest(subject, serialized=serialized)
     if latest is None:
         log.warning("%s: subject %r is not registered yet; the contract is checked against "
                     "each writer schema as records arrive", pipeline.name, subject)
         return None
-    if pipeline.format is Format.PROTOBUF:
-        problems = _protobuf_problems(pipeline, latest.text)
-    else:
-        problems = contract_problems(pipeline, writer_fields(pipeline.format, latest))
-    if problems:
-        raise ContractMismatch(pipeline.name, subject, problems)
-    return latest
+    problems = schema_problems(pipeline, latest)
+    if not problems:
+        return latest
+    versions = [v for v in registry.versions(subject) if v != latest.version]
+    for number in reversed(versions):  # newest first: the likeliest to be readable
+        older = registry.version(subject, number, serialized=serialized)
+        if older is not None and not schema_problems(pipeline, older):
+            log.warning("%s: the contract cannot read version %s (schema id %s) of subject "
+                        "%r, the latest: %s. Version %s (schema id %s) it reads: records "
+                        "written with it load; those written with an unreadable version are "
+                        "dead-lettered, naming the schema id", pipeline.name, latest.version,
+                        latest.schema_id, subject, "; ".join(problems), older.version,
+                        older.schema_id)
+            return latest
+    raise ContractMismatch(pipeline.name, subject, problems, versions=len(versions) + 1)
 
 
 def protobuf_messages(text: str) -> list[str]:
@@ -304,4 +330,4 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
 
 __all__ = ["WriterField", "avro_fields", "check_subject", "contract_from_schema",
            "contract_problems", "json_schema_fields", "protobuf_fields", "protobuf_messages",
-           "writer_fields"]
+           "schema_problems", "writer_fields"]

@@ -62,18 +62,21 @@ def _parser(validator: SchemaValidator,
             decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
     """Bytes -> the validated event: ``validator``'s JSON validation straight from bytes
     (without a Python frame per message), or the registry format decoded first (a refusal
-    classified against the payload)."""
+    classified against the payload, and explained by the writer schema when the contract
+    cannot read that schema)."""
     if decoder is None:
         return validator.validate_json
     read, check = decoder.read, (validator.validate_python if decoder.python
                                  else validator.validate_json)
+    explained = decoder.explained
 
     def parse(value: bytes) -> Any:
         payload = read(value)
         try:
             return check(payload)
         except ValidationError as exc:
-            raise classify(payload if isinstance(payload, bytes) else b"{}", exc) from None
+            error = classify(payload if isinstance(payload, bytes) else b"{}", exc)
+            raise explained(value, error) from None
 
     return parse
 

@@ -80,7 +80,13 @@ class IngestWriter:
     needs_producer: bool = True
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> ValidationResult:
+        unknown = self.decoder.unknown_reads if self.decoder is not None else 0
         result = validate_chunk(chunk.messages, self.pipeline, self.decoder)
+        if self.decoder is not None and self.decoder.unknown_reads != unknown:
+            # a schema id the registry does not know: poison only beside known ones
+            self.decoder.require_a_known_id(
+                chunk.messages, f"{chunk.topic}[{chunk.partition}] offsets [{chunk.start}, "
+                f"{chunk.end})")
         if result.rows:  # None if a row is refused: isolated in the transaction instead
             result.encoded = encoder.encode(result.rows)
         return result

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 #: ``duplicate_in_dlq`` (the same source offset twice in the DLQ, from a retried
 #: produce), ``not_a_dead_letter`` (a record without our headers), ``other_pipeline``,
 #: ``truncated`` (value cut to fit the DLQ: backfill the source offset instead),
+#: ``headers_dropped`` (the record's own headers dropped to fit the DLQ, and the pipeline
+#: fills columns from headers: backfill the source offset instead),
 #: ``tombstone`` (a null value the current rule skips; left parked),
 #: ``unknown_incarnation`` (the letter names a source topic id this database never saw,
 #: so its records cannot be ordered against the stored ones; left parked).
@@ -153,6 +155,9 @@ class ReplayWriter:
             else:
                 by_origin.setdefault(origin, {})[letter.source] = letter
                 self.seen.add((origin, letter.source))
+        # No "the registry knows none of the chunk's ids" check here (ingest has one): a
+        # DLQ chunk holds the failures alone, unknown_schema poison among them, which would
+        # fail it for good; a letter of an unknown id stays parked, and nothing is lost.
         groups = {origin: _Group(letters, validate_chunk(
             [ReplayedMessage(d) for d in letters.values()], self.pipeline, self.decoder))
             for origin, letters in by_origin.items()}
@@ -252,6 +257,10 @@ def _letter_of(pipeline: Pipeline, msg: Any) -> tuple[DeadLetter | None, str]:
         return None, "other_pipeline"
     if PREFIX + "value.truncated" in headers or PREFIX + "key.truncated" in headers:
         return None, "truncated"  # not the original bytes: backfill the source offset
+    if PREFIX + "headers.dropped" in headers and pipeline.headers:
+        # the record's own headers did not fit in the DLQ: its header columns would load
+        # NULL (or the letter park as a missing required header); backfill the offset
+        return None, "headers_dropped"
     try:
         return parse_dlq_message(msg), ""
     except ValueError as exc:

@@ -1,5 +1,5 @@
 """The schema registry (Confluent's API, e.g. Apicurio's ``/apis/ccompat/v7``): writer
-schemas by id and a subject's latest, through confluent-kafka's ``SchemaRegistryClient``
+schemas by id and a subject's versions, through confluent-kafka's ``SchemaRegistryClient``
 with bounded time-outs and retries, and its failures mapped onto the error tree.
 
 Every setting the user gives reaches the client (``url``, ``basic.auth.user.info``,
@@ -205,11 +205,27 @@ class SchemaRegistry:
 
     def _latest(self, subject: str, fmt: str | None) -> WriterSchema | None:
         found = self._ask(f"latest of {subject}", self._client.get_latest_version, subject, fmt)
-        if found is None:
-            return None
-        schema = found.schema
-        return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO",
-                            schema.schema_str or "", subject=subject, version=found.version)
+        return None if found is None else _registered(subject, found)
+
+    def versions(self, subject: str) -> list[int]:
+        """The subject's registered version numbers, oldest first ([] when no subject)."""
+        found = self._ask(f"versions of {subject}",
+                          lambda s, fmt: self._client.get_versions(s), subject, None)
+        return sorted(found or [])
+
+    def version(self, subject: str, number: int, *,
+                serialized: bool = False) -> WriterSchema | None:
+        """Version ``number`` of the subject, or None when there is no such version."""
+        found = self._version(subject, number, None)
+        if found is not None and serialized and not is_descriptor(found.text):
+            found = self._version(subject, number, "serialized")
+        return found
+
+    def _version(self, subject: str, number: int, fmt: str | None) -> WriterSchema | None:
+        found = self._ask(f"version {number} of {subject}",
+                          lambda s, fmt: self._client.get_version(s, number, fmt=fmt),
+                          subject, fmt)
+        return None if found is None else _registered(subject, found)
 
     @staticmethod
     def _ask(operation: str, request: Any, what: Any, fmt: str | None) -> Any:
@@ -222,6 +238,14 @@ class SchemaRegistry:
             return None
         except Exception as exc:
             raise map_registry_error(operation, exc) from exc
+
+
+def _registered(subject: str, found: Any) -> WriterSchema:
+    """A ``RegisteredSchema`` (a subject's version) as a :class:`WriterSchema`."""
+    schema = found.schema
+    return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO",
+                        schema.schema_str or "", subject=subject, version=found.version)
+
 
 __all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema", "is_descriptor",
            "map_registry_error", "registry_settings_from"]
