@@ -256,6 +256,20 @@ def test_a_session_that_takes_no_writes_says_how_to_reach_the_primary(
              "target_session_attrs=read-write")
 
 
+# --------------------------------------------------------------------------- exporter
+
+
+def test_an_exporter_port_in_use_is_named_with_the_fix(good: dict[str, str | None]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = cli(good, ["exporter", "--port", str(port)])
+    the_line(result, f"the exporter cannot listen on 127.0.0.1:{port}",
+             "Address already in use", "--port")
+    assert result.seconds < QUICK_S
+
+
 # --------------------------------------------------------------------------- Kafka
 
 
