@@ -50,6 +50,7 @@ from kafka_ingest_dev.procs import (
     CHILDREN,
     StackError,
     alive,
+    child_env,
     our_pid,
     require_free,
     tail,
@@ -140,7 +141,7 @@ def start_server(server: Server) -> tuple[int, bool]:
     with server.logfile.open("ab") as out:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, cwd=server.home,
-                                 start_new_session=True)
+                                 start_new_session=True, env=child_env())
     CHILDREN[child.pid] = child
     server.pidfile.write_text(f"{child.pid}\n")
     deadline = time.monotonic() + _START_TIMEOUT_S
