@@ -52,6 +52,7 @@ from kafka_ingest_dev.procs import (
     StackError,
     alive,
     binary,
+    child_env,
     our_pid,
     read_or_none,
     require_free,
@@ -394,7 +395,7 @@ class AirflowServices:
         require_free(self.redis_port, "Redis (the Celery broker)", "KAFKA_INGEST_REDIS_PORT")
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         self.redis_conf.write_text(self._redis_config())
-        self._popen("redis", [server, str(self.redis_conf)], os.environ)
+        self._popen("redis", [server, str(self.redis_conf)], child_env())
         deadline = time.monotonic() + 30
         while not self._redis_answers():
             pid = self.pids().get("redis")

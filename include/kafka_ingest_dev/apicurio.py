@@ -48,6 +48,7 @@ from kafka_ingest_dev.procs import (
     StackError,
     accepts,
     alive,
+    child_env,
     our_pid,
     read_or_none,
     tail,
@@ -164,7 +165,8 @@ def find_javas(paths: Iterable[str] | None = None) -> list[Java]:
     for path in java_candidates() if paths is None else paths:
         try:
             done = subprocess.run([path, "-version"], capture_output=True, text=True,
-                                  timeout=_JAVA_VERSION_TIMEOUT_S, check=False)
+                                  timeout=_JAVA_VERSION_TIMEOUT_S, check=False,
+                                  env=child_env())
         except (OSError, subprocess.TimeoutExpired):
             continue
         major = java_major(done.stderr + done.stdout)
@@ -209,7 +211,7 @@ def install(release: Release, mvn: str) -> Path:
                f"-DoutputDirectory={download}"]
         try:
             done = subprocess.run(cmd, cwd=cache, capture_output=True, text=True,
-                                  timeout=_INSTALL_TIMEOUT_S, check=False)
+                                  timeout=_INSTALL_TIMEOUT_S, check=False, env=child_env())
         except subprocess.TimeoutExpired:
             raise StackError(f"mvn did not fetch {release.artifact} within "
                              f"{_INSTALL_TIMEOUT_S:.0f} s") from None
@@ -340,7 +342,7 @@ def launch(server: Server, release: Release, java: Java, app: Path) -> int:
     with server.logfile.open("ab") as out:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, cwd=server.home,
-                                 start_new_session=True)
+                                 start_new_session=True, env=child_env())
     CHILDREN[child.pid] = child
     server.pidfile.write_text(f"{child.pid}\n")
     return child.pid

@@ -28,6 +28,7 @@ from kafka_ingest.db.tables import apply_pipelines
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.ops.status import lag
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.procs import child_env
 from kafka_ingest_dev.samples import produce_sample, produce_state_sample
 
 _NOT_DEAD = {"row", "duplicate", "tombstone"}
@@ -44,7 +45,7 @@ def run_dag(dag_id: str, env: dict[str, str], *, conf: dict[str, Any] | None = N
     cmd = [_airflow_bin(), "dags", "test", dag_id]
     if conf:
         cmd += ["-c", json.dumps(conf)]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+    proc = subprocess.run(cmd, env=child_env(env), capture_output=True, text=True,
                           check=False)
     if log_file is not None:
         log_file.write_text(proc.stdout + proc.stderr, encoding="utf-8")

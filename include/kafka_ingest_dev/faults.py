@@ -50,6 +50,7 @@ from kafka_ingest_dev.procs import (
     CHILDREN,
     StackError,
     alive,
+    child_env,
     our_pid,
     require_free,
     tail,
@@ -113,10 +114,19 @@ class Server:
     def logfile(self) -> Path:
         return self.home / "toxiproxy.log"
 
+    @property
+    def config(self) -> Path:
+        """The (empty) proxies file the server starts with: a path of this stack's on its
+        command line, which tells our server from another whatever port either listens on
+        (the stack fills it with proxies over the API)."""
+        return self.home / "toxiproxy.json"
+
     def pid(self) -> int | None:
-        """The server's pid, if it runs and is the one we started (its command line
-        names our API port)."""
-        return our_pid(self.pidfile, f"-port {self.port}")
+        """The server's pid, if it runs and is the one we started: its command line names
+        our proxies file, whatever port this process's settings give (a ``down`` from a
+        shell without the ``up``'s port settings finds it too). A server started before
+        it had one is known by its API port."""
+        return our_pid(self.pidfile, str(self.config), f"-port {self.port} ")
 
     def answers(self) -> bool:
         try:
@@ -136,11 +146,13 @@ def start_server(server: Server) -> tuple[int, bool]:
     binary = install()
     require_free(server.port, "Toxiproxy's API", "KAFKA_INGEST_TOXIPROXY_PORT")
     server.home.mkdir(parents=True, exist_ok=True)
-    cmd = [str(binary), "-host", "127.0.0.1", "-port", str(server.port)]
+    server.config.write_text("[]\n")
+    cmd = [str(binary), "-host", "127.0.0.1", "-port", str(server.port),
+           "-config", str(server.config)]
     with server.logfile.open("ab") as out:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, cwd=server.home,
-                                 start_new_session=True)
+                                 start_new_session=True, env=child_env())
     CHILDREN[child.pid] = child
     server.pidfile.write_text(f"{child.pid}\n")
     deadline = time.monotonic() + _START_TIMEOUT_S

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kafka_ingest_dev.procs import StackError, tail, terminate
+from kafka_ingest_dev.procs import StackError, child_env, tail, terminate
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _build(target: Path, cmd: list[str], timeout_s: float, what: str, hint: str)
     directory never takes part."""
     logfile = target / "install.log"
     with logfile.open("wb") as out:
-        child = subprocess.Popen(cmd, env={**os.environ, "GOBIN": str(target)},
+        child = subprocess.Popen(cmd, env=child_env({"GOBIN": str(target)}),
                                  stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, cwd=target,
                                  start_new_session=True)

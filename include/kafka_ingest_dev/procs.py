@@ -1,5 +1,6 @@
 """Processes of the local stack: pid files that cannot be fooled by a reused pid, clean
-stops (SIGTERM, then SIGKILL), ports, and the one error the stack raises."""
+stops (SIGTERM, then SIGKILL), ports, the environment its processes start with, and the
+one error the stack raises."""
 
 from __future__ import annotations
 
@@ -10,10 +11,68 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _POLL_S = 0.1
+
+#: libpq's environment variables (PostgreSQL 18), each a default for a connection setting
+#: or a session setting, and those the server programs read themselves (``postgres``:
+#: PGPORT as its port, PGDATA, PGDATESTYLE, PGCLIENTENCODING; ``pg_ctl``: PGCTLTIMEOUT).
+#: A user's shell holds some for its own psql (``stack env --replica`` exports
+#: ``PGPORT=15432,15434``, which no server can listen on); the stack's own processes must
+#: not read them.
+LIBPQ_VARIABLES = frozenset({
+    "PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD", "PGPASSFILE",
+    "PGREQUIREAUTH", "PGCHANNELBINDING", "PGSERVICE", "PGSERVICEFILE", "PGOPTIONS",
+    "PGAPPNAME", "PGSSLMODE", "PGREQUIRESSL", "PGSSLNEGOTIATION", "PGSSLCOMPRESSION",
+    "PGSSLCERT", "PGSSLKEY", "PGSSLCERTMODE", "PGSSLROOTCERT", "PGSSLCRL", "PGSSLCRLDIR",
+    "PGSSLSNI", "PGREQUIREPEER", "PGSSLMINPROTOCOLVERSION", "PGSSLMAXPROTOCOLVERSION",
+    "PGMINPROTOCOLVERSION", "PGMAXPROTOCOLVERSION", "PGGSSENCMODE", "PGKRBSRVNAME",
+    "PGGSSLIB", "PGGSSDELEGATION", "PGCONNECT_TIMEOUT", "PGCLIENTENCODING",
+    "PGTARGETSESSIONATTRS", "PGLOADBALANCEHOSTS", "PGOAUTHDEBUG",
+    "PGDATESTYLE", "PGTZ", "PGGEQO", "PGSYSCONFDIR", "PGLOCALEDIR",
+    "PGDATA", "PGCTLTIMEOUT",
+})
+
+#: Values that stand for "libpq's built-in default" where an empty one does not (the
+#: authentication methods: every one the stack's servers use, ``none`` for trust).
+_NEUTRAL = {"min_protocol_version": "3.0", "max_protocol_version": "3.0",
+            "sslcertmode": "allow", "require_auth": "password,md5,scram-sha-256,none",
+            "connect_timeout": "0"}
+
+
+def child_env(*layers: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment of a process the stack starts: this process's, without the user's
+    libpq variables (:data:`LIBPQ_VARIABLES`), then ``layers`` on top in order (the
+    stack's own settings: a PG* variable there is set on purpose and stays)."""
+    env = {k: v for k, v in os.environ.items() if k not in LIBPQ_VARIABLES}
+    for layer in layers:
+        env.update(layer or {})
+    return env
+
+
+def own_libpq(**params: Any) -> dict[str, Any]:
+    """``params`` for an in-process libpq connection of the stack's own (its superuser
+    over the unix socket, its health probes), plus libpq's built-in default for every
+    setting whose variable is set here and that ``params`` leaves out: libpq reads the
+    environment at each connect, and ``os.environ`` cannot be changed safely in a process
+    with threads. (PGSERVICE has no neutral value and is left as it is; PGDATESTYLE, PGTZ
+    and PGGEQO are session settings, harmless when valid.)"""
+    import psycopg
+
+    pinned = dict(params)
+    for option in psycopg.pq.Conninfo.get_defaults():
+        keyword = option.keyword.decode()
+        variable = option.envvar.decode() if option.envvar else None
+        if (variable is None or variable not in os.environ or keyword in pinned
+                or keyword == "service"):
+            continue
+        default = option.compiled.decode() if option.compiled is not None else None
+        pinned[keyword] = default if default is not None else _NEUTRAL.get(keyword, "")
+    return pinned
 
 # Processes started by this interpreter, so they can be reaped (not left as zombies that
 # still look alive) when the same process also stops them, as the tests do.

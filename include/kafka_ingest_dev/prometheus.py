@@ -42,6 +42,7 @@ from kafka_ingest_dev.procs import (
     CHILDREN,
     StackError,
     alive,
+    child_env,
     our_pid,
     port_free,
     tail,
@@ -126,7 +127,7 @@ def promtool(*args: str, binary: Path | None = None,
     cmd = [str(binary or install().promtool), *args]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+                              timeout=timeout_s, check=False, env=child_env())
     except subprocess.TimeoutExpired as exc:
         raise PromtoolError(args, None, f"no answer within {timeout_s:.0f} s") from exc
     output = done.stdout + done.stderr
@@ -318,7 +319,7 @@ class PrometheusServer:
         with self.logfile.open("ab") as out:
             child = subprocess.Popen(self.command(binary), stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=subprocess.STDOUT, cwd=self.home,
-                                     start_new_session=True)
+                                     start_new_session=True, env=child_env())
         CHILDREN[child.pid] = child
         self.pidfile.write_text(f"{child.pid}\n")
         deadline = time.monotonic() + timeout_s

@@ -539,6 +539,7 @@ def soak(settings: Settings) -> dict[str, Any]:
     from kafka_ingest_dev import stack
     from kafka_ingest_dev.airflow_services import RestApi
     from kafka_ingest_dev.databases import airflow_postgres_conn, create_database
+    from kafka_ingest_dev.procs import child_env
 
     rng = random.Random(settings.seed)  # noqa: S311 - fault timing, not secrets
     tag = uuid.uuid4().hex[:6]
@@ -559,13 +560,12 @@ def soak(settings: Settings) -> dict[str, Any]:
             pipelines_file.write_text(json.dumps(doc))
             os.environ["KAFKA_INGEST_PIPELINES"] = str(pipelines_file)
             dsn = create_database(replica["KAFKA_INGEST_PG_ADMIN_DSN"], prefix="soak")
-            airflow_env = {
-                **os.environ, **replica, **SCHEDULER,
+            airflow_env = child_env(replica, SCHEDULER, {
                 "KAFKA_INGEST_PIPELINES": str(pipelines_file),
                 "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(dsn),
                 "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": {
                     **proxied, "group.id": stack.KAFKA_GROUP_ID}}),
-            }
+            })
             stack.up(report=log.info, airflow=True, airflow_env=airflow_env,
                      executor="celery", workers=WORKERS)
             api = RestApi(stack.env(replica=True))

@@ -49,7 +49,11 @@ Two options change the shape of the stack, and stick to its state directory:
   ``down --replica`` removes the standby.
 
 Everything lives in the state directory (data survives ``down``/``up``); ``down`` stops
-only the processes whose pid files this module wrote. Trade-off: the processes are not
+only the processes whose pid files this module wrote. The processes start without the
+user's libpq variables (a shell's ``PGPORT=15432,15434`` from ``stack env --replica`` is
+for its psql, not for the servers), and the stack's own connections pin what those would
+change (:func:`~kafka_ingest_dev.procs.child_env`,
+:func:`~kafka_ingest_dev.procs.own_libpq`). Trade-off: the processes are not
 supervised, so a crashed broker stays down until the next ``up`` (which is idempotent and
 cheap when everything already runs).
 """
@@ -90,7 +94,9 @@ from kafka_ingest_dev.procs import (
     accepts,
     alive,
     binary,
+    child_env,
     our_pid,
+    own_libpq,
     read_or_none,
     require_free,
     tail,
@@ -509,7 +515,7 @@ def _fetch_kafka_jars(s: Settings) -> Path:
         mvn, "-q", "-B", "-f", str(_BROKER_DIR / "pom.xml"), "dependency:copy-dependencies",
         f"-DoutputDirectory={libs}", "-Dmdep.includeScope=runtime",
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
     if done.returncode != 0:
         detail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
         raise StackError(f"mvn could not fetch Kafka {KAFKA_VERSION} jars: {detail[0]}")
@@ -664,7 +670,7 @@ def _format_kafka_storage(s: Settings, java: str, libs: Path, node: KafkaNode) -
         java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id(s)}",
         "-c", str(node.props),
     )  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
     if done.returncode != 0:
         detail = (done.stdout + done.stderr).strip().replace("\n", " | ")
         raise StackError(f"formatting Kafka storage failed: {detail[-300:]}")
@@ -713,7 +719,7 @@ def _launch_kafka(s: Settings, java: str, node: KafkaNode | None = None) -> int:
     with node.log.open("ab") as out:
         child = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=node.home, start_new_session=True,
+            cwd=node.home, start_new_session=True, env=child_env(),
         )  # fmt: skip
     CHILDREN[child.pid] = child
     node.pidfile.write_text(f"{child.pid}\n")
@@ -1016,7 +1022,7 @@ def _pg_run(cmd: list[str], what: str, timeout_s: float = 600.0) -> None:
     """Run a Postgres tool (as ``postgres`` when root), bounded: a tool still running after
     ``timeout_s`` is killed with its process group (``runuser`` does not pass a kill on)."""
     with subprocess.Popen(_as_postgres(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True) as proc:
+                          text=True, start_new_session=True, env=child_env()) as proc:
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -1208,7 +1214,8 @@ def _start_postgres(s: Settings, node: PgNode | None = None) -> tuple[int, bool]
         "-t", str(_PG_TIMEOUT_S), "start",
     ]  # fmt: skip
     done = subprocess.run(
-        _as_postgres(cmd), capture_output=True, text=True, check=False, start_new_session=True
+        _as_postgres(cmd), capture_output=True, text=True, check=False, start_new_session=True,
+        env=child_env(),
     )
     if done.returncode != 0:
         raise StackError(f"PostgreSQL ({node.name}) did not start: {tail(node.log, 3)}")
@@ -1222,8 +1229,9 @@ def _admin(node: PgNode, dbname: str = "postgres") -> Any:
     """A superuser connection over the node's private unix socket (autocommit)."""
     import psycopg
 
-    return psycopg.connect(host=str(node.socket_dir), port=node.port, user="postgres",
-                           dbname=dbname, autocommit=True, connect_timeout=10)
+    return psycopg.connect(autocommit=True, **own_libpq(
+        host=str(node.socket_dir), port=node.port, user="postgres", dbname=dbname,
+        connect_timeout=10))
 
 
 def _bootstrap_postgres(s: Settings) -> None:
@@ -1276,7 +1284,7 @@ def _stop_postgres(s: Settings, node: PgNode | None = None, *, mode: str = "fast
     if pid is None:
         return f"{node.name}: not running"
     cmd = [str(_pg_bindir() / "pg_ctl"), "-D", str(node.data), "-m", mode, "-w", "stop"]
-    subprocess.run(_as_postgres(cmd), capture_output=True, check=False)
+    subprocess.run(_as_postgres(cmd), capture_output=True, check=False, env=child_env())
     terminate(pid, _PG_TIMEOUT_S)  # a no-op when pg_ctl already stopped it
     return f"{node.name}: stopped (pid {pid})"
 
@@ -1541,11 +1549,19 @@ def _pg_dsn(s: Settings, database: str) -> str:
             f"{database}")
 
 
+def _connect(dsn: str) -> Any:
+    """A short health probe's connection to ``dsn``, whatever PG* variables are set here."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    return psycopg.connect(**own_libpq(**conninfo_to_dict(dsn), connect_timeout=3))
+
+
 def _pg_answers(s: Settings) -> bool:
     import psycopg
 
     try:
-        psycopg.connect(_pg_dsn(s, PG_DATABASE), connect_timeout=3).close()
+        _connect(_pg_dsn(s, PG_DATABASE)).close()
     except psycopg.Error:
         return False
     return True
@@ -1618,7 +1634,7 @@ def _airflow_db_current(s: Settings, version: str) -> bool:
     import psycopg
 
     try:
-        with psycopg.connect(_pg_dsn(s, AIRFLOW_DATABASE), connect_timeout=3) as conn:
+        with _connect(_pg_dsn(s, AIRFLOW_DATABASE)) as conn:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     except psycopg.Error:
         return False
@@ -1637,7 +1653,7 @@ def _ensure_airflow_db(s: Settings) -> str:
     with logfile.open("ab") as out:
         done = subprocess.run(
             [sys.executable, "-m", "airflow", "db", "migrate"],
-            env={**os.environ, **env()}, stdin=subprocess.DEVNULL, stdout=out,
+            env=child_env(env()), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, timeout=_MIGRATE_TIMEOUT_S, check=False,
         )  # fmt: skip
     if done.returncode != 0:
@@ -1892,8 +1908,10 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
     cluster in this state dir, 1 unless said) runs that many KRaft nodes.
 
     ``airflow`` also starts Airflow's api-server, scheduler, dag-processor and triggerer
-    (:mod:`kafka_ingest_dev.airflow_services`), with this process's environment, the
-    stack's, and ``airflow_env`` (e.g. another pipelines file or connection) on top;
+    (:mod:`kafka_ingest_dev.airflow_services`), with this process's environment less
+    the user's libpq variables (every process the stack starts gets that:
+    :func:`~kafka_ingest_dev.procs.child_env`), the stack's, and ``airflow_env`` (e.g.
+    another pipelines file or connection) on top;
     ``executor`` ``"local"`` or ``"celery"`` (with ``workers`` Celery workers and Redis),
     None keeping the running one. Another executor than the running one restarts them.
 
@@ -1944,8 +1962,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
         if registry_launch is not None:
             emit(_await_registry(s, registry_launch, registry_since))
         if airflow:
-            s.airflow.start({**os.environ, **env(replica=s.replica is not None),
-                             **(airflow_env or {})}, emit, executor=executor, workers=workers)
+            s.airflow.start(child_env(env(replica=s.replica is not None), airflow_env),
+                            emit, executor=executor, workers=workers)
     return env(secure=s.secure and secure, faults=faults, replica=s.replica is not None)
 
 

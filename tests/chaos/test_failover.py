@@ -9,20 +9,30 @@ the next run re-reads what was lost. The Kafka group offset, posted after each c
 is then ahead of the stored one; the lag shown comes from the stored offset. With
 synchronous replication (``remote_apply``) nothing acknowledged is lost.
 
-Each test ends with the invariants checked exactly (DESIGN §3) and leaves the stack's
-first node the primary again (a second failover moves it back).
+The module runs on a stack of its own (its own state dir and free ports: failing the
+shared stack's Postgres over would cut every other test's connections), taken down at the
+end, and with this process's environment what the README's shell has after
+``eval "$(kafka-ingest stack env --replica)"`` (``PGPORT=15432,15434`` and the rest): the
+servers and tools a failover starts must not read those. Each test ends with the
+invariants checked exactly (DESIGN §3).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
@@ -48,7 +58,7 @@ from kafka_ingest.db import Database
 from kafka_ingest.engine import slices
 from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.engine.replay import run_replay
-from kafka_ingest.errors import TransientError
+from kafka_ingest.errors import DatabaseUnavailable, TransientError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.ops.status import lag
 from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
@@ -63,21 +73,39 @@ CHUNK = 500
 
 
 @pytest.fixture(scope="module")
-def replica_env(stack_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The stack with an asynchronous standby; afterwards its first node the primary
-    again and no standby. Airflow's services stop first: their metadata database lives
-    in the same server, on the single-host string."""
-    stack.stop_airflow()
-    stack.up(replica="async")
-    try:
-        yield stack.env(replica=True)
-    finally:
-        settings = stack.settings()
+def replica_env() -> Iterator[dict[str, str]]:
+    """A stack of its own with an asynchronous standby, then this process's environment
+    exported from ``stack env --replica`` as the README's failover section does; the stack
+    is taken down and removed afterwards. The state dir is a mkdtemp directly under /tmp:
+    as root the ``postgres`` user must traverse every parent."""
+    state = Path(tempfile.mkdtemp(prefix="kafka-ingest-failover-"))
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in stack.isolated_env(state).items():
+            mp.setenv(name, value)
         try:
-            if stack.primary_node(settings) != settings.pg_nodes[0]:
-                stack.failover()
+            stack.up(report=print, replica="async")
+            shell = stack.env(replica=True)
+            for name, value in shell.items():
+                mp.setenv(name, value)
+            # What made the old primary's rebuild fail: no server can listen on this.
+            assert "," in os.environ["PGPORT"] and os.environ["PGTARGETSESSIONATTRS"]
+            yield shell
         finally:
-            stack.remove_replica()  # --sync and a paused standby go with it
+            try:
+                stack.down(report=print)
+            finally:
+                shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kafka_config(replica_env: dict[str, str]) -> dict[str, Any]:
+    """The module's own stack's Kafka (the shared stack's is not started for it)."""
+    return {"bootstrap.servers": replica_env["KAFKA_BOOTSTRAP_SERVERS"]}
+
+
+@pytest.fixture(scope="module")
+def clients(kafka_config: dict[str, Any]) -> KafkaClients:
+    return KafkaClients(kafka_config)
 
 
 @pytest.fixture
@@ -333,6 +361,50 @@ def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
     assert pipeline.name in printed.out and "differs" not in printed.err  # group re-synced
     assert {r["partition"]: r["lag"] for r in lag(pipeline, clients, Database(pg_dsn))
             } == dict.fromkeys(range(3), 0)
+
+
+def test_a_dsn_naming_both_servers_reaches_the_primary_unless_it_says_otherwise(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The standby named first and no target_session_attrs: libpq's own default (any)
+    # takes the first that answers, the standby; a connection of the project skips it.
+    settings = stack.settings()
+    primary = stack.primary_node(settings)
+    standby = next(node for node in settings.pg_nodes if node != primary)
+    params = {k: v for k, v in conninfo_to_dict(pg_dsn).items()
+              if k != "target_session_attrs"}
+    params.update(host="127.0.0.1,127.0.0.1", port=f"{standby.port},{primary.port}")
+    monkeypatch.delenv("PGTARGETSESSIONATTRS")  # the shell's own would win over the default
+    both = make_conninfo(**params)
+    with Database(both).session() as conn:
+        row = conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone()
+    assert row == (primary.port, False)
+    # A DSN that says `any` is taken at its word: it lands on the standby, whose refusal
+    # to write is a transient error saying how to reach the primary, not a traceback.
+    with pytest.raises(DatabaseUnavailable) as refused, \
+            Database(make_conninfo(both, target_session_attrs="any")).session() as conn:
+        assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+        conn.execute("CREATE TABLE written_on_a_standby (id int)")
+    assert "ReadOnlySqlTransaction" in str(refused.value)
+    assert "point the DSN at the primary" in str(refused.value)
+
+
+def test_stack_failover_from_the_readme_shell(replica_env: dict[str, str]) -> None:
+    # The README's failover section as typed: the shell holds `stack env --replica`'s
+    # exports (PGPORT=<a>,<b>, PGTARGETSESSIONATTRS=read-write, ...) when `stack failover`
+    # kills the primary, promotes the standby and rebuilds the old primary as its standby;
+    # `stack status` exits 1 if a part is down.
+    settings = stack.settings()
+    old = stack.primary_node(settings)
+    script = ('eval "$(kafka-ingest stack env --replica)"\n'
+              "kafka-ingest stack failover\n"
+              "kafka-ingest stack status\n")
+    done = subprocess.run(["bash", "-ec", script], capture_output=True, text=True,
+                          check=False, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    new = stack.primary_node(settings)
+    assert new != old and old.standby and not new.standby
+    assert f"promoted {new.name}" in done.stdout
+    assert f"{old.name} rebuilt as its standby" in done.stdout, done.stdout
 
 
 def test_a_failover_cut_short_after_the_kill_is_finished_by_the_next_up(

@@ -209,6 +209,67 @@ def test_a_database_that_is_down_is_named(good: dict[str, str | None],
     assert result.seconds < QUICK_S
 
 
+@pytest.mark.parametrize("args", [RUN, STATUS, MIGRATE])
+@pytest.mark.parametrize(("port", "said"), [
+    ("54x2", "is not a number from 1 to 65535"),  # a typo
+    ("{port},{port}", "names 2 ports for 1 host(s)"),  # a standby's list, one host named
+])
+def test_a_port_libpq_cannot_use_is_a_setting_not_a_database_down(
+        good: dict[str, str | None], args: list[str], port: str, said: str) -> None:
+    assert good["KAFKA_INGEST_PG_DSN"] is not None
+    params = conninfo_to_dict(good["KAFKA_INGEST_PG_DSN"])
+    bad = make_conninfo(good["KAFKA_INGEST_PG_DSN"], port=port.format(port=params["port"]))
+    result = cli({**good, "KAFKA_INGEST_PG_DSN": bad, "KAFKA_INGEST_PG_ADMIN_DSN": bad}, args)
+    line = the_line(result, "KAFKA_INGEST_PG", said)
+    assert "Postgres connect failed" not in line  # not a server to wait for
+    assert result.seconds < QUICK_S
+
+
+def test_a_port_error_never_repeats_a_password(good: dict[str, str | None]) -> None:
+    # An unescaped "/" in the password: libpq takes "u" as the host, "xq7z" as the port.
+    bad = "postgresql://kafka_ingest:xq7z/secret@127.0.0.1/kafka_ingest"
+    line = the_line(cli({**good, "KAFKA_INGEST_PG_DSN": bad}, RUN), "is not a number")
+    assert "xq7z" not in line and "secret" not in line
+
+
+@pytest.mark.parametrize("args", [
+    RUN,  # the plan pins the run's ranges: the first write
+    ["backfill", "telemetry_metrics", "--partition", "0", "--from-offset", "0",
+     "--to-offset", "10"],
+    RESET,
+])
+def test_a_session_that_takes_no_writes_says_how_to_reach_the_primary(
+        good: dict[str, str | None], make_pipeline: Any, clients: KafkaClients,
+        tmp_path: Path, args: list[str]) -> None:
+    # What a standby answers, made on the primary: every transaction of the session
+    # read-only. Transient (a standby being promoted takes writes moments later); the
+    # line says what to change when it is not that.
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    produce_sample(clients, pipeline, count=10, poison=0, partitions=1)
+    assert good["KAFKA_INGEST_PG_DSN"] is not None
+    read_only = make_conninfo(good["KAFKA_INGEST_PG_DSN"],
+                              options="-c default_transaction_read_only=on")
+    env = {**good, "KAFKA_INGEST_PG_DSN": read_only,
+           "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline))}
+    the_line(cli(env, args), "ReadOnlySqlTransaction: cannot execute",
+             "in a read-only transaction", "point the DSN at the primary",
+             "target_session_attrs=read-write")
+
+
+# --------------------------------------------------------------------------- exporter
+
+
+def test_an_exporter_port_in_use_is_named_with_the_fix(good: dict[str, str | None]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = cli(good, ["exporter", "--port", str(port)])
+    the_line(result, f"the exporter cannot listen on 127.0.0.1:{port}",
+             "Address already in use", "--port")
+    assert result.seconds < QUICK_S
+
+
 # --------------------------------------------------------------------------- Kafka
 
 

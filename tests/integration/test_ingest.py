@@ -33,10 +33,13 @@ from helpers_ingest import (
     table_ids,
     total,
 )
+from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import OnOffsetGap
+from kafka_ingest.db import Database
 from kafka_ingest.engine.ingest import ingest_range, plan_run, run_ingest
 from kafka_ingest.errors import (
+    DatabaseUnavailable,
     DeliveryFailed,
     OffsetGapError,
     ReconciliationError,
@@ -347,6 +350,35 @@ def test_a_dlq_that_cannot_be_written_is_an_infrastructure_error(
     assert group_offsets(clients, pipeline) == {0: None}
     # The same run with a working DLQ finishes the job.
     run(pipeline.model_copy(update={"dlq_topic": make_pipeline().dlq_topic}), clients, db)
+    assert len(table_ids(pg_dsn, pipeline.table)) == 20
+    assert stored_offsets(pg_dsn, pipeline) == {0: 21}
+
+
+def test_a_session_that_takes_no_writes_is_an_infrastructure_error_naming_the_fix(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any,
+        pg_dsn: str) -> None:
+    # What a standby answers (a multi-host DSN that reached it, or a failover under way),
+    # made on the primary: every transaction of the session read-only (SQLSTATE 25006).
+    pipeline = make_pipeline("telemetry_metrics", partitions=1)
+    produce(clients, pipeline.topic, [(b"k", metric(f"r-{i}", "d1", float(i)))
+                                      for i in range(20)] + [(b"k", b"not json")])
+    read_only = Database(make_conninfo(pg_dsn, options="-c default_transaction_read_only=on"),
+                         lock_timeout_s=5.0)
+    with pytest.raises(DatabaseUnavailable) as planning:  # the plan's first write
+        plan_run(pipeline, clients, read_only, run_id="read-only")
+    ranges = plan_run(pipeline, clients, db, run_id="read-only")
+    with pytest.raises(DatabaseUnavailable) as writing:  # the chunk's transaction
+        for r in ranges:
+            ingest_range(pipeline, r, clients, read_only, run_id="read-only")
+
+    for failed in (planning.value, writing.value):
+        assert isinstance(failed, TransientError)  # Airflow retries it, a bounded number
+        assert "ReadOnlySqlTransaction: cannot execute" in str(failed)
+        assert "point the DSN at the primary" in str(failed)
+    assert stored_offsets(pg_dsn, pipeline) == {0: 0}
+    assert table_ids(pg_dsn, pipeline.table) == []
+    assert dead_letter_rows(pg_dsn, pipeline) == {}  # an infrastructure error: none
+    run(pipeline, clients, db)  # the same run on a session that takes writes
     assert len(table_ids(pg_dsn, pipeline.table)) == 20
     assert stored_offsets(pg_dsn, pipeline) == {0: 21}
 

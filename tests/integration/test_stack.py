@@ -279,3 +279,58 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+#: A user's shell with libpq variables that would each turn a connection of the stack's
+#: own elsewhere, or fail it: the standby-only session a failover's wait could never get
+#: from a primary, a read-only session, another address, an authentication method the
+#: private socket does not use, ports no server has.
+HOSTILE_LIBPQ = {
+    "PGTARGETSESSIONATTRS": "standby", "PGOPTIONS": "-c default_transaction_read_only=on",
+    "PGHOSTADDR": "192.0.2.1", "PGREQUIREAUTH": "scram-sha-256", "PGCHANNELBINDING": "require",
+    "PGPORT": "1,2", "PGHOST": "nowhere.invalid", "PGUSER": "nobody", "PGDATABASE": "none",
+    "PGSSLMODE": "verify-full", "PGCLIENTENCODING": "bogus", "PGCONNECT_TIMEOUT": "1",
+}
+
+
+def test_the_stacks_own_connections_ignore_the_users_libpq_variables(
+        stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in HOSTILE_LIBPQ.items():
+        monkeypatch.setenv(name, value)
+    parts = {part.name: part for part in stack.status()}  # its health probes
+    assert parts["postgres"].up and parts["airflow-db"].up, parts
+    settings = stack.settings()
+    with stack._admin(stack.primary_node(settings)) as conn:  # its superuser's connection
+        row = conn.execute("SELECT pg_is_in_recovery(), current_user,"
+                           " current_setting('default_transaction_read_only')").fetchone()
+    assert row == (False, "postgres", "off")
+
+
+def test_down_finds_toxiproxy_started_on_ports_its_shell_does_not_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``up --faults`` with ``KAFKA_INGEST_TOXIPROXY_PORT`` set, ``down`` from a shell
+    without it: Toxiproxy is stopped like every other part (each is known by a path of
+    its state dir, not by a port). Only Toxiproxy runs in this state dir, so ``down``
+    has nothing else to stop."""
+    from kafka_ingest_dev import faults
+    from kafka_ingest_dev.procs import terminate
+
+    state = Path(tempfile.mkdtemp(prefix="kafka-ingest-toxi-"))
+    monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(state))
+    monkeypatch.setenv("KAFKA_INGEST_TOXIPROXY_PORT", str(free_ports(1)[0]))
+    server = stack.settings().toxiproxy
+    pid = None
+    try:
+        pid, started = faults.start_server(server)
+        assert started and server.answers()
+        (state / "faults").write_text("Toxiproxy in front of Kafka and Postgres\n")
+        monkeypatch.delenv("KAFKA_INGEST_TOXIPROXY_PORT")  # the default port from here
+        assert stack.settings().toxiproxy.port != server.port
+        lines: list[str] = []
+        stack.down(report=lines.append)
+        assert f"toxiproxy: stopped (pid {pid})" in lines, lines
+        assert not _alive(pid)
+    finally:
+        if pid is not None and _alive(pid):  # a down that missed it: by its pid
+            terminate(pid, 10.0)
+        shutil.rmtree(state, ignore_errors=True)

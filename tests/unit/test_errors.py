@@ -13,9 +13,11 @@ import pickle
 import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from psycopg.conninfo import conninfo_to_dict
 
 from kafka_ingest import errors
 from kafka_ingest.db import Database, map_psycopg_error
+from kafka_ingest.db.connection import connection_defaults
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
     BadHeader,
@@ -340,3 +342,94 @@ def test_a_dsn_libpq_cannot_parse_is_a_settings_error(dsn: str, said: str,
     with pytest.raises(SettingsError) as info:
         Database(dsn)  # at construction: before any connection is tried
     assert said in str(info.value) and unsaid not in str(info.value)
+
+
+def test_a_session_that_takes_no_writes_is_transient_and_says_how_to_reach_the_primary(
+        ) -> None:
+    # SQLSTATE 25006: a standby (reached by a DSN that names it, or being promoted right
+    # now: the retry finds it writable) or a session made read-only on purpose.
+    exc = psycopg.errors.ReadOnlySqlTransaction(
+        "cannot execute INSERT in a read-only transaction\n")
+    mapped = map_psycopg_error("upsert", exc)
+    assert isinstance(mapped, DatabaseUnavailable) and isinstance(mapped, TransientError)
+    assert str(mapped).startswith(
+        "Postgres upsert failed: ReadOnlySqlTransaction: cannot execute INSERT in a "
+        "read-only transaction; the server is a standby, or the session is read-only")
+    assert "point the DSN at the primary" in str(mapped)
+    assert "target_session_attrs=read-write" in str(mapped)
+
+
+@pytest.mark.parametrize(("dsn", "said"), [
+    # a typo in the port: libpq would fail every connect, retried as if Postgres were down
+    ("host=db port=54x2 dbname=p", "port in the Postgres DSN is not a number"),
+    ("postgresql://u:pw@db:5432x/p", "port in the Postgres DSN is not a number"),
+    ("host=db port=70000 dbname=p", "from 1 to 65535"),
+    ("host=db port=0 dbname=p", "from 1 to 65535"),
+    # one element of a multi-host list
+    ("host=a,b port=5432,x dbname=p", "not a number"),
+    # libpq needs one port per host, or one for all
+    ("host=a,b port=5432,5433,5434 dbname=p", "names 3 ports for 2 host(s)"),
+    ("host=a port=5432,5433 dbname=p", "names 2 ports for 1 host(s)"),
+    ("hostaddr=10.0.0.1,10.0.0.2,10.0.0.3 port=1,2 dbname=p", "names 2 ports for 3 host(s)"),
+])
+def test_a_port_libpq_cannot_use_is_a_settings_error(dsn: str, said: str) -> None:
+    with pytest.raises(SettingsError, match="port") as info:
+        Database(dsn)  # at construction: before any connection is tried
+    assert said in str(info.value)
+
+
+def test_the_port_error_never_repeats_what_may_be_a_password() -> None:
+    # An unescaped "/" in a URI's password: libpq reads "u" as the host and "xq7z" (part
+    # of the password) as the port.
+    assert conninfo_to_dict("postgresql://u:xq7z/ss@db/p")["port"] == "xq7z"
+    with pytest.raises(SettingsError) as info:
+        Database("postgresql://u:xq7z/ss@db/p")
+    assert "not a number" in str(info.value) and "xq7z" not in str(info.value)
+
+
+def test_a_port_from_pgport_is_checked_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A shell left with `stack env --replica`'s PGPORT and a DSN for one server: libpq
+    # takes the DSN's host and the variable's two ports, which it cannot match.
+    monkeypatch.setenv("PGPORT", "15432,15434")
+    with pytest.raises(SettingsError, match=r"PGPORT names 2 ports for 1 host\(s\)"):
+        Database("host=127.0.0.1 dbname=p")
+    Database("host=127.0.0.1 port=15432 dbname=p")  # the DSN's port wins
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=db dbname=p",  # no port: libpq's default
+    "host=db port=5432 dbname=p",
+    "host=a,b port=5432,5433 dbname=p",  # one per host
+    "host=a,b port=5432 dbname=p",  # one for all
+    "host=a,b,c port=5432,,5434 dbname=p",  # an empty one: the default port
+    "postgresql://u:pw@a:5432,b:5433/p",  # the URI's multi-host form
+])
+def test_ports_libpq_can_use_pass(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGPORT", raising=False)
+    assert Database(dsn).dsn == dsn
+
+
+@pytest.mark.parametrize(("dsn", "env", "expected"), [
+    # one server: libpq's own default (any) stays
+    ("host=db dbname=p", {}, None),
+    # several: the one that takes writes, not the first that answers (maybe a standby)
+    ("host=a,b port=5432,5433 dbname=p", {}, "read-write"),
+    ("hostaddr=10.0.0.1,10.0.0.2 dbname=p", {}, "read-write"),
+    ("postgresql://u@a:5432,b:5433/p", {}, "read-write"),
+    # the hosts from PGHOST, as libpq takes them when the DSN names none
+    ("dbname=p", {"PGHOST": "a,b"}, "read-write"),
+    # the DSN, or the variable, says otherwise: it wins
+    ("host=a,b dbname=p target_session_attrs=any", {}, None),
+    ("host=a,b dbname=p", {"PGTARGETSESSIONATTRS": "prefer-standby"}, None),
+])
+def test_several_hosts_connect_to_the_primary_unless_told_otherwise(
+        dsn: str, env: dict[str, str], expected: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PGHOST", "PGHOSTADDR", "PGTARGETSESSIONATTRS", "PGPORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    given = conninfo_to_dict(dsn)
+    defaults = connection_defaults(given, connect_timeout=7)
+    assert defaults.get("target_session_attrs") == expected
+    assert defaults["connect_timeout"] == 7 and defaults["keepalives"] == 1

@@ -17,6 +17,14 @@ A privilege the role lacks (a table, a sequence, the schema, TEMPORARY on the da
 permanent too, and names the object, the role and the fix: each connection notes on a
 failed request's error the role it ran as (libpq's user, no round trip), so the one
 mapping (:func:`map_psycopg_error`) can say it whichever code path raised it.
+
+Several servers in one DSN (libpq's multi-host form, a primary and its standbys) connect
+with ``target_session_attrs=read-write`` unless the DSN or PGTARGETSESSIONATTRS says
+otherwise, so a connection lands on the one that takes writes; a session that still
+cannot write (a standby, ``default_transaction_read_only``) fails as
+:class:`DatabaseUnavailable` saying how to point the DSN at the primary. Ports libpq cannot
+use (not a number, more than one but not one per host) are a :class:`SettingsError` when
+the DSN is read, not a server retried as if it were down.
 """
 
 from __future__ import annotations
@@ -112,19 +120,66 @@ def _refused(exc: psycopg.OperationalError) -> DatabaseRefused | None:
 
 
 def _parsed(dsn: str) -> dict[str, Any]:
-    """The DSN's settings; a string libpq cannot parse is a :class:`SettingsError`.
+    """The DSN's settings; a string libpq cannot parse, or ports it cannot use
+    (:func:`_check_ports`), is a :class:`SettingsError`.
 
     libpq's own message quotes the text around the mistake, which may be part of a
     password: only an unknown keyword (the usual typo) is repeated.
     """
     try:
-        return conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         keyword = re.search(r'invalid connection option "[^"]*"', str(exc))
         raise SettingsError(
             "the Postgres DSN is not a connection string libpq can parse"
             f"{f' ({keyword.group(0)})' if keyword else ''}: give key=value pairs or a "
             "postgresql:// URI") from None
+    _check_ports(params)
+    return params
+
+
+def _setting(params: Mapping[str, Any], keyword: str, variable: str) -> tuple[str, str]:
+    """(value, where it comes from) of a libpq setting: the DSN's, else the environment
+    variable libpq falls back to (``""`` when neither gives one)."""
+    given = params.get(keyword)
+    if given not in (None, ""):
+        return str(given), "the Postgres DSN"
+    return os.environ.get(variable, ""), variable
+
+
+def host_count(params: Mapping[str, Any]) -> int:
+    """How many servers libpq tries: the elements of ``hostaddr``, else of ``host`` (the
+    DSN's, else PGHOSTADDR/PGHOST), else one (the default socket)."""
+    for keyword, variable in (("hostaddr", "PGHOSTADDR"), ("host", "PGHOST")):
+        value, _ = _setting(params, keyword, variable)
+        if value:
+            return value.count(",") + 1
+    return 1
+
+
+_PORT = re.compile(r"\s*[0-9]+\s*")
+
+
+def _check_ports(params: Mapping[str, Any]) -> None:
+    """The ports libpq would use, checked as it checks them at connect time: each a number
+    from 1 to 65535 (or empty: the default), one for every host or one for all. Either
+    mistake never heals, so it is a :class:`SettingsError` now rather than a connection
+    failure retried as if Postgres were down. The value is not repeated: a URI with an
+    unescaped ``/`` in its password puts part of the password where the port goes."""
+    ports, source = _setting(params, "port", "PGPORT")
+    if not ports:
+        return
+    elements = ports.split(",")
+    if not all(not p.strip() or (_PORT.fullmatch(p) and 1 <= int(p) <= 65535)
+               for p in elements):
+        raise SettingsError(
+            f"the port in {source} is not a number from 1 to 65535 (several servers: one "
+            "per host, comma-separated, e.g. port=5432,5433): fix the port")
+    hosts = host_count(params)
+    if len(elements) > 1 and len(elements) != hosts:
+        raise SettingsError(
+            f"{source} names {len(elements)} ports for {hosts} host(s): libpq needs one port "
+            "for every host, or a single port for all of them")
 
 
 #: libpq settings used unless the DSN sets them: a half-open connection fails within about
@@ -203,6 +258,18 @@ def reply_timeout_from_env() -> float | None:
     return value or None
 
 
+def connection_defaults(given: Mapping[str, Any], *, connect_timeout: int) -> dict[str, Any]:
+    """What a connection adds to the DSN's settings ``given``, only where it leaves them
+    unset (whatever it says wins): :data:`CONNECTION_DEFAULTS`, the connect time-out, and,
+    for several servers (a primary and its standbys) without ``target_session_attrs`` in
+    the DSN or PGTARGETSESSIONATTRS, ``read-write``: the server that takes writes, not the
+    first that answers, which may be a standby. One server keeps libpq's ``any``."""
+    defaults: dict[str, Any] = {**CONNECTION_DEFAULTS, "connect_timeout": connect_timeout}
+    if host_count(given) > 1 and not os.environ.get("PGTARGETSESSIONATTRS"):
+        defaults["target_session_attrs"] = "read-write"
+    return {k: v for k, v in defaults.items() if k not in given}
+
+
 class Database:
     """Opens psycopg 3 connections to the pipelines' database; errors become transient.
 
@@ -230,10 +297,7 @@ class Database:
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         # Defaults for what the DSN leaves unset; whatever the DSN says wins.
-        given = _parsed(self.dsn)
-        defaults = {k: v for k, v in {**CONNECTION_DEFAULTS,
-                                      "connect_timeout": self.connect_timeout}.items()
-                    if k not in given}
+        defaults = connection_defaults(_parsed(self.dsn), connect_timeout=self.connect_timeout)
         try:
             conn = _Connection.connect(self.dsn, autocommit=autocommit, **defaults)
         except psycopg.OperationalError as exc:
@@ -279,6 +343,19 @@ def _privilege_missing(exc: psycopg.Error, role: str | None) -> PrivilegeMissing
     return PrivilegeMissing(role, detail)
 
 
+def _read_only(exc: psycopg.Error) -> str:
+    """SQLSTATE 25006: the server takes no writes in this session. Transient: a standby
+    being promoted takes them moments later, so the retry (bounded by Airflow's retries)
+    finds it writable; a standby that stays one, or a session made read-only on purpose,
+    fails every retry with this advice."""
+    detail = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+    return (f"ReadOnlySqlTransaction: {detail}; the server is a standby, or the session is "
+            "read-only (default_transaction_read_only set for the role, the database or "
+            "the DSN's options): point the DSN at the primary, e.g. every server in host "
+            "(host=a,b port=5432,5433) with target_session_attrs=read-write, the default "
+            "for several hosts")
+
+
 def map_psycopg_error(operation: str, exc: BaseException, *,
                       role: str | None = None) -> IngestError | None:
     """Map a psycopg error onto the tree; ``None`` means "not ours, let it propagate".
@@ -292,6 +369,8 @@ def map_psycopg_error(operation: str, exc: BaseException, *,
     :class:`Database` opens does).
     """
     role = role or getattr(exc, _ROLE_ATTR, None)
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return DatabaseUnavailable(operation, _read_only(exc))
     if isinstance(exc, psycopg.errors.UndefinedTable):  # or a schema the role may not use
         return SchemaMissing(str(exc).strip().splitlines()[0], role=role)
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kafka_ingest.errors import SettingsError
 from kafka_ingest.ops.observe import COUNTERS, PipelineView, Snapshot, SnapshotCache
 
 log = logging.getLogger(__name__)
@@ -208,11 +209,19 @@ def serve(cache: SnapshotCache, *, host: str, port: int,
           stop: threading.Event | None = None,
           ready: Callable[[int], None] | None = None) -> None:
     """Serve ``/metrics`` on ``host:port`` until SIGTERM/SIGINT (or ``stop`` is set).
-    ``ready`` is called with the port once listening (0 picks a free one)."""
+    ``ready`` is called with the port once listening (0 picks a free one). An address it
+    cannot listen on (the port held by another process, a host that is not this
+    machine's) is a :class:`SettingsError` naming it."""
     from prometheus_client.exposition import start_http_server
 
     stop = stop or threading.Event()
-    server, thread = start_http_server(port, addr=host, registry=registry_of(cache))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry_of(cache))
+    except OSError as exc:
+        raise SettingsError(
+            f"the exporter cannot listen on {host}:{port}: {exc.strerror or exc}; stop the "
+            "process that holds the port, or choose another with --port (or another "
+            "address with --host)") from exc
     bound = int(server.server_address[1])
     if threading.current_thread() is threading.main_thread():
         def _stop(signum: int, _frame: FrameType | None) -> None:
