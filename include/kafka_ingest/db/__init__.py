@@ -17,6 +17,7 @@ from kafka_ingest.db.repositories import (
     OffsetsRepository,
     PinnedRange,
     PlansRepository,
+    RetentionRepository,
     RunRecord,
     RunsRepository,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "OffsetsRepository",
     "PinnedRange",
     "PlansRepository",
+    "RetentionRepository",
     "RowsRepository",
     "RunRecord",
     "RunsRepository",
