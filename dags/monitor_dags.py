@@ -12,6 +12,10 @@ rule and figures (and any pipeline whose topic is missing), so Airflow's own fai
 alerting fires as well; the next check judges again. Kafka or Postgres out of reach is
 retried with backoff, like any task of the pipeline. What each alert means and what to
 do: the README's runbook.
+
+Beside each check, a ``prune_...`` task applies the group's pipelines' ``retention``
+(``kafka_ingest.ops.retention``): bookkeeping older than the pipeline says goes, in
+bounded batches, never what the guarantees and the rules read.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from airflow.sdk import dag, get_current_context, task
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.errors import IngestError
 from kafka_ingest.ops.monitor import monitor_groups
+from kafka_ingest.ops.retention import prune
 from kafka_ingest.ops.status import check_pipelines
 from kafka_ingest_hook import (
     KafkaIngestHook,
@@ -37,6 +42,13 @@ from kafka_ingest_hook import (
 MONITOR_SCHEDULE = "*/5 * * * *"
 #: A check stuck longer than the schedule's interval is failed (and retried).
 CHECK_TIMEOUT = timedelta(minutes=4)
+#: How long one prune deletes before it leaves the rest to the next run.
+PRUNE_BUDGET = timedelta(minutes=2)
+
+
+def prune_task_id(check_task_id: str) -> str:
+    """The prune task beside a group's check task."""
+    return "prune_" + check_task_id.removeprefix("check_")
 
 
 def check_task(task_id: str, pipelines: list[Pipeline]) -> Any:
@@ -66,6 +78,21 @@ def check_task(task_id: str, pipelines: list[Pipeline]) -> Any:
     return check
 
 
+def prune_task(task_id: str, pipelines: list[Pipeline]) -> Any:
+    """The retention of one group of pipelines' bookkeeping, with their owner and retries."""
+    first = pipelines[0]
+
+    @task(task_id=task_id,
+          **{**dag_default_args(first), "execution_timeout": CHECK_TIMEOUT})
+    def prune_group() -> list[dict[str, Any]]:
+        with fail_without_retry():  # a missing grant: no retry helps
+            pruned = prune(pipelines, postgres_database(first.postgres_conn_id),
+                           budget_s=PRUNE_BUDGET.total_seconds())
+        return [vars(p) for p in pruned]
+
+    return prune_group
+
+
 @dag(
     dag_id="kafka_ingest_monitor",
     schedule=MONITOR_SCHEDULE,
@@ -78,6 +105,7 @@ def check_task(task_id: str, pipelines: list[Pipeline]) -> Any:
 def kafka_ingest_monitor() -> None:
     for task_id, pipelines in monitor_groups(load_pipelines().values()).items():
         check_task(task_id, pipelines)()
+        prune_task(prune_task_id(task_id), pipelines)()
 
 
 kafka_ingest_monitor()

@@ -311,6 +311,30 @@ class Alerts(_Strict):
         return tuple(_notifier(i, v) for i, v in enumerate(value))
 
 
+#: Days: how long retention may be (a hundred years: "for ever" is ``null``).
+_DAYS = Annotated[int, Field(ge=1, le=36_500)] | None
+
+
+class Retention(_Strict):
+    """How long the monitor DAG (``kafka_ingest_monitor``) keeps a pipeline's bookkeeping,
+    in days (``null``: for ever). Rows older go in bounded batches at each check; what the
+    guarantees and the rules read never goes, whatever the setting (see the README's
+    "Retention"). The counters the page and the metrics show are kept apart
+    (``ingest_totals``, ``dead_letter_totals``): a prune never changes them."""
+
+    #: The audit of committed chunks (``kafka-ingest status``'s recent chunks, the DLQ
+    #: rate's window, which it must cover: at least ``alerts.window_minutes``).
+    ingest_runs_days: _DAYS = 30
+    #: The ranges pinned to runs; a plan with a range its cursor has not reached (a run
+    #: that may still be retried) is kept however old.
+    run_plans_days: _DAYS = 30
+    #: The monitor's checks (the page's lag history); the newest ``lag_growth_checks``,
+    #: the first and the newest alert are kept however old.
+    monitor_checks_days: _DAYS = 30
+    #: Dead letters a replay recovered, counted from the recovery; parked ones are kept.
+    recovered_letters_days: _DAYS = 30
+
+
 #: ``schedule: on_data``: the ingest DAG runs when the lag trigger sees new data.
 ON_DATA = "on_data"
 
@@ -401,6 +425,8 @@ class Pipeline(_Strict):
     max_parallel_partitions: Annotated[int, Field(ge=1, le=1024)] = 8
     #: The monitor DAG's rules and notifiers for this pipeline.
     alerts: Alerts = Alerts()
+    #: How long the monitor DAG keeps this pipeline's bookkeeping.
+    retention: Retention = Retention()
     #: What `kafka-ingest topics create` makes the source and dead-letter topics with.
     partitions: Annotated[int, Field(ge=1, le=100_000)] = 3
     replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
@@ -462,7 +488,15 @@ class Pipeline(_Strict):
         if self.on_data != OnData() and not self.event_driven:  # set, but never used
             raise ValueError(f"on_data is for `schedule: {ON_DATA}`; this pipeline's schedule "
                              f"is {self.schedule!r}")
+        self._check_retention()
         return self
+
+    def _check_retention(self) -> None:
+        days = self.retention.ingest_runs_days
+        if days is not None and days * 24 * 60 < self.alerts.window_minutes:
+            raise ValueError(f"retention.ingest_runs_days ({days}) must cover "
+                             f"alerts.window_minutes ({self.alerts.window_minutes}): the DLQ "
+                             "rate is read from the chunks of that window")
 
     @property
     def event_driven(self) -> bool:
@@ -609,12 +643,13 @@ def declared_contracts(document: Any, *, source: str) -> dict[str, type[Contract
 
 
 def _merge(defaults: dict[str, Any], body: dict[str, Any], name: str) -> dict[str, Any]:
-    """A pipeline's keys over the defaults; ``alerts`` merges key by key, so a pipeline
-    may change one limit and keep the shared notifiers."""
+    """A pipeline's keys over the defaults; ``alerts`` and ``retention`` merge key by key,
+    so a pipeline may change one limit and keep the shared notifiers."""
     merged = {**defaults, **body, "name": name}
-    shared, own = defaults.get("alerts"), body.get("alerts")
-    if isinstance(shared, dict) and isinstance(own, dict):
-        merged["alerts"] = {**shared, **own}
+    for block in ("alerts", "retention"):
+        shared, own = defaults.get(block), body.get(block)
+        if isinstance(shared, dict) and isinstance(own, dict):
+            merged[block] = {**shared, **own}
     return merged
 
 

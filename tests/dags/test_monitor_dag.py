@@ -71,14 +71,29 @@ def test_lag_above_max_notifies_and_fails_then_a_caught_up_pipeline_passes(
     assert notes.read_text(encoding="utf-8") == f"[{DAG_ID}] {message}\n"
     assert _checks(pg_dsn, pipeline.name) == [(produced, ["max_lag"])]
 
-    # Everything ingested: the next check finds nothing wrong, and tells no one.
+    # Everything ingested: the next check finds nothing wrong, and tells no one; beside
+    # it, the retention prunes a chunk older than the pipeline keeps (30 days), not its
+    # counts.
     run(pipeline, clients, Database(pg_dsn))
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition,"
+                     " start_offset, end_offset, read, inserted, duplicates, stale,"
+                     " dead_lettered, tombstones, bytes, seconds, committed_at) VALUES"
+                     " (%s, 'old', 'backfill', %s, 0, 0, 7, 7, 7, 0, 0, 0, 0, 70, 0.1,"
+                     " now() - interval '40 days')", (pipeline.name, pipeline.topic))
     proc = run_dag(DAG_ID, env, log_file=tmp_path / "monitor2.log")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert last_task_state(stack_env, DAG_ID, task_id) == "success"
+    assert last_task_state(stack_env, DAG_ID, f"prune{task_id.removeprefix('check')}") \
+        == "success"
     assert len(webhook.received) == 1
     assert notes.read_text(encoding="utf-8") == f"[{DAG_ID}] {message}\n"
     assert _checks(pg_dsn, pipeline.name) == [(produced, ["max_lag"]), (0, [])]
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM ingest_runs WHERE run_id = 'old'"
+                            ).fetchone() == (0,)
+        assert conn.execute("SELECT read FROM ingest_totals WHERE pipeline = %s AND"
+                            " mode = 'backfill'", (pipeline.name,)).fetchone() == (7,)
 
 
 # --------------------------------------------------------------------------- no services
@@ -153,7 +168,7 @@ def test_no_breach_no_notifier_no_failure(webhook: Any) -> None:
     assert webhook.received == []
 
 
-def test_the_monitor_dag_has_one_check_per_group_with_its_owner(
+def test_the_monitor_dag_has_one_check_and_one_prune_per_group_with_its_owner(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
@@ -166,13 +181,15 @@ def test_the_monitor_dag_has_one_check_per_group_with_its_owner(
     dag = bag.dags[DAG_ID]
     shipped = load_pipelines()
     groups = monitor_groups(shipped.values())
-    assert {t.task_id for t in dag.tasks} == set(groups)
+    # a check and, beside it, the retention's prune, per group
+    prunes = {f"prune{k.removeprefix('check')}": k for k in groups}
+    assert {t.task_id for t in dag.tasks} == set(groups) | set(prunes)
     assert sorted(p.name for ps in groups.values() for p in ps) == sorted(shipped)
     assert dag.catchup is False and dag.max_active_runs == 1
     assert "kafka-ingest" in dag.tags and "monitor" in dag.tags
-    for task_id, pipelines in groups.items():
+    for task_id in [*groups, *prunes]:
         task = dag.get_task(task_id)
-        for pipeline in pipelines:
+        for pipeline in groups[prunes.get(task_id, task_id)]:
             assert (task.owner, task.retries) == (pipeline.owner, pipeline.retries)
 
 

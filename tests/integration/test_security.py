@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kafka_ingest.config import Pipeline, load_pipelines
-from kafka_ingest.db import Database, grant_runtime
+from kafka_ingest.db import Database, grant_runtime, migrate
 from kafka_ingest.engine.ingest import plan_run
 from kafka_ingest.errors import DatabaseRefused, KafkaRefused, PermanentError
 from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.ops.retention import prune
 from kafka_ingest_dev import stack, tls
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.demo import run_dag
@@ -272,11 +274,73 @@ def as_app(app_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     "TRUNCATE dead_letters",
     "DELETE FROM ingest_offsets",
     "CREATE INDEX intruder ON telemetry_metrics (device_id)",
+    # ... nor delete the bookkeeping (the retention deletes through functions that say
+    # what may go), nor set the counters the triggers keep
+    "DELETE FROM ingest_runs",
+    "DELETE FROM dead_letters WHERE status = 'parked'",
+    "DELETE FROM run_plans",
+    "DELETE FROM monitor_checks",
+    "UPDATE ingest_totals SET read = 0",
+    "UPDATE dead_letter_totals SET letters = 0",
 ])
 def test_the_runtime_role_cannot_create_alter_drop_or_truncate(
         as_app: psycopg.Connection[Any], statement: str) -> None:
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         as_app.execute(statement)  # type: ignore[arg-type]
+
+
+def test_the_runtime_role_prunes_through_the_retention_functions_only(
+        pg_dsn: str, app_dsn: str) -> None:
+    """The monitor's prune, run as the runtime role: old chunks and recovered letters go,
+    the parked letter stays, and the totals written through the triggers are intact."""
+    pipeline = load_pipelines()["telemetry_metrics"]
+    with psycopg.connect(app_dsn) as conn:  # the runtime role writes as a chunk does
+        conn.execute("INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition,"
+                     " start_offset, end_offset, read, inserted, duplicates, stale,"
+                     " dead_lettered, tombstones, bytes, seconds, committed_at) VALUES"
+                     " (%s, 'old', 'live', 't', 0, 0, 5, 5, 5, 0, 0, 0, 0, 50, 0.1,"
+                     " now() - interval '40 days')", (pipeline.name,))
+        conn.execute("INSERT INTO dead_letters (pipeline, source_topic, source_partition,"
+                     " source_offset, contract, error_class, error_detail, status,"
+                     " recovered_at, dlq_topic) VALUES"
+                     " (%s, 't', 0, 1, 'c', 'not_json', 'x', 'recovered',"
+                     "  now() - interval '40 days', 'd'),"
+                     " (%s, 't', 0, 2, 'c', 'not_json', 'x', 'parked', NULL, 'd')",
+                     (pipeline.name, pipeline.name))
+    pruned = prune([pipeline], Database(app_dsn))
+    assert {(x.table, x.rows) for x in pruned if x.rows} == {("ingest_runs", 1),
+                                                            ("recovered_letters", 1)}
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT status FROM dead_letters").fetchall() == [("parked",)]
+        assert conn.execute("SELECT read FROM ingest_totals").fetchall() == [(5,)]
+
+
+def test_a_role_granted_before_the_totals_is_granted_them_by_the_migration(
+        secure_env: dict[str, str], stack_env: dict[str, str]) -> None:
+    """A deployment upgrading: its runtime role had the old grants; after ``migrate``
+    (without --grant-to) its chunks and its monitor go on."""
+    role = stack.PG_APP_ROLE
+    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"], migrated=False) as dsn, \
+            psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE schema_migrations (version text PRIMARY KEY,"
+                     " applied_at timestamptz NOT NULL DEFAULT now())")
+        for file in sorted(resources.files("kafka_ingest.db").joinpath("migrations").iterdir(),
+                           key=lambda f: f.name):
+            if file.name.endswith(".sql") and file.name < "0010":
+                conn.execute(file.read_text(encoding="utf-8"))
+                conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)",
+                             (file.name.removesuffix(".sql"),))
+        conn.execute(sql.SQL("GRANT SELECT, INSERT ON ingest_runs, monitor_checks TO {}")
+                     .format(sql.Identifier(role)))
+        conn.commit()
+        migrate(conn)
+        granted = conn.execute(
+            "SELECT has_table_privilege(%s, 'ingest_totals', 'SELECT'),"
+            " has_table_privilege(%s, 'dead_letter_totals', 'SELECT'),"
+            " has_table_privilege(%s, 'ingest_totals', 'UPDATE'),"
+            " has_function_privilege(%s, 'prune_ingest_runs(text, timestamptz, integer)',"
+            "   'EXECUTE')", (role, role, role, role)).fetchone()
+        assert granted == (True, True, False, True)
 
 
 def test_the_runtime_role_can_do_what_the_pipelines_need(

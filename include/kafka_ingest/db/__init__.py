@@ -18,6 +18,7 @@ from kafka_ingest.db.repositories import (
     OffsetsRepository,
     PinnedRange,
     PlansRepository,
+    RetentionRepository,
     RunRecord,
     RunsRepository,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "OffsetsRepository",
     "PinnedRange",
     "PlansRepository",
+    "RetentionRepository",
     "RowsRepository",
     "RunRecord",
     "RunsRepository",

@@ -4,7 +4,8 @@
 ``topic_incarnations`` (each topic id a topic name had, numbered),
 ``dead_letters``, ``ingest_runs`` (the audit: one row per committed chunk), ``run_plans``
 (the ranges pinned to an Airflow run) and ``offset_gaps`` (ranges retention deleted
-before they were read). None of them commits: the unit of work does.
+before they were read); and the retention of the bookkeeping. None of them commits: the
+unit of work does (the retention's caller, once per batch).
 """
 
 from __future__ import annotations
@@ -140,8 +141,9 @@ class IncarnationsRepository:
         return found
 
     def known(self, topic: str, topic_id: str | None) -> int | None:
-        """The number of ``topic_id`` if seen before; ``None``: the first incarnation (a
-        letter written before topic ids were kept) when the topic has one, else None."""
+        """The number of ``topic_id`` if seen before, else None. No topic id (a letter
+        written before ids were kept) is the topic's first incarnation (1 when none was
+        numbered yet)."""
         if topic_id is not None:
             return self._lookup(topic, topic_id)
         row = self.conn.execute("SELECT min(incarnation) FROM topic_incarnations"
@@ -153,6 +155,37 @@ class IncarnationsRepository:
             "SELECT incarnation FROM topic_incarnations WHERE topic = %s AND topic_id = %s",
             (topic, topic_id)).fetchone()
         return int(row[0]) if row else None
+
+
+#: Insert a chunk's dead letters, parked, in one statement (the ``dead_letter_totals``
+#: triggers then count them once per statement, not once per letter), or bump the
+#: attempts of those already there. Given in source order, so two statements lock the
+#: rows they share in the same order.
+RECORD_LETTERS = (
+    "INSERT INTO dead_letters (pipeline, source_topic, source_incarnation, source_partition,"
+    " source_offset, kafka_key, kafka_timestamp, contract, error_class, error_detail,"
+    " attempts, first_failed_at, dlq_topic, dlq_partition, dlq_offset, schema_id)"
+    " SELECT %s, * FROM unnest(%s::text[], %s::int[], %s::int[], %s::bigint[], %s::bytea[],"
+    " %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::int[], %s::timestamptz[],"
+    " %s::text[], %s::int[], %s::bigint[], %s::bigint[])"
+    " ON CONFLICT (pipeline, source_topic, source_incarnation, source_partition,"
+    " source_offset) DO UPDATE"
+    " SET error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,"
+    "     contract = EXCLUDED.contract,"
+    "     attempts = GREATEST(dead_letters.attempts + 1, EXCLUDED.attempts),"
+    "     last_failed_at = now(), status = 'parked', recovered_at = NULL,"
+    "     dlq_topic = EXCLUDED.dlq_topic, schema_id = EXCLUDED.schema_id,"
+    "     dlq_partition = COALESCE(EXCLUDED.dlq_partition, dead_letters.dlq_partition),"
+    "     dlq_offset = COALESCE(EXCLUDED.dlq_offset, dead_letters.dlq_offset)")
+#: Mark letters recovered, in one statement.
+MARK_RECOVERED = (
+    "UPDATE dead_letters d SET status = 'recovered', recovered_at = now(),"
+    " attempts = d.attempts + 1"
+    " FROM unnest(%s::text[], %s::int[], %s::int[], %s::bigint[])"
+    " AS k(topic, incarnation, partition, off)"
+    " WHERE d.pipeline = %s AND d.source_topic = k.topic"
+    " AND d.source_incarnation = k.incarnation AND d.source_partition = k.partition"
+    " AND d.source_offset = k.off")
 
 
 class DeadLettersRepository:
@@ -167,43 +200,23 @@ class DeadLettersRepository:
         """Insert (or bump the attempt count of) each dead letter, parked."""
         if not letters:
             return
-        params = [
-            (pipeline, d.source_topic, d.source_incarnation, d.source_partition,
-             d.source_offset, d.key, ms_to_datetime(d.timestamp_ms), d.contract,
-             d.error_class, d.error_detail, d.attempts, d.first_failed_at, d.dlq_topic,
+        # One row per source offset (a statement may not update a row twice): the last
+        # letter of an offset wins, as the last of several statements would.
+        by_source = {d.letter_key: (d, loc) for d, loc in zip(letters, delivered, strict=True)}
+        columns = zip(*[
+            (d.source_topic, d.source_incarnation, d.source_partition, d.source_offset, d.key,
+             ms_to_datetime(d.timestamp_ms), d.contract, d.error_class, d.error_detail,
+             d.attempts, d.first_failed_at, d.dlq_topic,
              loc[0] if loc else None, loc[1] if loc else None, d.schema_id)
-            for d, loc in zip(letters, delivered, strict=True)
-        ]
-        with self.conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO dead_letters (pipeline, source_topic, source_incarnation,"
-                " source_partition, source_offset, kafka_key, kafka_timestamp, contract,"
-                " error_class, error_detail, attempts, first_failed_at, dlq_topic,"
-                " dlq_partition, dlq_offset, schema_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (pipeline, source_topic, source_incarnation, source_partition,"
-                " source_offset) DO UPDATE"
-                " SET error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,"
-                "     contract = EXCLUDED.contract,"
-                "     attempts = GREATEST(dead_letters.attempts + 1, EXCLUDED.attempts),"
-                "     last_failed_at = now(), status = 'parked', recovered_at = NULL,"
-                "     dlq_topic = EXCLUDED.dlq_topic, schema_id = EXCLUDED.schema_id,"
-                "     dlq_partition = COALESCE(EXCLUDED.dlq_partition, dead_letters.dlq_partition),"
-                "     dlq_offset = COALESCE(EXCLUDED.dlq_offset, dead_letters.dlq_offset)",
-                params,
-            )
+            for _, (d, loc) in sorted(by_source.items(), key=lambda kv: kv[0])], strict=True)
+        self.conn.execute(RECORD_LETTERS, (pipeline, *map(list, columns)))
 
     def mark_recovered(self, pipeline: str, keys: Sequence[LetterKey]) -> None:
         if not keys:
             return
-        with self.conn.cursor() as cur:
-            cur.executemany(
-                "UPDATE dead_letters SET status = 'recovered', recovered_at = now(),"
-                " attempts = attempts + 1"
-                " WHERE pipeline = %s AND source_topic = %s AND source_incarnation = %s"
-                " AND source_partition = %s AND source_offset = %s",
-                [(pipeline, *k) for k in keys],
-            )
+        unique = sorted(set(keys))
+        self.conn.execute(MARK_RECOVERED, (*([k[i] for k in unique] for i in range(4)),
+                                           pipeline))
 
     def status_of(self, pipeline: str, keys: Sequence[LetterKey]) -> dict[LetterKey, str]:
         """The status of each letter of ``keys`` that ``dead_letters`` holds."""
@@ -302,3 +315,34 @@ class GapsRepository:
             " VALUES (%s, %s, %s, %s, %s, %s)",
             (name, topic, partition, start, end, run_id),
         )
+
+
+#: One batch of each table's retention: a function of migration 0010 (the runtime role may
+#: execute them, and may not delete), called with the pipeline, the age in days, the batch
+#: size (and, for the checks, how many of the newest to keep); each says what may go.
+PRUNE: dict[str, str] = {
+    "ingest_runs": "SELECT prune_ingest_runs(%s, now() - %s * interval '1 day', %s)",
+    "run_plans": "SELECT prune_run_plans(%s, now() - %s * interval '1 day', %s)",
+    "monitor_checks": "SELECT prune_monitor_checks(%s, now() - %s * interval '1 day', %s, %s)",
+    "recovered_letters": "SELECT prune_recovered_letters(%s, now() - %s * interval '1 day', %s)",
+}
+
+
+class RetentionRepository:
+    """Deletes, one bounded batch at a time, the bookkeeping a pipeline's retention lets
+    go: chunks of ``ingest_runs``, done plans of ``run_plans`` (its ingest and replay
+    plans), ``monitor_checks`` beyond those the rules read, recovered ``dead_letters``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def prune(self, table: str, pipeline: str, days: int, batch: int, *,
+              keep: int = 1) -> int:
+        """Delete one batch of ``table`` (a key of :data:`PRUNE`) older than ``days``
+        (``batch`` rows; of ``run_plans``, ``batch`` plans with all their rows) and return
+        how many rows went: fewer than ``batch``, nothing older is left (a batch of plans
+        may hold more rows than ``batch``: one more call finds that out)."""
+        args = (pipeline, days, keep, batch) if table == "monitor_checks" else (
+            pipeline, days, batch)
+        row = self.conn.execute(PRUNE[table], args).fetchone()
+        return int(row[0]) if row else 0

@@ -16,7 +16,8 @@ from psycopg import sql
 
 from kafka_ingest.errors import SettingsError
 
-#: What the runtime role needs of each bookkeeping table (no DELETE, no TRUNCATE).
+#: What the runtime role needs of each bookkeeping table (no DELETE, no TRUNCATE: the
+#: retention deletes through :data:`RUNTIME_FUNCTIONS`).
 RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "ingest_offsets": ("SELECT", "INSERT", "UPDATE"),
     "topic_incarnations": ("SELECT", "INSERT"),
@@ -25,6 +26,17 @@ RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "run_plans": ("SELECT", "INSERT"),
     "offset_gaps": ("SELECT", "INSERT"),
     "monitor_checks": ("SELECT", "INSERT"),
+    # kept by the owner's triggers (migration 0010) as the ledger and the letters change
+    "ingest_totals": ("SELECT",),
+    "dead_letter_totals": ("SELECT",),
+}
+#: The retention's functions (migration 0010), by name and argument types: the monitor
+#: deletes through them, each saying what may go, instead of holding DELETE.
+RUNTIME_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "prune_ingest_runs": ("text", "timestamptz", "integer"),
+    "prune_run_plans": ("text", "timestamptz", "integer"),
+    "prune_monitor_checks": ("text", "timestamptz", "integer", "integer"),
+    "prune_recovered_letters": ("text", "timestamptz", "integer"),
 }
 #: On the pipelines' target tables: the upsert reads, inserts and (``latest``) updates.
 TARGET_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
@@ -65,11 +77,11 @@ def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str
 
     CONNECT and TEMPORARY on this database (staging tables are temporary), USAGE on the
     schema and the audit sequences, the DML of :data:`RUNTIME_PRIVILEGES` and
-    :data:`TARGET_PRIVILEGES`; on the ``deleting`` tables (of pipelines that delete on
-    tombstones, and their marker tables) DELETE as well. Run it as the owner after the
-    migrations and the tables (``schema apply``). A role that does
-    not exist is a :class:`SettingsError` naming it (not Postgres's "role does not exist"
-    from the middle of the grants).
+    :data:`TARGET_PRIVILEGES`, EXECUTE on the retention's :data:`RUNTIME_FUNCTIONS`; on the
+    ``deleting`` tables (of pipelines that delete on tombstones, and their marker tables)
+    DELETE as well. Run it as the owner after the migrations and the tables (``schema
+    apply``). A role that does not exist is a :class:`SettingsError` naming it (not
+    Postgres's "role does not exist" from the middle of the grants).
     """
     who = sql.Identifier(role)
     granted: list[str] = []
@@ -92,6 +104,10 @@ def grant_runtime(conn: psycopg.Connection[Any], role: str, tables: Iterable[str
         grant(("USAGE",), "ALL SEQUENCES IN SCHEMA public")
         for table, privileges in RUNTIME_PRIVILEGES.items():
             grant(privileges, "TABLE", table)
+        for function, types in RUNTIME_FUNCTIONS.items():
+            conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}({}) TO {}").format(
+                sql.Identifier(function), sql.SQL(", ".join(types)), who))
+            granted.append(f"EXECUTE on function {function}")
         deletes = set(deleting)
         for table in sorted(set(tables) | deletes):
             grant((*TARGET_PRIVILEGES, "DELETE") if table in deletes else TARGET_PRIVILEGES,

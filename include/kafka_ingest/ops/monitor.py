@@ -15,12 +15,14 @@ a figure strictly above its limit breaches it:
 - ``max_parked``: dead letters still parked (not recovered by a replay).
 
 Two halves, so the decision is tested without services: :func:`gather` reads the figures
-(the lag rows of :func:`kafka_ingest.ops.status.lag`, ``ingest_runs``, ``dead_letters`` and the
-monitor's own past checks in ``monitor_checks``) and :func:`evaluate` is pure: figures in,
-breaches out. :func:`check` does both and records the check, because lag growth needs
-memory across checks. Notifying and failing the Airflow task are the monitor DAG's
-business (``plugins/kafka_ingest_hook.py``); :func:`post_webhook` lives here because it is
-plain HTTP.
+(the lag rows of :func:`kafka_ingest.ops.status.lag`, the live chunks of the window in
+``ingest_runs``, the newest live chunk and the parked letters from their totals,
+``ingest_totals`` and ``dead_letter_totals``, and the monitor's own past checks in
+``monitor_checks``; each read bounded by the window or an index, never by the history)
+and :func:`evaluate` is pure: figures in, breaches out. :func:`check` does both and
+records the check, because lag growth needs memory across checks. Notifying and failing
+the Airflow task are the monitor DAG's business (``plugins/kafka_ingest_hook.py``);
+:func:`post_webhook` lives here because it is plain HTTP.
 """
 
 from __future__ import annotations
@@ -229,10 +231,10 @@ def gather(pipeline: Pipeline, lag_rows: Sequence[Mapping[str, Any]] | None,
         partition_lags={int(r["partition"]): max(0, int(r["lag"])) for r in lag_rows or ()},
         lag_history=(*past, total) if total is not None else tuple(past),
         window_minutes=alerts.window_minutes, read=int(read), dead_lettered=int(dead),
-        last_live_commit=_one(conn, "SELECT max(committed_at) FROM ingest_runs"
+        last_live_commit=_one(conn, "SELECT max(last_committed_at) FROM ingest_totals"
                                     " WHERE pipeline = %s AND mode = 'live'", (name,)),
         watched_since=first or (now if total is not None else None),
-        parked=int(_one(conn, "SELECT count(*) FROM dead_letters"
+        parked=int(_one(conn, "SELECT coalesce(sum(letters), 0) FROM dead_letter_totals"
                               " WHERE pipeline = %s AND status = 'parked'", (name,))),
     )
 

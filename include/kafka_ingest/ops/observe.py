@@ -4,10 +4,12 @@
 status.lags`: Kafka's watermarks against the stored offsets, and the consumer group's
 offsets), the age of the oldest unread message (the timestamp of the message at the stored
 offset), the monitor's figures and the rules they breach now (:func:`kafka_ingest.ops.
-monitor.check`, nothing recorded), the ledger's totals by mode (``ingest_runs``: counters
-that survive restarts and never go backwards, since the ledger is append-only), the
-parked dead letters by reason, and, where the caller can tell (the Airflow plugin), the
-outcome of the ingest DAG's last run.
+monitor.check`, nothing recorded), the ledger's totals by mode (``ingest_totals``: counters
+kept as chunks commit, which survive restarts and the ledger's retention and never go
+backwards), the parked dead letters by reason, and, where the caller can tell (the
+Airflow plugin), the outcome of the ingest DAG's last run. Each of these reads costs
+the same however long the history: summaries and indexes, never a scan of the ledger or
+of the recovered dead letters (``tests/integration/test_look_cost.py``).
 
 Pipelines are grouped by their Kafka and Postgres connections; each group's cluster and
 database are asked once for all its pipelines, every request bounded by ``timeout_s``. A
@@ -213,8 +215,11 @@ def _oldest_unread(clients: KafkaClients, rows: Sequence[Mapping[str, Any]],
 
 
 def _totals(conn: Any, pipeline: str) -> dict[str, dict[str, int]]:
+    """The ledger's counters by mode, from ``ingest_totals`` (a row per partition and mode,
+    moved by each chunk's own statement): as many rows as partitions, however long the
+    ledger, and unchanged by its retention."""
     sums = ", ".join(f"coalesce(sum({c}), 0)" for c in COUNTERS)
-    rows = conn.execute(f"SELECT mode, {sums} FROM ingest_runs WHERE pipeline = %s"  # noqa: S608
+    rows = conn.execute(f"SELECT mode, {sums} FROM ingest_totals WHERE pipeline = %s"  # noqa: S608
                         " GROUP BY mode", (pipeline,)).fetchall()
     return {mode: dict(zip(COUNTERS, map(int, values), strict=True))
             for mode, *values in rows}

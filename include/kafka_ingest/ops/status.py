@@ -145,25 +145,39 @@ class LagReader:
 
 def status_rows(conn: Any, pipeline: str | None, *,
                 limit: int = 10) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The last ``limit`` committed chunks and the dead letters by class and status."""
-    where = sql.SQL("WHERE pipeline = %s" if pipeline else "")
+    """The last ``limit`` committed chunks (newest first: one pipeline's from the end of
+    its index, all pipelines' from the end of the ledger) and the dead letters by class
+    and status."""
+    where, order = (sql.SQL("WHERE pipeline = %s"), sql.SQL("committed_at DESC, id DESC")) \
+        if pipeline else (sql.SQL(""), sql.SQL("id DESC"))
     args = [pipeline] if pipeline else []
     runs = _rows(conn, sql.SQL(
         "SELECT pipeline, mode, partition, start_offset, end_offset, read, inserted,"
         " duplicates, stale, dead_lettered, known_dead, tombstones,"
         " round(seconds::numeric, 3) AS seconds,"
-        " committed_at FROM ingest_runs {} ORDER BY id DESC LIMIT %s").format(where),
+        " committed_at FROM ingest_runs {} ORDER BY {} LIMIT %s").format(where, order),
         [*args, limit])
     return runs, dead_letter_counts(conn, pipeline)
 
 
 def dead_letter_counts(conn: Any, pipeline: str | None) -> list[dict[str, Any]]:
     """The dead letters (of one pipeline, or all) by pipeline, status and error class:
-    how many, and the newest failure (``kafka-ingest status``, the pipelines page)."""
+    how many, and the newest failure (``kafka-ingest status``, the pipelines page).
+
+    The counts are ``dead_letter_totals`` (kept by triggers as letters come, change and
+    go; recovered letters the retention deleted still count), so no recovered letter is
+    read; the newest failure of a parked class is its letters' own (one probe of
+    ``dead_letters_parked_idx`` per class), of a recovered class the totals' record."""
     where = sql.SQL("WHERE pipeline = %s" if pipeline else "")
     return _rows(conn, sql.SQL(
-        "SELECT pipeline, status, error_class, count(*) AS n, max(last_failed_at) AS last"
-        " FROM dead_letters {} GROUP BY 1, 2, 3 ORDER BY 1, 2, 4 DESC").format(where),
+        "SELECT c.pipeline, c.status, c.error_class, c.n,"
+        " CASE WHEN c.status = 'parked' THEN (SELECT max(d.last_failed_at) FROM dead_letters d"
+        "   WHERE d.pipeline = c.pipeline AND d.status = 'parked'"
+        "   AND d.error_class = c.error_class) ELSE c.last END AS last"
+        " FROM (SELECT pipeline, status, error_class, sum(letters)::bigint AS n,"
+        "   max(last_failed_at) AS last FROM dead_letter_totals {}"
+        "   GROUP BY 1, 2, 3 HAVING sum(letters) > 0) AS c"
+        " ORDER BY 1, 2, 4 DESC").format(where),
         [pipeline] if pipeline else [])
 
 
@@ -233,10 +247,11 @@ def pipeline_status(pipeline: Pipeline, clients: KafkaClients | None,
 
 
 _LATEST: dict[str, sql.Composable] = {
-    "live": sql.SQL(
-        "SELECT run_id, topic, partition, start_offset, end_offset, committed_at"
-        " FROM ingest_runs WHERE pipeline = %s AND mode = 'live'"
-        " ORDER BY committed_at DESC, id DESC LIMIT 1"),
+    "live": sql.SQL(  # the newest live chunk of each partition is kept with its totals
+        "SELECT last_run_id AS run_id, topic, partition, last_start_offset AS start_offset,"
+        " last_end_offset AS end_offset, last_committed_at AS committed_at"
+        " FROM ingest_totals WHERE pipeline = %s AND mode = 'live'"
+        " ORDER BY last_committed_at DESC, last_id DESC LIMIT 1"),
     "gap": sql.SQL(
         "SELECT topic, partition, from_offset, to_offset, run_id, detected_at"
         " FROM offset_gaps WHERE pipeline = %s ORDER BY id DESC LIMIT 1"),
