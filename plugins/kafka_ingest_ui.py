@@ -1,15 +1,32 @@
 """The kafka_ingest pages and metrics inside Airflow: a FastAPI app on the api-server and
 a nav entry of the Airflow UI.
 
-- ``/kafka-ingest/pipelines``: every pipeline at a glance; ``/kafka-ingest/pipelines/<name>``:
+- ``/kafka-ingest/pipelines``: the pipelines at a glance; ``/kafka-ingest/pipelines/<name>``:
   one in detail (:mod:`kafka_ingest.ops.page`). Shown inside the Airflow UI under
   *Kafka ingest* (an external view with a ``url_route``, rendered in the UI's frame).
-  Behind Airflow's own authentication: the caller must be allowed to read DAGs (the UI's
-  session cookie or a bearer token, as for the REST API).
+  Behind Airflow's own authentication (the UI's session cookie or a bearer token, as for
+  the REST API; 401 without).
 - ``/kafka-ingest/metrics``: the Prometheus metrics (:mod:`kafka_ingest.ops.metrics`).
   Scrapers authenticate with ``Authorization: Bearer <token>``: the token in
   ``KAFKA_INGEST_METRICS_TOKEN`` (or the file ``KAFKA_INGEST_METRICS_TOKEN_FILE`` names)
   set on the api-server, or an Airflow JWT; without either the answer is 401.
+
+Who sees which pipeline (:func:`readable`): a user sees a pipeline, on the pages and in
+the metrics alike, when Airflow's auth manager lets them read its ingest DAG
+(``<name>_ingest``), asked for every pipeline's DAG by its own id in one batch
+(``filter_authorized_dag_ids``, per team in a multi-team deployment); nothing from the
+request (no path or query parameter) names the DAG asked about. The ingest DAG is the
+grant because what the page shows is the ingest DAG's: its runs and their outcome, the
+offsets it stored, the lag it has to catch up, the dead letters its runs parked, which its
+readers see in its task logs and XComs anyway. Reading only the DLQ-replay DAG
+(``<name>_dlq_replay``) grants nothing here: its readers see the DLQ and the letters it
+re-validated, not the source topic's lag or the ingest runs. The overview lists only the
+pipelines the caller may read; a pipeline's page answers 404, the same answer as for a
+name the pipelines file does not have, when they may not read it (a 403 would tell that
+the pipeline exists). The metrics token is an operator's credential: its scrapes carry
+every pipeline. A JWT's scrape carries only the series of the pipelines its user may read
+(a team can scrape its own pipelines), with ``kafka_ingest_up`` only for the connections
+those use; the look's own timing series are the same for everyone.
 
 Kafka and Postgres are reached through each pipeline's Airflow connections, every request
 bounded (a slow broker cannot hang a page or a scrape), and one look at the pipelines is
@@ -25,22 +42,23 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Protocol
 
-from airflow.api_fastapi.core_api.security import bearer_scheme, get_user, requires_access_dag
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.core_api.security import GetUserDep, bearer_scheme, get_user
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
-from starlette.concurrency import run_in_threadpool
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.db import Database
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE
 from kafka_ingest.ops import page
 from kafka_ingest.ops.metrics import CONTENT_TYPE, exposition, registry_of, token_matches
-from kafka_ingest.ops.observe import RunOutcome, SnapshotCache, Sources, snapshot
+from kafka_ingest.ops.observe import RunOutcome, Snapshot, SnapshotCache, Sources, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +78,69 @@ def _seconds(name: str, default: float) -> float:
     return value
 
 
+def ingest_dag_id(pipeline: Pipeline) -> str:
+    """The id of the pipeline's ingest DAG (``dags/ingest_dags.py``)."""
+    return f"{pipeline.name}_ingest"
+
+
+class DagAuthorizer(Protocol):
+    """The part of Airflow's auth manager that says which DAGs a user may read."""
+
+    def filter_authorized_dag_ids(self, *, dag_ids: set[str], user: Any, method: Any = "GET",
+                                  team_name: str | None = None) -> set[str]: ...
+
+
+def readable(pipelines: Iterable[Pipeline], user: BaseUser, auth: DagAuthorizer,
+             teams: Callable[[list[str]], Mapping[str, str | None]]) -> frozenset[str]:
+    """The names of the pipelines ``user`` may read: those whose ingest DAG ``auth`` lets
+    them read (``GET``), each DAG asked by its own id, the DAGs of one team together
+    (``teams``: DAG id -> team, for the DAGs that have one). See the module's text."""
+    by_dag = {ingest_dag_id(p): p.name for p in pipelines}
+    if not by_dag:
+        return frozenset()
+    team_of = teams(sorted(by_dag))
+    by_team: dict[str | None, set[str]] = {}
+    for dag_id in by_dag:
+        by_team.setdefault(team_of.get(dag_id), set()).add(dag_id)
+    allowed: set[str] = set()
+    for team, dag_ids in by_team.items():
+        allowed |= auth.filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET",
+                                                  team_name=team) & dag_ids
+    return frozenset(by_dag[d] for d in allowed)
+
+
+def _teams(dag_ids: list[str]) -> Mapping[str, str | None]:
+    from airflow.models.dag import DagModel
+
+    return DagModel.get_dag_id_to_team_name_mapping(dag_ids)
+
+
+class Reader:
+    """Who asks: a user of Airflow's, or (``user`` None) a scraper with the metrics token,
+    which may read every pipeline."""
+
+    def __init__(self, user: BaseUser | None) -> None:
+        self.user = user
+
+    def names(self, snap: Snapshot) -> frozenset[str] | None:
+        """The names of the snapshot's pipelines this reader may see; None: every one."""
+        if self.user is None:
+            return None
+        return readable((v.pipeline for v in snap.views), self.user, get_auth_manager(),
+                        _teams)
+
+    def sees(self, snap: Snapshot) -> Snapshot:
+        names = self.names(snap)
+        return snap if names is None else snap.only(names)
+
+
 def _outcomes(pipelines: Sequence[Pipeline]) -> Mapping[str, RunOutcome]:
     """The newest finished run of each ingest DAG, from Airflow's metadata database."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import func, select
 
-    ids = {f"{p.name}_ingest": p.name for p in pipelines}
+    ids = {ingest_dag_id(p): p.name for p in pipelines}
     newest = select(DagRun.dag_id, DagRun.run_id, DagRun.state, DagRun.end_date,
                     func.row_number().over(partition_by=DagRun.dag_id,
                                            order_by=DagRun.end_date.desc()).label("n")
@@ -125,18 +199,22 @@ def _metrics_token() -> str | None:
     return token or None
 
 
-async def _scraper(request: Request) -> None:
-    """The metrics token, else Airflow's own authentication and the right to read DAGs,
-    as for the pages (401/403 from Airflow)."""
+async def _scraper(request: Request) -> Reader:
+    """The metrics token (every pipeline), else Airflow's own authentication (401/403 from
+    Airflow) and the pipelines the user may read."""
     try:
         token = _metrics_token()
     except OSError as exc:  # the token file is gone: refuse, do not fail
         log.error("%s unreadable: %s", TOKEN_FILE_ENV, exc)
         token = None
     if token_matches(request.headers.get("authorization"), token):
-        return
-    user = await get_user(request, None, await bearer_scheme(request))
-    await run_in_threadpool(requires_access_dag("GET"), request, user)
+        return Reader(None)
+    return Reader(await get_user(request, None, await bearer_scheme(request)))
+
+
+def _user(user: GetUserDep) -> Reader:
+    """A user of Airflow's (401/403 from Airflow without one): never the metrics token."""
+    return Reader(user)
 
 
 def _airflow_root(request: Request) -> str:
@@ -146,17 +224,20 @@ def _airflow_root(request: Request) -> str:
 
 
 app = FastAPI(title="kafka-ingest", docs_url=None, redoc_url=None, openapi_url=None)
-_READ_DAGS = [Depends(requires_access_dag("GET"))]
+Scraper = Annotated[Reader, Depends(_scraper)]
+User = Annotated[Reader, Depends(_user)]
 
 
-@app.get("/metrics", dependencies=[Depends(_scraper)])
-def metrics() -> Response:
-    return Response(exposition(registry_of(LOOKS.cache())), media_type=CONTENT_TYPE)
+@app.get("/metrics")
+def metrics(reader: Scraper) -> Response:
+    names = reader.names(LOOKS.cache().get())
+    return Response(exposition(registry_of(LOOKS.cache(), pipelines=names)),
+                    media_type=CONTENT_TYPE)
 
 
-@app.get("/pipelines", response_class=HTMLResponse, dependencies=_READ_DAGS)
-def pipelines_page(request: Request) -> HTMLResponse:
-    snap = LOOKS.cache().get()
+@app.get("/pipelines", response_class=HTMLResponse)
+def pipelines_page(request: Request, reader: User) -> HTMLResponse:
+    snap = reader.sees(LOOKS.cache().get())
     checks: dict[str, list[page.Check]] = {}
     by_db: dict[str, list[Pipeline]] = {}
     for v in snap.views:
@@ -172,11 +253,11 @@ def pipelines_page(request: Request) -> HTMLResponse:
                                       "/pipelines", now=time.time()))
 
 
-@app.get("/pipelines/{name}", response_class=HTMLResponse, dependencies=_READ_DAGS)
-def pipeline_page(request: Request, name: str) -> HTMLResponse:
-    view = LOOKS.cache().get().view(name)
-    if view is None:
-        raise HTTPException(404, f"no pipeline named {name!r} in the pipelines file")
+@app.get("/pipelines/{name}", response_class=HTMLResponse)
+def pipeline_page(request: Request, name: str, reader: User) -> HTMLResponse:
+    view = reader.sees(LOOKS.cache().get()).view(name)
+    if view is None:  # unknown or not the caller's: one answer, which names nothing
+        raise HTTPException(404, f"no pipeline named {name!r} that you may read")
     checks: list[page.Check] = []
     dead: list[dict[str, Any]] = []
     try:

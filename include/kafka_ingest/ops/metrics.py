@@ -19,7 +19,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from types import FrameType
 from typing import Any
 
@@ -174,19 +174,25 @@ def _judged(out: _Families, view: PipelineView, now: float) -> None:
 
 
 class SnapshotCollector(Collector):
-    """A ``prometheus_client`` collector over a :class:`SnapshotCache`."""
+    """A ``prometheus_client`` collector over a :class:`SnapshotCache`; ``pipelines``: the
+    names of the pipelines to export (:meth:`Snapshot.only`), ``None`` for every one."""
 
-    def __init__(self, cache: SnapshotCache) -> None:
+    def __init__(self, cache: SnapshotCache, *,
+                 pipelines: Collection[str] | None = None) -> None:
         self.cache = cache
+        self.pipelines = pipelines
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.cache.get())
+        snap = self.cache.get()
+        yield from families(snap if self.pipelines is None else snap.only(self.pipelines))
 
 
-def registry_of(cache: SnapshotCache) -> CollectorRegistry:
-    """A registry of its own (not the process-wide default one) with the collector."""
+def registry_of(cache: SnapshotCache, *,
+                pipelines: Collection[str] | None = None) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default one) with the collector of
+    ``pipelines`` (``None``: every pipeline)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(cache))
+    registry.register(SnapshotCollector(cache, pipelines=pipelines))
     return registry
 
 

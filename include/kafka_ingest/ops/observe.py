@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,6 +100,15 @@ class Snapshot:
 
     def view(self, name: str) -> PipelineView | None:
         return next((v for v in self.views if v.name == name), None)
+
+    def only(self, names: Collection[str]) -> Snapshot:
+        """This snapshot as a caller who may see only the pipelines ``names`` sees it:
+        their views, and the reachability of the connections they use (the ids of the
+        others' connections are none of theirs). The look's time is everyone's."""
+        views = tuple(v for v in self.views if v.name in names)
+        used = {key for v in views for key in (("kafka", v.pipeline.kafka_conn_id),
+                                               ("postgres", v.pipeline.postgres_conn_id))}
+        return replace(self, views=views, up={k: ok for k, ok in self.up.items() if k in used})
 
 
 @dataclass(frozen=True)
