@@ -267,13 +267,15 @@ CREATE FUNCTION prune_recovered_letters(p_pipeline text, p_before timestamptz,
                                         p_batch integer)
 RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     WITH old AS (
-        SELECT source_topic, source_partition, source_offset FROM dead_letters
+        SELECT source_topic, source_incarnation, source_partition, source_offset
+        FROM dead_letters
         WHERE pipeline = p_pipeline AND status = 'recovered'
           AND recovered_at < LEAST(p_before, now() - interval '1 day')
         ORDER BY recovered_at LIMIT p_batch),
     gone AS (
         DELETE FROM dead_letters d USING old
         WHERE d.pipeline = p_pipeline AND d.source_topic = old.source_topic
+          AND d.source_incarnation = old.source_incarnation
           AND d.source_partition = old.source_partition
           AND d.source_offset = old.source_offset
           AND d.status = 'recovered'
