@@ -932,8 +932,8 @@ def spark_rules(max_bytes: int) -> list[str]:
         f"({absent.format('status')} OR {_text_ok('status', 32)})",
         f"({absent.format('version')} OR version BETWEEN 1 AND 2)",
         f"(unit IS NULL OR {_text_ok('unit', 32)})",  # optional, null allowed
-        # BETWEEN is also false for NaN (Spark orders NaN above every number) and for null
-        f"`timestamp` BETWEEN 0 AND {bi.EPOCH_MAX!r}",
+        # false for NaN too (Spark orders NaN above every number) and for null
+        f"`timestamp` >= 0 AND `timestamp` < {bi.EPOCH_END}",
         "metric_value IS NOT NULL AND NOT isnan(metric_value)"
         " AND abs(metric_value) != double('Infinity')",  # a 400-digit number reads as inf
     ]

@@ -94,8 +94,8 @@ def test_the_rules_are_the_contracts_bounds() -> None:
         assert f"NOT contains({name}, chr(0))" in rules, name
     assert f"version BETWEEN {_constraint('version', 'ge')} AND {_constraint('version', 'le')}" \
         in rules
-    ts = f"`timestamp` BETWEEN {_constraint('timestamp', 'ge')} AND " \
-         f"{_constraint('timestamp', 'le')!r}"
+    ts = f"`timestamp` >= {_constraint('timestamp', 'ge')} AND " \
+         f"`timestamp` < {_constraint('timestamp', 'lt')}"
     assert ts in rules
     # an explicit null is refused where the field has a default; only unit may be null
     assert "status IS NULL AND NOT array_contains(json_object_keys(json), 'status')" in rules
