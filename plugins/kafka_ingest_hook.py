@@ -26,6 +26,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kafka_ingest.config import Format, NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
+from kafka_ingest.engine.ingest import rows_changed
 from kafka_ingest.errors import PermanentError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import offsets_for_time, read_range, watermarks
@@ -193,10 +194,11 @@ def slice_task_args(pipeline: Any) -> dict[str, Any]:
 
 
 def table_updated_task(pipeline: Any) -> Any:
-    """A task that updates the target table's Airflow Asset, only when rows were inserted.
+    """A task that updates the target table's Airflow Asset, only when rows changed
+    (inserted, updated or deleted: :func:`~kafka_ingest.engine.ingest.rows_changed`).
 
     Asset-scheduled downstream DAGs then run on new data, not on every empty
-    micro-batch; with nothing inserted the task is skipped and no Asset event is sent.
+    micro-batch; with nothing changed the task is skipped and no Asset event is sent.
     """
     from airflow.sdk import Asset, task
 
@@ -204,9 +206,11 @@ def table_updated_task(pipeline: Any) -> Any:
     def table_updated(summary: dict[str, Any]) -> int:
         if summary.get("dry_run"):
             raise AirflowSkipException("a dry run wrote nothing: the table's Asset is not updated")
-        if not summary.get("inserted"):
-            raise AirflowSkipException("no row was inserted: the table's Asset is not updated")
-        return int(summary["inserted"])
+        changed = rows_changed(summary)
+        if not changed:
+            raise AirflowSkipException("no row was inserted, updated or deleted: the table's "
+                                       "Asset is not updated")
+        return changed
 
     return table_updated
 

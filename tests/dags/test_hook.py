@@ -61,3 +61,16 @@ def test_the_connection_cannot_turn_on_auto_commit_or_offset_reset(hook: Any,
         assert messages and messages[0].error() is not None
     finally:
         consumer.close()
+
+
+def test_a_run_that_only_deleted_rows_updates_the_tables_asset() -> None:
+    # Asset-scheduled consumers must hear of deletes too; an empty run stays quiet.
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from kafka_ingest.config import load_pipelines
+    from kafka_ingest_hook import table_updated_task
+
+    task = table_updated_task(load_pipelines()["account_balances"])
+    assert task.function({"inserted": 0, "deleted": 4, "tombstones": 4}) == 4
+    with pytest.raises(AirflowSkipException, match="no row was inserted, updated or deleted"):
+        task.function({"inserted": 0, "deleted": 0, "duplicates": 3})

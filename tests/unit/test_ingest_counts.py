@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kafka_ingest.engine.ingest import reconcile, summarize
+from kafka_ingest.engine.ingest import reconcile, rows_changed, summarize
+from kafka_ingest.engine.replay import summarize_replay
 from kafka_ingest.engine.slices import SliceReport
 from kafka_ingest.errors import IngestError, ReconciliationError
 from kafka_ingest.records import ChunkCounts
@@ -78,3 +79,20 @@ def test_a_dry_run_replay_with_nothing_to_read_still_says_dry_run() -> None:
     assert summarize_replay([], dry_run=True)["dry_run"] is True
     assert summarize_replay([{"dry_run": True, "read": 1}])["dry_run"] is True
     assert summarize_replay([], dry_run=False)["dry_run"] is False
+
+
+@pytest.mark.parametrize(("summary", "changed"), [
+    ({"inserted": 3, "deleted": 0}, 3),
+    # a run that only deleted rows changed the table: its Asset must be updated
+    ({"inserted": 0, "deleted": 2, "tombstones": 2}, 2),
+    ({"inserted": 0, "duplicates": 5}, 0),
+    ({}, 0),
+])
+def test_rows_changed_counts_inserts_updates_and_deletes(summary: dict[str, Any],
+                                                         changed: int) -> None:
+    assert rows_changed(summary) == changed
+
+
+def test_a_replay_summary_carries_the_rows_its_tombstones_deleted() -> None:
+    reports = [{"read": 2, "deleted": 1, "outcomes": {"recovered": 1}}, {"read": 1}]
+    assert summarize_replay(reports, dry_run=False)["deleted"] == 1

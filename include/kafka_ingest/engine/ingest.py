@@ -214,6 +214,12 @@ def _ingest_range_dict(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClien
     return ingest_range(pipeline, rng, clients, db, run_id=run_id).to_dict()
 
 
+def rows_changed(summary: Mapping[str, Any]) -> int:
+    """Rows a run's summary says it changed in the table: inserted or updated, and
+    deleted (a run that only deleted rows changed the table too)."""
+    return int(summary.get("inserted") or 0) + int(summary.get("deleted") or 0)
+
+
 def summarize(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Sum the mapped results of one run."""
     total: Counter[str] = Counter(dict.fromkeys(SUMMED, 0))

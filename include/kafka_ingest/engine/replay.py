@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 #: ``unknown_incarnation`` (the letter names a source topic id this database never saw,
 #: so its records cannot be ordered against the stored ones; left parked).
 OUTCOMES = ("recovered", "still_parked", "already_recovered", "filtered_out")
-_SUMMED = ("read", "inserted", "duplicates", "stale")
+_SUMMED = ("read", "inserted", "duplicates", "stale", "deleted")
 
 
 def replay_key(pipeline: Pipeline) -> str:
