@@ -410,13 +410,12 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
         return 1
     db = database()
     with db.session() as conn:
-        IncarnationsRepository(conn).of(topic, topic_id)
-        conn.commit()
         for partition, target in targets.items():
             lock_partition(conn, lock, partition, timeout_s=db.lock_timeout_s)
             try:
                 before = OffsetsRepository(conn).reset(pipeline.name, topic, partition,
                                                        target, topic_id)
+                IncarnationsRepository(conn).of(topic, topic_id)
                 conn.commit()
             finally:
                 unlock_partition(conn, lock, partition)

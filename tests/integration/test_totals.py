@@ -166,7 +166,7 @@ def test_the_dead_letter_totals_follow_inserts_recoveries_and_changes(pg_dsn: st
         conn.commit()
         assert _letter_totals(conn) == _letter_rows(conn) == {("parked", "not_json"): 6,
                                                               ("parked", "too_large"): 1}
-        letters.mark_recovered("p", [("t", 0, 0), ("t", 0, 1), ("t", 0, 2)])
+        letters.mark_recovered("p", [("t", 1, 0, 0), ("t", 1, 0, 1), ("t", 1, 0, 2)])
         # failing again: one recovered letter parked again, one parked letter changes class
         letters.record("p", [_letter(0, 2, "contract_violation"),
                              _letter(0, 3, "contract_violation")], [None, None])

@@ -31,6 +31,7 @@ never committed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -109,12 +110,12 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
                 check_subject(pipeline, registry)
         ensure_table(conn, pipeline)
         wait_s = clients.request_timeout_s  # a cluster out of reach fails after this
-        topic_id = clients.topic_id(target.topic, role=target.role)
-        IncarnationsRepository(conn).of(target.topic, topic_id)
         consumer = clients.consumer(target.group_id)
         try:
             ranges, behind = _plan(pipeline, target, request, consumer, conn, run_id,
-                                   topic_id=topic_id, wait_s=wait_s)
+                                   topic_id=lambda: clients.topic_id(target.topic,
+                                                                     role=target.role),
+                                   wait_s=wait_s)
         finally:
             consumer.close()
         plans.pin(target.plan_name, run_id, request_key,
@@ -145,12 +146,16 @@ def ensure_table(conn: Any, pipeline: Pipeline) -> None:
 
 
 def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consumer: Any,
-          conn: Any, run_id: str, *, topic_id: str,
+          conn: Any, run_id: str, *, topic_id: Callable[[], str],
           wait_s: float) -> tuple[list[OffsetRange], dict[int, int]]:
     """The ranges, and the stored offsets the group is behind on (see :func:`_behind`).
-    Each request to the cluster waits at most ``wait_s`` (its ``socket.timeout.ms``)."""
+    Each request to the cluster waits at most ``wait_s`` (its ``socket.timeout.ms``);
+    ``topic_id`` asks the cluster for the topic's id, once it is known to exist (the
+    incarnation it names is numbered here)."""
     topic = target.topic
     parts = partitions_of(consumer, topic, role=target.role, timeout_s=wait_s)
+    source_id = topic_id()
+    IncarnationsRepository(conn).of(topic, source_id)
     for other, role in target.must_exist:
         # Checked now, not at the first bad message (a 30 s delivery time-out, retried).
         partitions_of(consumer, other, role=role, timeout_s=wait_s)
@@ -162,7 +167,7 @@ def _plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, consume
         end = offsets_for_time(consumer, topic, parts, request.to_ms, timeout_s=wait_s)
         return plan_between(topic, start, end, mode=target.window_mode), {}
     return _plan_cursor(pipeline, target, conn, consumer, [
-        PartitionState(p, *marks[p], None) for p in parts], run_id, topic_id)
+        PartitionState(p, *marks[p], None) for p in parts], run_id, source_id)
 
 
 def _check_topic_id(pipeline: Pipeline, target: PlanTarget, offsets: OffsetsRepository,
