@@ -21,7 +21,7 @@ alone:
   ranges one after another (as ``kafka-ingest run`` does);
 - ``project, parallel``: the same, one process per range started together (as mapped tasks
   on separate workers);
-- ``validate only`` / ``sink only``: ``validate.validate_chunk`` and ``RowsRepository.upsert``
+- ``validate only`` / ``sink only``: ``validate.validate_chunk`` and ``the table writer's upsert``
   (+ COMMIT) timed alone; reading (and validating, for the sink) is done but not timed;
 - ``kafka-ingest (avro)`` (``bench_avro.py``): the project row's child on the same events
   Avro-encoded (confluent-kafka's ``AvroSerializer``, a schema in the stack's registry,
@@ -288,7 +288,7 @@ def child_validate(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]
 
 
 def child_sink(t: Target, doc: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    """RowsRepository.upsert + COMMIT of validated rows, per chunk (read + validate untimed).
+    """the table writer's upsert + COMMIT of validated rows, per chunk (read + validate untimed).
 
     ``events`` here are rows sent to Postgres, not messages read.
     """
@@ -549,7 +549,7 @@ def measure_sink(b: Bench, rep: int) -> Measure:
     stored, want = count_rows(b.dsn, name), b.expect.get("row", 0)
     if stored != want:
         raise RuntimeError(f"sink only: {name} has {stored} rows; expected {want}")
-    return as_measure("sink only (RowsRepository.upsert + COMMIT; rows)", raw)
+    return as_measure("sink only (the table writer's upsert + COMMIT; rows)", raw)
 
 
 def _check_read(b: Bench, raw: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """How the write cost grows with the target table and its primary-key index.
 
-The project's own write path (``RowsRepository.upsert`` + COMMIT, 20,000-row chunks: the
+The project's own write path (``UnitOfWork.rows.upsert`` + COMMIT, 20,000-row chunks: the
 staging ``COPY``, then the new-keys ``INSERT``, or ``ON CONFLICT DO NOTHING`` with
 ``--paths conflict``) fills one fresh table from empty to ``--rows``, and every
 ``--bucket`` rows it prints what the bucket cost: the backend's CPU per row, the whole
@@ -32,7 +32,7 @@ import psycopg
 from kafka_ingest.config import load_pipelines
 from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import NewKeys
+from kafka_ingest.db.writers import NewKeys
 from kafka_ingest.records import Row, row_source
 
 CHUNK = 20_000

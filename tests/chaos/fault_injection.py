@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_ingest.db import RowsRepository, UnitOfWork
+from kafka_ingest.db import TableWriter, UnitOfWork
 from kafka_ingest.engine import ingest, slices
 
 #: The slice engine's own marks (:data:`kafka_ingest.engine.slices.CHUNK_HOOK`).
@@ -66,9 +66,9 @@ class Injector:
         setattr_(slices, "CHUNK_HOOK", hook)
 
     def _at_copy(self, setattr_: Patch) -> None:
-        real_send = RowsRepository._send
+        real_send = TableWriter._send
 
-        def send(repo: RowsRepository, copy: Any, rows: list[Any], encoded: bytes | None) -> None:
+        def send(repo: TableWriter, copy: Any, rows: list[Any], encoded: bytes | None) -> None:
             if encoded is None:
                 real_send(repo, copy, _HalfWay(rows, self._tick), None)
                 return
@@ -76,7 +76,7 @@ class Injector:
             copy.write(encoded[:half])
             self._tick()
             copy.write(encoded[half:])
-        setattr_(RowsRepository, "_send", send)
+        setattr_(TableWriter, "_send", send)
 
     def _at_commit(self, setattr_: Patch) -> None:
         real_commit = UnitOfWork.commit

@@ -26,7 +26,7 @@ from typing import Any
 
 from kafka_ingest.cli import database, kafka_clients
 from kafka_ingest.config import get_pipeline
-from kafka_ingest.db import RowsRepository
+from kafka_ingest.db import TableWriter
 from kafka_ingest.engine import ingest, slices
 
 STAGE = os.environ["CHAOS_KILL_STAGE"]
@@ -57,9 +57,9 @@ def _counting_produce(producer: Any, letters: Any, *args: Any, **kwargs: Any) ->
     return _real_produce(producer, letters, *args, **kwargs)
 
 
-def _send_then_die(self: RowsRepository, copy: Any, rows: list[Any],
+def _send_then_die(self: TableWriter, copy: Any, rows: list[Any],
                    encoded: bytes | None) -> None:
-    """``RowsRepository._send``, killed half way through the nth COPY's data."""
+    """``TableWriter._send``, killed half way through the nth COPY's data."""
     _state["seen"] += 1
     if _state["seen"] != NTH:
         _real_send(self, copy, rows, encoded)
@@ -72,12 +72,12 @@ def _send_then_die(self: RowsRepository, copy: Any, rows: list[Any],
 
 
 _real_produce = ingest.produce_dead_letters
-_real_send = RowsRepository._send
+_real_send = TableWriter._send
 
 
 def main(pipeline_name: str, run_id: str) -> int:
     if STAGE == "copy":
-        RowsRepository._send = _send_then_die  # type: ignore[method-assign]
+        TableWriter._send = _send_then_die  # type: ignore[method-assign]
     else:
         ingest.produce_dead_letters = _counting_produce  # type: ignore[assignment]
         slices.CHUNK_HOOK = _hook

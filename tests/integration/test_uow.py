@@ -35,7 +35,7 @@ from kafka_ingest.db import (
     OffsetsRepository,
     UnitOfWork,
 )
-from kafka_ingest.db.upsert import UpsertResult
+from kafka_ingest.db.writers import UpsertResult
 from kafka_ingest.engine import ingest, slices
 from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.engine.slices import SliceReport
@@ -467,16 +467,16 @@ def _table(conn: Any) -> list[tuple[Any, ...]]:
 @pytest.fixture
 def attempts(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     """What each new-keys attempt returned (rows inserted, or None: it wrote nothing)."""
-    from kafka_ingest.db.upsert import RowsRepository
+    from kafka_ingest.db.writers import AppendWriter
 
     seen: list[int | None] = []
-    real = RowsRepository._copy_new
+    real = AppendWriter._copy_new
 
-    def spy(self: RowsRepository, *args: Any) -> int | None:
+    def spy(self: AppendWriter, *args: Any) -> int | None:
         seen.append(real(self, *args))
         return seen[-1]
 
-    monkeypatch.setattr(RowsRepository, "_copy_new", spy)
+    monkeypatch.setattr(AppendWriter, "_copy_new", spy)
     return seen
 
 
@@ -508,7 +508,7 @@ def test_an_append_chunk_of_new_keys_is_inserted_without_on_conflict_and_counts_
 
 def test_a_chunk_meeting_a_stored_key_falls_back_to_on_conflict_and_the_slice_pauses(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
-    from kafka_ingest.db.upsert import NewKeys
+    from kafka_ingest.db.writers.append import NewKeys
 
     new_keys = NewKeys()
     with UnitOfWork(conn, pipeline, new_keys=new_keys) as uow:
@@ -580,7 +580,7 @@ def test_three_copies_of_an_event_across_partitions_keep_the_lowest_place_both_w
 
 
 def test_new_keys_pauses_double_up_to_the_limit_and_end_on_a_chunk_of_new_keys() -> None:
-    from kafka_ingest.db.upsert import NEW_KEYS_MAX_PAUSE, NewKeys
+    from kafka_ingest.db.writers.append import NEW_KEYS_MAX_PAUSE, NewKeys
 
     keys, tried = NewKeys(), []
     for _ in range(300):
@@ -638,7 +638,7 @@ def _server_us(conn: Any, expression: str, kind: str, values: list[Any]) -> list
 
 def test_a_table_postgres_refuses_copy_into_takes_the_staged_path_for_the_slice(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
-    from kafka_ingest.db.upsert import NewKeys
+    from kafka_ingest.db.writers.append import NewKeys
 
     # COPY FROM is refused on a table under row-level security: the chunk loads through
     # the staging table and INSERT instead, and the slice stops trying.

@@ -673,7 +673,7 @@ class _Rows:
         self.uow = uow
 
     def serialize(self, partitions: Iterable[int]) -> None:
-        """Append pipelines only: nothing to hold (see ``RowsRepository.serialize``)."""
+        """Append pipelines only: nothing to hold (see ``TableWriter.serialize``)."""
 
     def upsert(self, rows: Sequence[Row], *, source: Source | None = None,
                encoded: bytes | None = None) -> UpsertResult:

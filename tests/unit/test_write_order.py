@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db.upsert import write_order
+from kafka_ingest.db.copy import write_order
 from kafka_ingest.records import Row
 
 

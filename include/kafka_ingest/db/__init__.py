@@ -1,4 +1,4 @@
-"""Postgres: connections, locks, migrations, the unit of work, repositories, the upsert.
+"""Postgres: connections, locks, migrations, the unit of work, repositories, the writers.
 
 One chunk is one transaction on one psycopg 3 connection (:class:`UnitOfWork`): rows,
 dead letters, the stored offset moved by compare-and-set, the audit row, then COMMIT.
@@ -10,6 +10,7 @@ from kafka_ingest.db.connection import (
     map_psycopg_error,
     translate_errors,
 )
+from kafka_ingest.db.copy import CopyEncoder
 from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
@@ -25,7 +26,7 @@ from kafka_ingest.db.repositories import (
 from kafka_ingest.db.schema import grant_runtime, migrate
 from kafka_ingest.db.session import SliceSession
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import CopyEncoder, DeleteResult, RowsRepository, UpsertResult
+from kafka_ingest.db.writers import DeleteResult, TableWriter, UpsertResult, writer_for
 
 __all__ = [
     "CopyEncoder",
@@ -38,10 +39,10 @@ __all__ = [
     "PinnedRange",
     "PlansRepository",
     "RetentionRepository",
-    "RowsRepository",
     "RunRecord",
     "RunsRepository",
     "SliceSession",
+    "TableWriter",
     "UnitOfWork",
     "UpsertResult",
     "grant_runtime",
@@ -51,4 +52,5 @@ __all__ = [
     "migrate",
     "translate_errors",
     "unlock_partition",
+    "writer_for",
 ]

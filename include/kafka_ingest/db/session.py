@@ -12,11 +12,12 @@ from typing import Any
 import psycopg
 
 from kafka_ingest.config import Pipeline
+from kafka_ingest.db.copy import CopyEncoder
 from kafka_ingest.db.locks import lock_partition, unlock_partition
 from kafka_ingest.db.repositories import IncarnationsRepository, OffsetsRepository
 from kafka_ingest.db.tables import TargetShape, target_shape
 from kafka_ingest.db.uow import UnitOfWork
-from kafka_ingest.db.upsert import CopyEncoder, NewKeys
+from kafka_ingest.db.writers import TableWriter, writer_for
 
 
 class SliceSession:
@@ -25,10 +26,10 @@ class SliceSession:
     def __init__(self, conn: psycopg.Connection[Any], *, lock_timeout_s: float) -> None:
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
-        #: Whether the slice's chunks met stored keys (see :class:`NewKeys`).
-        self.new_keys = NewKeys()
         #: The target table as the slice found it (:meth:`target`).
         self.shape: TargetShape | None = None
+        #: The slice's writer of the target table (:meth:`unit_of_work`), with its state.
+        self.writer: TableWriter | None = None
 
     def lock(self, name: str, partition: int) -> None:
         """The (name, partition) advisory lock of the session, held until :meth:`unlock`
@@ -68,12 +69,16 @@ class SliceSession:
 
     def copy_encoder(self, pipeline: Pipeline) -> CopyEncoder:
         """What encodes a chunk's rows for ``COPY`` outside its transaction (made before
-        the slice's first transaction; see :class:`~kafka_ingest.db.upsert.CopyEncoder`)."""
+        the slice's first transaction; see :class:`~kafka_ingest.db.copy.CopyEncoder`)."""
         return CopyEncoder(self.conn, pipeline, self.target(pipeline))
 
     def unit_of_work(self, pipeline: Pipeline) -> UnitOfWork:
-        return UnitOfWork(self.conn, pipeline, shape=self.target(pipeline),
-                          lock_timeout_s=self.lock_timeout_s, new_keys=self.new_keys)
+        """A chunk's transaction, writing through the slice's writer (made once, for the
+        pipeline's upsert mode: :func:`~kafka_ingest.db.writers.writer_for`)."""
+        if self.writer is None:
+            self.writer = writer_for(self.conn, pipeline, shape=self.target(pipeline),
+                                     lock_timeout_s=self.lock_timeout_s)
+        return UnitOfWork(self.conn, pipeline, writer=self.writer)
 
     def close(self) -> None:
         self.conn.close()

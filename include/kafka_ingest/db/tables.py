@@ -100,7 +100,8 @@ def derived_name(table: str, *, prefix: str = "", suffix: str = "") -> str:
 
 
 def marker_table(pipeline: Pipeline) -> str | None:
-    """The table of a deleting pipeline's deletion markers (see :mod:`kafka_ingest.db.upsert`)."""
+    """The table of a deleting pipeline's deletion markers (see
+    :mod:`kafka_ingest.db.writers.deleting`)."""
     if pipeline.on_tombstone is not OnTombstone.DELETE:
         return None
     return derived_name(pipeline.table, suffix=MARKER_SUFFIX)

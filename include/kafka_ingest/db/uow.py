@@ -16,7 +16,7 @@ from kafka_ingest.db.repositories import (
     RunsRepository,
 )
 from kafka_ingest.db.tables import TargetShape
-from kafka_ingest.db.upsert import NewKeys, RowsRepository
+from kafka_ingest.db.writers import NewKeys, TableWriter, writer_for
 from kafka_ingest.errors import CommitOutcomeUnknown
 
 log = logging.getLogger(__name__)
@@ -25,19 +25,20 @@ log = logging.getLogger(__name__)
 class UnitOfWork:
     """One transaction, opened on entry; rolls back on exit unless :meth:`commit` ran.
 
-    Repositories hang off it (``uow.rows``, ``uow.offsets``, ``uow.dead_letters``,
+    The target table's writer (``uow.rows``: the slice's, or one made for this unit of
+    work) and the repositories hang off it (``uow.offsets``, ``uow.dead_letters``,
     ``uow.runs``, ``uow.incarnations``), all on the one connection. A lost reply to COMMIT
     raises :class:`CommitOutcomeUnknown`: the caller must re-read the stored offset to
     learn whether the chunk landed.
     """
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
-                 shape: TargetShape | None = None, lock_timeout_s: float = 30.0,
-                 new_keys: NewKeys | None = None) -> None:
+                 writer: TableWriter | None = None, shape: TargetShape | None = None,
+                 lock_timeout_s: float = 30.0, new_keys: NewKeys | None = None) -> None:
         self.conn = conn
         self.pipeline = pipeline
-        self.rows = RowsRepository(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s,
-                                   new_keys=new_keys)
+        self.rows = writer or writer_for(conn, pipeline, shape=shape,
+                                         lock_timeout_s=lock_timeout_s, new_keys=new_keys)
         self.offsets = OffsetsRepository(conn)
         self.dead_letters = DeadLettersRepository(conn)
         self.runs = RunsRepository(conn)
@@ -59,6 +60,7 @@ class UnitOfWork:
                                f"is not idle ({status.name})")
         self._committed = False
         self.conn.execute("SET LOCAL jit = off")
+        self.rows.begin()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,117 @@
+"""A chunk's rows as a binary ``COPY`` payload, and the ``COPY`` that sends it.
+
+Rows travel in the table's own binary form (an epoch already a ``timestamptz``, see
+:attr:`~kafka_ingest.contracts.columns.Column.convert`; an integer column widened since in
+its own width, see :class:`~kafka_ingest.db.tables.TargetShape`), so the same payload can
+go into the target table or into a temporary staging table of the same columns. An append
+chunk's payload holds one copy of each event, the one ``ON CONFLICT`` keeps (its lowest
+place in the log), in key order (:func:`write_order`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable, Sequence
+from itertools import compress, islice
+from operator import eq, itemgetter
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.copy import FileWriter
+
+from kafka_ingest.config import Pipeline, UpsertMode
+from kafka_ingest.db.tables import TargetShape, contract_shape, row_columns
+from kafka_ingest.records import Row
+
+#: What a single row can make Postgres or the encoder refuse (a value out of the column's
+#: range or encoding, a constraint): the chunk is bisected and the row dead-lettered.
+#: (``struct.error``: an int past its column's width, in psycopg's pure-Python dumpers.)
+ROW_REFUSALS: tuple[type[Exception], ...] = (psycopg.DataError, psycopg.IntegrityError,
+                                             UnicodeEncodeError, OverflowError, struct.error)
+
+#: A chunk's rows -> the rows its transaction writes, in that order.
+Order = Callable[[Sequence[Row]], Sequence[Row]]
+
+
+def write_order(pipeline: Pipeline) -> Order:
+    """An append chunk's rows -> the rows its transaction writes, in that order: of each
+    event (``event_id``) the copy ``ON CONFLICT`` keeps, its lowest place in the log (topic
+    in byte order, partition, offset), in key order (byte order: Python compares strings
+    by code point, which UTF-8 keeps). Two transactions writing copies of the same events
+    (in two partitions) take their keys in the same order, so they wait for each other and
+    never deadlock. ``latest`` pipelines: the rows as they are (their statements choose).
+
+    C-level passes over the chunk (the sort is linear on keys that rise), then a Python step
+    per copy: this runs for every chunk."""
+    if pipeline.upsert.mode is UpsertMode.LATEST:
+        return lambda rows: rows
+    columns = [c.name for c in row_columns(pipeline)]
+    event_id = itemgetter(columns.index("event_id"))
+    place = itemgetter(*(columns.index(c) for c in ("source_topic", "source_partition",
+                                                    "source_offset")))
+
+    def order(rows: Sequence[Row]) -> Sequence[Row]:
+        ordered = sorted(rows, key=event_id)
+        ids = list(map(event_id, ordered))
+        copies = list(compress(range(1, len(ids)), map(eq, ids, islice(ids, 1, None))))
+        if not copies:
+            return ordered
+        keep = [True] * len(ordered)
+        for i in copies:  # the same event as i - 1, which holds the lowest place so far
+            if place(ordered[i]) > place(ordered[i - 1]):
+                ordered[i - 1], ordered[i] = ordered[i], ordered[i - 1]
+            keep[i - 1] = False  # i holds the lowest place of the copies up to it
+        return list(compress(ordered, keep))
+
+    return order
+
+
+class CopyEncoder:
+    """Rows -> the binary ``COPY`` payload of a chunk (:func:`write_order`), without I/O.
+
+    The slice engine encodes chunk k+1 in its reading thread while the writer thread runs
+    chunk k's transaction, so the writer only sends bytes. The encoder adapts values with
+    its connection's adapters (a cursor of its own, never executed) and makes its dumpers
+    when created, before any transaction of the slice uses the connection. ``shape``: the
+    table's as the slice found it (default: as the contract makes it).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline,
+                 shape: TargetShape | None = None) -> None:
+        self.types = list((shape or contract_shape(pipeline)).wire_types)
+        self._order = write_order(pipeline)
+        self._cursor = conn.cursor()
+        self._copy(io.BytesIO())  # the dumpers, made now
+
+    def _copy(self, buffer: io.BytesIO) -> psycopg.Copy:
+        copy = psycopg.Copy(self._cursor, binary=True, writer=FileWriter(buffer))
+        copy.set_types(self.types)
+        return copy
+
+    def encode(self, rows: Sequence[Row]) -> bytes | None:
+        """The rows' ``COPY`` payload; ``None`` when a row is refused (one of
+        :data:`ROW_REFUSALS`): the writer then encodes the rows in its savepoints, where
+        the refused row is isolated and dead-lettered like one Postgres refuses."""
+        try:
+            return self._encode(rows)
+        except ROW_REFUSALS:
+            return None
+
+    def _encode(self, rows: Sequence[Row]) -> bytes:
+        buffer = io.BytesIO()
+        with self._copy(buffer) as copy:
+            write = copy.write_row
+            for row in self._order(rows):
+                write(row)
+        return buffer.getvalue()
+
+
+def copy_statement(table: sql.Identifier, columns: Sequence[str]) -> sql.Composed:
+    """``COPY table (columns) FROM STDIN (FORMAT BINARY)``."""
+    return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        table, sql.SQL(", ").join(map(sql.Identifier, columns)))
+
+
+__all__ = ["ROW_REFUSALS", "CopyEncoder", "Order", "copy_statement", "write_order"]

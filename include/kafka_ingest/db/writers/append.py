@@ -1,0 +1,142 @@
+"""Append tables: every event once, ``ON CONFLICT (event_id) DO NOTHING``.
+
+An append chunk first tries its keys as new: ``COPY`` straight into the target table, in
+a savepoint. Postgres' unique index decides: when every key is new the table takes them
+all, at 2.1 instead of 3.6 µs of server CPU a row (no staging table, no second pass, and
+``COPY`` inserts a page of rows at a time); when one key is stored already (a replay, a
+backfill, a duplicate another partition stored) it refuses the ``COPY``, the savepoint
+rolls back, and the staged path runs on the same payload: ``COPY`` into the staging table,
+then :data:`INSERT_NEW_EVENTS`. What the table ends with is the same either way, so a
+replay never duplicates a row. A slice whose chunk met a stored key skips the attempt for
+its next chunks, 1, 2, 4, ... up to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`):
+a backfill over stored rows pays one refused ``COPY``, not one a chunk.
+
+The counts: ``inserted`` is what Postgres wrote (the ``COPY``'s or the ``INSERT``'s row
+count); ``duplicates`` the rest of the chunk, copies in it and events stored before. That
+every one of them is stored is checked against the table (:data:`MISSING_EVENTS`) unless
+the write took one row per distinct event, which proves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db.tables import TargetShape
+from kafka_ingest.db.writers.base import TableWriter, UpsertResult
+from kafka_ingest.records import Row, Source
+
+#: The most chunks a slice skips the new-keys attempt for after a refused one.
+NEW_KEYS_MAX_PAUSE = 64
+
+#: The staged events into the table, of each the copy with the lowest place in the log
+#: (what :func:`~kafka_ingest.db.copy.write_order` keeps), in key order.
+INSERT_NEW_EVENTS = (
+    'INSERT INTO {t} ({c}) SELECT DISTINCT ON (event_id COLLATE "C") {c} FROM {s}'
+    ' ORDER BY event_id COLLATE "C", source_topic COLLATE "C", source_partition,'
+    " source_offset ON CONFLICT ({k}) DO NOTHING")
+#: Staged events the table does not hold after the INSERT, one primary-key probe per
+#: staged row (a scalar subquery is never turned into a join, so the cost stays per chunk
+#: whatever the table's size; as an anti-join the planner, knowing nothing of the fresh
+#: staging rows, hashed a scan of the whole table for every chunk).
+MISSING_EVENTS = (
+    "SELECT count(DISTINCT s.event_id) FROM {s} s"
+    " WHERE (SELECT true FROM {t} x WHERE x.event_id = s.event_id LIMIT 1) IS NULL")
+
+
+@dataclass
+class NewKeys:
+    """Whether a slice's next chunk tries its keys as new (see the module doc): after a
+    chunk met a stored key (or its attempt wrote another count than one row per event: a
+    letter twice in a replay, a trigger), the next 1, 2, 4, ... (at most
+    :data:`NEW_KEYS_MAX_PAUSE`) chunks go straight to ``ON CONFLICT``; a chunk whose keys
+    were all new ends the pause. A table that refuses ``COPY`` (row-level security) is
+    never tried again in the slice."""
+
+    pause: int = 0
+    #: Chunks left to skip.
+    skip: int = 0
+    #: Postgres refused ``COPY`` into the table itself: every chunk takes the staged path.
+    refused: bool = False
+
+    def attempt(self) -> bool:
+        if self.refused:
+            return False
+        if self.skip:
+            self.skip -= 1
+            return False
+        return True
+
+    def met_stored_key(self) -> None:
+        self.pause = min(max(1, 2 * self.pause), NEW_KEYS_MAX_PAUSE)
+        self.skip = self.pause
+
+    def all_new(self) -> None:
+        self.pause = self.skip = 0
+
+
+class _NotOnePerEvent(Exception):
+    """The COPY of new keys wrote another count than one row per event: rolled back."""
+
+
+class AppendWriter(TableWriter):
+    """An append table's writer (see the module doc)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
+                 shape: TargetShape | None = None, lock_timeout_s: float = 30.0,
+                 new_keys: NewKeys | None = None) -> None:
+        super().__init__(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s)
+        #: The slice's memory of stored keys met.
+        self.new_keys = new_keys or NewKeys()
+        self._event_id = itemgetter(self.columns.index("event_id"))
+        names = {"t": self.table, "s": self.stage, "c": self._column_list,
+                 "k": sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns))}
+        self._insert = sql.SQL(INSERT_NEW_EVENTS).format(**names)
+        self._missing = sql.SQL(MISSING_EVENTS).format(**names)
+
+    def _upsert_once(self, rows: list[Row], source: Source | None,
+                     encoded: bytes | None) -> UpsertResult:
+        n = len(rows)
+        distinct = len(set(map(self._event_id, rows)))
+        if self.new_keys.attempt():
+            inserted = self._copy_new(rows, encoded, distinct)
+            if inserted is not None:
+                self.new_keys.all_new()
+                return UpsertResult(inserted, n - inserted, 0, [])
+            self.new_keys.met_stored_key()
+        self._stage(rows, encoded)
+        inserted = self.conn.execute(self._insert).rowcount
+        # Every staged row not inserted is a duplicate (in the chunk, or already stored).
+        # Counting "already stored" with a SELECT before the INSERT misses rows a concurrent
+        # transaction (another partition's task) inserts meanwhile: ON CONFLICT skips them.
+        # What is checked instead is the outcome: when the INSERT wrote one row per
+        # distinct staged event, it wrote each of them; otherwise they are looked up.
+        missing = 0 if inserted == distinct else self._scalar(self._missing)
+        return UpsertResult(inserted, n - inserted, 0, [], missing)
+
+    def _copy_new(self, rows: list[Row], encoded: bytes | None, distinct: int) -> int | None:
+        """The chunk's payload (one copy of each event) copied straight into the table as
+        new keys: the rows copied, or ``None`` (nothing written) when a key is stored
+        already, when the ``COPY`` wrote another count than one row per event (a trigger),
+        or when Postgres refuses ``COPY`` into the table (row-level security): ``ON
+        CONFLICT`` and its outcome check then decide."""
+        try:
+            with self.conn.transaction():
+                copied = self._copy(self._copy_into_table, rows, encoded)
+                if copied != distinct:
+                    raise _NotOnePerEvent
+        except (psycopg.errors.UniqueViolation, _NotOnePerEvent):
+            return None
+        except psycopg.errors.FeatureNotSupported:
+            self.new_keys.refused = True
+            return None
+        return copied
+
+
+__all__ = ["INSERT_NEW_EVENTS", "MISSING_EVENTS", "NEW_KEYS_MAX_PAUSE", "AppendWriter",
+           "NewKeys"]

@@ -1,0 +1,174 @@
+"""Deleting tables: a latest table keyed by the record key, in log order, whose
+tombstones delete (``on_tombstone: delete``).
+
+After the chunk's upsert, a tombstone of key K at place o deletes K's row if the row is
+older and leaves a *deletion marker* (K, o) in the pipeline's marker table
+(:func:`~kafka_ingest.db.tables.marker_table`). The upsert treats a marker like a stored
+version: an event of K older than the marker is stale, so a replay or a backfill of older
+offsets cannot resurrect the row; a newer event wins and removes the marker
+(:data:`CLEAR_MARKERS`). A key therefore has a row or a marker, never both, and a marker
+lives exactly as long as its key stays deleted: a backfill may re-read any range the topic
+still holds, at any time (compaction keeps older records until its cleaner runs, and
+``delete.retention.ms`` only bounds how long the *tombstone* stays), so no shorter lifetime
+is safe. Markers cost one small row per deleted key: the key space the compacted topic
+itself holds. A tombstone log order cannot place (its key's row or marker came from
+another partition or topic) is returned for the DLQ, like a row.
+
+A deleting chunk's transaction holds its source partitions' keys until it ends
+(:func:`~kafka_ingest.db.locks.hold_keys`): its rows and its markers are two tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from psycopg import sql
+
+from kafka_ingest.db.locks import hold_keys
+from kafka_ingest.db.tables import marker_table
+from kafka_ingest.db.writers.base import DeleteResult
+from kafka_ingest.db.writers.latest import (
+    LOG_MARKER_COLUMNS,
+    LOG_MARKER_EXCLUDES,
+    LOG_MARKER_HOLDS,
+    LOG_MARKER_JOIN,
+    LOG_MARKER_STALE,
+    LOG_MARKER_UNORDERABLE,
+    LatestWriter,
+    unorderable,
+    where,
+)
+from kafka_ingest.errors import DataError
+from kafka_ingest.records import Source, Tombstone
+
+#: A key written again after its deletion keeps no marker: the row is newer.
+CLEAR_MARKERS = """
+DELETE FROM {m} m USING {t} x WHERE m.{k} = x.{k} AND m.{k} IN (SELECT {k} FROM {s})
+  AND x.source_topic = m.source_topic
+  AND (x.source_incarnation, x.source_offset) > (m.source_incarnation, m.source_offset)
+"""
+# The deletes: %(keys)s, %(parts)s, %(offs)s are the chunk's tombstones; {kt} the key's
+# type.
+TOMBSTONES = """
+WITH u AS (SELECT * FROM unnest(%(keys)s::{kt}[], %(parts)s::int4[], %(offs)s::int8[])
+           AS u(k, p, o)),
+d AS (SELECT DISTINCT ON (k) k, p, o FROM u ORDER BY k, o DESC)
+"""
+#: Tombstones log order cannot place: a key in two partitions among them, or a stored
+#: row or marker of the key from another partition or topic.
+TOMBSTONES_UNORDERABLE = """
+WITH u AS (SELECT * FROM unnest(%(keys)s::{kt}[], %(parts)s::int4[], %(offs)s::int8[])
+           AS u(k, p, o)),
+d AS (SELECT DISTINCT ON (k) k, p, o, min(p) OVER w <> max(p) OVER w AS split FROM u
+      WINDOW w AS (PARTITION BY k) ORDER BY k, o DESC)
+SELECT d.k, d.p, d.o, d.split, x.source_topic, x.source_incarnation, x.source_partition,
+       x.source_offset, m.source_topic, m.source_incarnation, m.source_partition,
+       m.source_offset
+FROM d LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
+                                 source_offset FROM {t} WHERE {k} = d.k LIMIT 1) x ON true
+       LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
+                                 source_offset FROM {m} WHERE {k} = d.k LIMIT 1) m ON true
+WHERE d.split
+   OR (x.source_topic IS NOT NULL AND NOT (x.source_topic = %(topic)s
+       AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)))
+   OR (m.source_topic IS NOT NULL AND NOT (m.source_topic = %(topic)s
+       AND (m.source_incarnation <> %(inc)s OR m.source_partition = d.p)))
+"""
+DELETE_OLDER = """
+DELETE FROM {t} x USING d WHERE x.{k} = d.k AND x.source_topic = %(topic)s
+  AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)
+  AND (x.source_incarnation, x.source_offset) < (%(inc)s, d.o)
+"""
+MARK_DELETED = """
+INSERT INTO {m} ({k}, source_topic, source_incarnation, source_partition, source_offset)
+SELECT k, %(topic)s, %(inc)s, p, o FROM d WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = d.k)
+ON CONFLICT ({k}) DO UPDATE SET source_topic = EXCLUDED.source_topic,
+  source_incarnation = EXCLUDED.source_incarnation,
+  source_partition = EXCLUDED.source_partition, source_offset = EXCLUDED.source_offset,
+  deleted_at = now()
+WHERE {m}.source_topic = EXCLUDED.source_topic
+  AND ({m}.source_incarnation <> EXCLUDED.source_incarnation
+       OR {m}.source_partition = EXCLUDED.source_partition)
+  AND ({m}.source_incarnation, {m}.source_offset)
+      < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
+"""
+#: The outcome: each key ends deleted at least as late, or with a newer row.
+DELETES_MISSING = """
+SELECT count(*) FROM d
+WHERE NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = d.k AND m.source_topic = %(topic)s
+      AND (m.source_incarnation <> %(inc)s OR m.source_partition = d.p)
+      AND (m.source_incarnation, m.source_offset) >= (%(inc)s, d.o))
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = d.k AND x.source_topic = %(topic)s
+      AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)
+      AND (x.source_incarnation, x.source_offset) > (%(inc)s, d.o))
+"""
+
+
+
+class DeletingWriter(LatestWriter):
+    """A deleting table's writer (see the module doc)."""
+
+    MARKERS: ClassVar[dict[str, str]] = {
+        "marker_columns": LOG_MARKER_COLUMNS, "marker_join": LOG_MARKER_JOIN,
+        "marker_unorderable": LOG_MARKER_UNORDERABLE, "marker_stale": LOG_MARKER_STALE,
+        "marker_details": ", mt, mi, mp, mo", "marker_excludes": LOG_MARKER_EXCLUDES,
+        "marker_holds": LOG_MARKER_HOLDS}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clear_markers = self.statement(CLEAR_MARKERS)
+        self._tombstones_unorderable = self.statement(TOMBSTONES_UNORDERABLE)
+        self._delete_older = self.statement(TOMBSTONES + DELETE_OLDER)
+        self._mark_deleted = self.statement(TOMBSTONES + MARK_DELETED)
+        self._deletes_missing = self.statement(TOMBSTONES + DELETES_MISSING)
+
+    @property
+    def _marker(self) -> sql.Identifier:
+        return sql.Identifier(str(marker_table(self.pipeline)))
+
+    def serialize(self, partitions: Iterable[int]) -> None:
+        """The chunk's transaction holds its source partitions' keys until it ends: taken
+        before any write."""
+        hold_keys(self.conn, f"{self.pipeline.table}:keys", partitions,
+                  timeout_s=self.lock_timeout_s)
+
+    def _after_insert(self, inserted: int) -> None:
+        if inserted:  # a newer version of a deleted key is back
+            self.conn.execute(self._clear_markers)
+
+    def delete(self, tombstones: Sequence[Tombstone], *,
+               source: Source | None = None) -> DeleteResult:
+        """Apply a chunk's tombstones, all read from ``source``, after its upsert (see the
+        module doc): delete each key's row when it is older, and remember the deletion in
+        a marker; a tombstone log order cannot place is returned for the DLQ."""
+        if not tombstones:
+            return DeleteResult(0)
+        if source is None:
+            raise TypeError("deletes need the tombstones' source (topic and incarnation)")
+        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
+                                  **_tombstone_params(tombstones)}
+        bad = {}
+        for k, p, o, split, *stored in self.conn.execute(self._tombstones_unorderable,
+                                                          params):
+            here = where(source.topic, source.incarnation, p, o)
+            bad[k] = unorderable(k, here, split, stored[:4], stored[4:])
+        rejected: list[tuple[Tombstone, DataError]] = [(t, bad[t.key]) for t in tombstones
+                                                       if t.key in bad]
+        kept = [t for t in tombstones if t.key not in bad]
+        if not kept:
+            return DeleteResult(0, 0, rejected)
+        params.update(_tombstone_params(kept))
+        deleted = self.conn.execute(self._delete_older, params).rowcount
+        self.conn.execute(self._mark_deleted, params)
+        missing = self._scalar(self._deletes_missing, params)
+        return DeleteResult(deleted, missing, rejected)
+
+
+def _tombstone_params(tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
+    return {"keys": [t.key for t in tombstones], "parts": [t.partition for t in tombstones],
+            "offs": [t.offset for t in tombstones]}
+
+
+__all__ = ["CLEAR_MARKERS", "DELETES_MISSING", "DELETE_OLDER", "MARK_DELETED", "TOMBSTONES",
+           "TOMBSTONES_UNORDERABLE", "DeletingWriter"]

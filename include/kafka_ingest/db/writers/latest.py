@@ -1,0 +1,278 @@
+"""Latest tables: one version per key, the newest wins.
+
+The staged rows of a chunk are classified against the stored version of their key
+(:data:`LATEST_VERDICTS`), the newest of each key replaces an older stored one (``ON
+CONFLICT ... DO UPDATE ... WHERE`` older), and the outcome is checked against the table.
+A version is ordered by the pipeline's event time (then its place in the log), or by its
+place in the log alone (``order_by: source_offset``). A place in the log is (incarnation,
+offset) within one partition of one topic: a topic deleted and created again is a new
+incarnation whose records are newer than every record of the old one
+(:class:`~kafka_ingest.records.Source`), while offsets of two partitions, or two topics,
+order nothing. A record log order cannot place against its key's stored version (the key
+came from another partition: partitions were added, or producers hash keys differently;
+or from another topic) is returned :class:`~kafka_ingest.errors.Unorderable` for the DLQ,
+never applied in a guessed order nor counted stale.
+
+The counts are the classification's (``inserted`` the INSERT's row count): a version the
+classification wrote that the INSERT did not lost to a newer one committed meanwhile
+(stale), which the outcome check proves (it counts the row missing otherwise).
+
+The statements are named templates, formatted once per slice. Placeholders: {t} the
+table, {s} the staging table, {m} the marker table (:mod:`~kafka_ingest.db.writers.deleting`),
+{k} the key column, {o} the event-time column, {c} the row columns, {u} the updates of ON
+CONFLICT; the marker fragments are empty for tables without markers. Parameters:
+%(topic)s and %(inc)s, the source the staged rows came from (one topic, one incarnation:
+a chunk, or one group of a replay's letters).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg import sql
+
+from kafka_ingest.config import LOG_ORDER, Pipeline
+from kafka_ingest.db.tables import TargetShape
+from kafka_ingest.db.writers.base import TableWriter, UpsertResult
+from kafka_ingest.errors import DataError, Unorderable
+from kafka_ingest.records import Row, Source, row_source
+
+#: What each staged row of a latest chunk becomes, in this order of precedence:
+#: ``copy``: the same record twice in the chunk; ``unorderable``: log order cannot place
+#: it against another version of its key (dead-lettered); ``stored``: the stored version
+#: is this record (a replay); ``stale``: the stored version or deletion marker is at
+#: least as new; ``superseded``: a newer version of its key is in the chunk; ``write``:
+#: the newest version of its key, newer than the stored one.
+LATEST_VERDICTS = ("copy", "unorderable", "stored", "stale", "superseded", "write")
+
+#: Log order: the staged rows with their copies, the newest place per key, whether the
+#: key came from two partitions, and the key's stored row and marker (one probe each by
+#: the primary key: LATERAL ... LIMIT 1 stays a nested loop whatever the table's size).
+LOG_STAGED = """
+WITH s AS (
+  SELECT {k}, source_partition AS p, source_offset AS o,
+         row_number() OVER (PARTITION BY {k}, source_partition, source_offset) AS copy,
+         dense_rank() OVER (PARTITION BY {k} ORDER BY source_offset DESC) AS newest,
+         min(source_partition) OVER w <> max(source_partition) OVER w AS split
+  FROM {s} WINDOW w AS (PARTITION BY {k})),
+f AS (
+  SELECT s.*, x.source_topic AS xt, x.source_incarnation AS xi, x.source_partition AS xp,
+         x.source_offset AS xo{marker_columns}
+  FROM s LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
+                                   source_offset FROM {t} WHERE {k} = s.{k} LIMIT 1) x ON true
+  {marker_join}),
+v AS (
+  SELECT f.*, CASE
+    WHEN copy > 1 THEN 'copy'
+    WHEN split OR (xt IS NOT NULL AND NOT (xt = %(topic)s AND (xi <> %(inc)s OR xp = p)))
+         {marker_unorderable} THEN 'unorderable'
+    WHEN xt = %(topic)s AND xi = %(inc)s AND xp = p AND xo = o THEN 'stored'
+    WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} THEN 'stale'
+    WHEN newest > 1 THEN 'superseded'
+    ELSE 'write' END AS verdict
+  FROM f)
+"""
+LOG_MARKER_COLUMNS = (", m.source_topic AS mt, m.source_incarnation AS mi,"
+                       " m.source_partition AS mp, m.source_offset AS mo")
+LOG_MARKER_JOIN = ("LEFT JOIN LATERAL (SELECT source_topic, source_incarnation,"
+                    " source_partition, source_offset FROM {m} WHERE {k} = s.{k} LIMIT 1) m"
+                    " ON true")
+LOG_MARKER_UNORDERABLE = ("OR (mt IS NOT NULL AND NOT (mt = %(topic)s"
+                           " AND (mi <> %(inc)s OR mp = p)))")
+LOG_MARKER_STALE = "OR (mt IS NOT NULL AND (mi, mo) >= (%(inc)s, o))"
+
+#: Event-time order: copies are the same event_id of a key; versions ordered by (event
+#: time, incarnation, offset, partition); nothing is unorderable.
+TIME_STAGED = """
+WITH s AS (
+  SELECT {k}, event_id, {o} AS ts, source_partition AS p, source_offset AS o,
+         row_number() OVER (PARTITION BY {k}, event_id
+                            ORDER BY source_offset DESC, source_partition DESC) AS copy,
+         dense_rank() OVER (PARTITION BY {k} ORDER BY {o} DESC, source_offset DESC,
+                                                      source_partition DESC) AS newest
+  FROM {s}),
+f AS (
+  SELECT s.*, x.event_id AS xe, x.{o} AS xts, x.source_incarnation AS xi,
+         x.source_offset AS xo, x.source_partition AS xp
+  FROM s LEFT JOIN LATERAL (SELECT event_id, {o}, source_incarnation, source_offset,
+                                   source_partition FROM {t} WHERE {k} = s.{k} LIMIT 1) x
+  ON true),
+v AS (
+  SELECT f.*, CASE
+    WHEN copy > 1 THEN 'copy'
+    WHEN xe = event_id THEN 'stored'
+    WHEN xe IS NOT NULL AND (xts, xi, xo, xp) >= (ts, %(inc)s, o, p) THEN 'stale'
+    WHEN newest > 1 THEN 'superseded'
+    ELSE 'write' END AS verdict
+  FROM f)
+"""
+VERDICTS = "SELECT verdict, count(*) FROM v GROUP BY verdict"
+UNORDERABLE = ("SELECT p, o, split, xt, xi, xp, xo{marker_details} FROM v"
+                " WHERE verdict = 'unorderable'")
+
+#: Write the newest version of each key that is newer than the stored one; the ON
+#: CONFLICT's WHERE decides against the row as it is when the key is locked.
+LOG_INSERT = """
+INSERT INTO {t} ({c}, source_incarnation)
+SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM (
+  SELECT *, min(source_partition) OVER w <> max(source_partition) OVER w AS split
+  FROM {s} WINDOW w AS (PARTITION BY {k})) s
+WHERE NOT split
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND (NOT (x.source_topic = %(topic)s
+      AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition))
+      OR (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset)))
+  {marker_excludes}
+ORDER BY {k}, source_offset DESC
+ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
+  ingested_at = now()
+WHERE {t}.source_topic = EXCLUDED.source_topic
+  AND ({t}.source_incarnation <> EXCLUDED.source_incarnation
+       OR {t}.source_partition = EXCLUDED.source_partition)
+  AND ({t}.source_incarnation, {t}.source_offset)
+      < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
+"""
+LOG_MARKER_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
+      AND (NOT (m.source_topic = %(topic)s
+                AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition))
+           OR (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset)))"""
+TIME_INSERT = """
+INSERT INTO {t} ({c}, source_incarnation)
+SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM {s} s
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND x.event_id = s.event_id)
+ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC
+ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
+  ingested_at = now()
+WHERE ({t}.{o}, {t}.source_incarnation, {t}.source_offset, {t}.source_partition)
+      < (EXCLUDED.{o}, EXCLUDED.source_incarnation, EXCLUDED.source_offset,
+         EXCLUDED.source_partition)
+"""
+#: The outcome: staged rows (but copies and the unorderable ones) whose key holds neither
+#: this record nor a version at least as new, in the table or in a marker: must be 0.
+LOG_MISSING = """
+SELECT count(*) FROM (SELECT DISTINCT {k}, source_partition, source_offset FROM {s}) s
+WHERE NOT EXISTS (SELECT 1 FROM unnest(%(skip_p)s::int4[], %(skip_o)s::int8[]) u(p, o)
+                  WHERE u.p = s.source_partition AND u.o = s.source_offset)
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND x.source_topic = %(topic)s
+      AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition)
+      AND (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset))
+  {marker_holds}
+"""
+LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
+      AND m.source_topic = %(topic)s
+      AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition)
+      AND (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset))"""
+TIME_MISSING = """
+SELECT count(*) FROM {s} s
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND (x.event_id = s.event_id
+      OR (x.{o}, x.source_incarnation, x.source_offset, x.source_partition)
+         >= (s.{o}, %(inc)s, s.source_offset, s.source_partition)))
+"""
+
+
+def where(topic: Any, incarnation: Any, partition: Any, offset: Any) -> str:
+    return f"topic {topic!r} partition {partition} (incarnation {incarnation}) offset {offset}"
+
+
+def unorderable(key: Any, here: str, split: bool, stored: Sequence[Any],
+                 marker: Sequence[Any]) -> Unorderable:
+    """Why a record of ``key`` at ``here`` cannot be placed, naming what it met."""
+    if split:
+        met = "a record of the same key from another partition in the same chunk"
+    elif stored and stored[0] is not None:
+        met = f"its stored row, from {where(*stored)}"
+    else:
+        met = f"its deletion marker, from {where(*marker)}"
+    return Unorderable(
+        f"key {key!r} at {here}: log order cannot place it against {met} (offsets order "
+        "a key's records only within one partition of one topic: were partitions added, "
+        "or do producers hash keys differently?); to take it, delete the key's row (and "
+        "marker) and replay this letter")
+
+
+
+#: The marker parts of the log-order statements; none for a table without markers.
+NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
+              "marker_stale": "", "marker_details": "", "marker_excludes": "",
+              "marker_holds": ""}
+
+
+class LatestWriter(TableWriter):
+    """A latest table's writer (see the module doc)."""
+
+    #: The marker fragments of the log-order statements.
+    MARKERS: ClassVar[dict[str, str]] = NO_MARKERS
+
+    def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
+                 shape: TargetShape | None = None, lock_timeout_s: float = 30.0) -> None:
+        super().__init__(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s)
+        self.key = pipeline.upsert.key or ""
+        self._key_at = self.columns.index(self.key)
+        self.log_order = pipeline.upsert.order_by == LOG_ORDER
+        staged = LOG_STAGED if self.log_order else TIME_STAGED
+        self._verdicts = self.statement(staged + VERDICTS)
+        self._unorderable = self.statement(staged + UNORDERABLE)
+        self._insert = self.statement(LOG_INSERT if self.log_order else TIME_INSERT)
+        self._missing = self.statement(LOG_MISSING if self.log_order else TIME_MISSING)
+
+    def statement(self, template: str) -> sql.Composed:
+        """One of the named statements, formatted for this table."""
+        fragments = self.MARKERS if self.log_order else NO_MARKERS
+        text = template.format(**fragments, t="{t}", s="{s}", m="{m}", k="{k}", o="{o}",
+                               c="{c}", u="{u}", kt="{kt}")
+        updates = sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
+            for c in self.columns if c != self.key)
+        key_type = next((c.copy_type for c in self.pipeline.sink_columns
+                         if c.name == self.key), "text")
+        return sql.SQL(text).format(
+            t=self.table, s=self.stage, m=self._marker, k=sql.Identifier(self.key),
+            o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
+            kt=sql.SQL(key_type))
+
+    @property
+    def _marker(self) -> sql.Identifier:
+        return sql.Identifier("no marker table")  # used by no statement of this writer
+
+    def _upsert_once(self, rows: list[Row], source: Source | None,
+                     encoded: bytes | None) -> UpsertResult:
+        if source is None:
+            raise TypeError("a latest table's upsert needs the rows' source (topic and "
+                            "incarnation)")
+        self._stage(rows, encoded)
+        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation}
+        verdicts: Counter[str] = Counter(dict.fromkeys(LATEST_VERDICTS, 0))
+        for verdict, n in self.conn.execute(self._verdicts, params):
+            verdicts[verdict] = int(n)
+        rejected = self._unorderable_rows(rows, source, params) if verdicts["unorderable"] \
+            else []
+        inserted = self.conn.execute(self._insert, params).rowcount
+        self._after_insert(inserted)
+        skipped = [row_source(row) for row, _ in rejected]
+        missing = self._scalar(self._missing, {**params,
+                                               "skip_p": [s.partition for s in skipped],
+                                               "skip_o": [s.offset for s in skipped]})
+        lost = verdicts["write"] - inserted  # see the module doc
+        return UpsertResult(inserted, verdicts["copy"] + verdicts["stored"],
+                            verdicts["stale"] + verdicts["superseded"] + lost, rejected,
+                            missing)
+
+    def _after_insert(self, inserted: int) -> None:
+        """What follows the INSERT in the chunk's transaction (deleting tables: markers)."""
+
+    def _unorderable_rows(self, rows: list[Row], source: Source,
+                          params: dict[str, Any]) -> list[tuple[Row, DataError]]:
+        """The staged rows log order cannot place, each with what it met."""
+        by_place = {(row_source(r).partition, row_source(r).offset): r for r in rows}
+        rejected: list[tuple[Row, DataError]] = []
+        for p, o, split, *stored in self.conn.execute(self._unorderable, params):
+            row = by_place[(p, o)]
+            here = where(source.topic, source.incarnation, p, o)
+            rejected.append((row, unorderable(row[self._key_at], here, split, stored[:4],
+                                              stored[4:])))
+        return rejected
+
+
+__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "LatestWriter", "unorderable", "where"]
