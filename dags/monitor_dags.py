@@ -11,7 +11,7 @@ judged over the recorded checks). On a breach the pipeline's notifiers are calle
 rule and figures (and any pipeline whose topic is missing), so Airflow's own failure
 alerting fires as well; the next check judges again. Kafka or Postgres out of reach is
 retried with backoff, like any task of the pipeline. What each alert means and what to
-do: the README's runbook.
+do: the runbook, docs/runbook.md.
 
 Beside each check, a ``prune_...`` task applies the group's pipelines' ``retention``
 (``kafka_ingest.ops.retention``): bookkeeping older than the pipeline says goes, in

@@ -83,6 +83,9 @@ class KeyFormat(StrEnum):
 
 
 class KeyType(StrEnum):
+    """The record key's column: ``text`` (``character varying(max_length)``) or ``bigint``
+    (read from JSON or the registry format)."""
+
     TEXT = "text"
     BIGINT = "bigint"
 
@@ -133,11 +136,21 @@ class _Strict(BaseModel):
 
 
 class ContractRef(_Strict):
+    """The contract a pipeline validates its records with: declared under ``contracts`` in
+    the pipelines file, or written in Python (``kafka_ingest.contracts``)."""
+
+    #: The contract's event type (its key under ``contracts``, or a Python contract's
+    #: ``EVENT_TYPE``).
     event_type: str
+    #: The newest version the pipeline accepts: payloads of versions 1 to this one pass; a
+    #: higher one is dead-lettered as ``unknown_version`` (replayable once it is raised).
     version: Annotated[int, Field(ge=1)]
 
 
 class Upsert(_Strict):
+    """How rows are written into the target table."""
+
+    #: ``append``: once per ``event_id``; ``latest``: the newest version per ``key``.
     mode: UpsertMode = UpsertMode.APPEND
     #: ``latest`` only: the entity key column (the table's primary key): a field of the
     #: contract, or the ``record_key`` column.
@@ -158,11 +171,16 @@ class Upsert(_Strict):
 class RecordKey(_Strict):
     """The record key as a column (Kafka Connect's ``pk.mode=record_key``)."""
 
+    #: The column the key fills (``upsert.key`` names it to make it the table's key).
     column: Annotated[str, Field(pattern=_NAME)]
+    #: How the key's bytes are read.
     format: KeyFormat = KeyFormat.STRING
-    #: ``json`` only: the key is a JSON object and this field of it is the value.
+    #: ``json`` or ``registry`` only: the key is a structured value (a JSON object, a
+    #: record) and this field of it is the column's value.
     field: str | None = None
+    #: The column's type.
     type: KeyType = KeyType.TEXT
+    #: A ``text`` key's column width; a longer key is dead-lettered as ``bad_key``.
     max_length: Annotated[int, Field(ge=1, le=10_000)] = 128
 
     @model_validator(mode="after")
@@ -184,7 +202,9 @@ class RecordKey(_Strict):
 class HeaderColumn(_Strict):
     """A record header as a text column (UTF-8, no NUL, at most ``max_length``)."""
 
+    #: The column the header fills.
     column: Annotated[str, Field(pattern=_NAME)]
+    #: The column's width; a longer value is dead-lettered as ``bad_header``.
     max_length: Annotated[int, Field(ge=1, le=10_000)] = 256
     #: A record without the header is a dead letter; otherwise its column is NULL.
     required: bool = False
@@ -200,6 +220,8 @@ class Partitioning(_Strict):
     partition takes is dead-lettered as ``rejected_by_database`` and can be replayed once
     the partition exists."""
 
+    #: A required ``timestamptz`` field of the contract (its column); the primary key
+    #: becomes ``(event_id, column)``.
     column: Annotated[str, Field(pattern=_NAME)]
 
 
@@ -215,6 +237,7 @@ class SchemaRegistry(_Strict):
     #: basic auth; the extra holds the client's other settings, e.g. ``ssl.ca.location``).
     #: The CLI reads ``KAFKA_INGEST_SCHEMA_REGISTRY_URL`` and ``..._CONFIG`` instead.
     conn_id: str = "schema_registry_default"
+    #: Which subject the contract is checked against at plan time.
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
     #: ``record``/``topic_record``: the record's full name (``com.acme.Balance``).
     record: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] | None = None
@@ -244,7 +267,9 @@ class NotifierClass(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=True)
 
+    #: The notifier's class, as a dotted path (``package.module.ClassName``).
     class_path: Annotated[str, Field(alias="class")]
+    #: The keyword arguments it is built with; its templates may use ``{{ message }}``.
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("class_path")
@@ -281,7 +306,8 @@ def _notifier(index: int, value: Any) -> str | NotifierClass:
 
 class Alerts(_Strict):
     """When the monitor DAG (``kafka_ingest_monitor``) alerts about a pipeline. Each key is
-    a rule; a figure strictly above its limit breaches it. See the README's runbook."""
+    a rule; a figure strictly above its limit breaches it. What each rule means and what to
+    do: the runbook (``docs/runbook.md``)."""
 
     #: Messages not yet ingested, summed over the partitions (from the stored offsets).
     max_lag: Annotated[int, Field(ge=0)] = 100_000
@@ -318,9 +344,9 @@ _DAYS = Annotated[int, Field(ge=1, le=36_500)] | None
 class Retention(_Strict):
     """How long the monitor DAG (``kafka_ingest_monitor``) keeps a pipeline's bookkeeping,
     in days (``null``: for ever). Rows older go in bounded batches at each check; what the
-    guarantees and the rules read never goes, whatever the setting (see the README's
-    "Retention"). The counters the page and the metrics show are kept apart
-    (``ingest_totals``, ``dead_letter_totals``): a prune never changes them."""
+    guarantees and the rules read never goes, whatever the setting (see "Retention of the
+    bookkeeping" in ``docs/operations.md``). The counters the page and the metrics show are
+    kept apart (``ingest_totals``, ``dead_letter_totals``): a prune never changes them."""
 
     #: The audit of committed chunks (``kafka-ingest status``'s recent chunks, the DLQ
     #: rate's window, which it must cover: at least ``alerts.window_minutes``).
@@ -349,10 +375,18 @@ class OnData(_Strict):
     ``rearm_seconds`` above the pipeline's longest run. ``safety_schedule`` also runs the
     DAG on a slow cron, so a broken trigger cannot stop the pipeline for good."""
 
+    #: A run starts as soon as the lag (summed over the partitions) reaches this many
+    #: messages.
     min_batch: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
+    #: ... or once the lag has stayed above zero this long.
     max_wait_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 30.0
+    #: How often the trigger compares the high watermarks with the stored offsets (at
+    #: most ``max_wait_seconds``).
     poll_seconds: Annotated[float, Field(ge=0.2, le=3600)] = 2.0
+    #: After firing, the trigger fires again after this long if the run it caused moved
+    #: no stored offset (a failed run, a paused DAG) and the lag is still there.
     rearm_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 300.0
+    #: A slow cron (five fields) that runs the DAG whatever the trigger does.
     safety_schedule: str = "0 * * * *"
 
     @model_validator(mode="after")
@@ -369,27 +403,49 @@ class OnData(_Strict):
 class Pipeline(_Strict):
     """One pipeline. Field names are the YAML keys."""
 
+    #: The pipeline's name: its key under ``pipelines`` (set from it). DAG ids, locks,
+    #: the bookkeeping rows and the default consumer group are named after it.
     name: Annotated[str, Field(pattern=_NAME)]
+    #: The source topic.
     topic: Annotated[str, Field(pattern=_TOPIC)]
+    #: The contract every record is validated with.
     contract: ContractRef
+    #: The target table (made by ``kafka-ingest schema apply`` or ``migrate`` from the
+    #: contract, or by ``auto_create``).
     table: Annotated[str, Field(pattern=_NAME)]
+    #: The dead-letter topic (another topic than ``topic``; it must exist before a run:
+    #: ``kafka-ingest topics create`` makes both).
     dlq_topic: Annotated[str, Field(pattern=_TOPIC)]
     #: A cron expression, ``on_data`` (see :class:`OnData`), or None (manual runs only).
     schedule: str | None = "*/5 * * * *"
+    #: When a ``schedule: on_data`` pipeline runs (only for that schedule).
     on_data: OnData = OnData()
+    #: The DLQ-replay DAG's schedule: a cron expression, or None (manual runs only).
     replay_schedule: str | None = None
+    #: The most one live run (or one replay from its cursor) reads of a partition; a
+    #: backfill's window is read whole.
     max_records_per_partition: Annotated[int, Field(ge=1, le=100_000_000)] = 200_000
+    #: Messages per chunk: one chunk is one Postgres transaction (bounds memory).
     chunk_size: Annotated[int, Field(ge=1, le=500_000)] = 20_000
     #: A chunk also ends once its keys and values pass this many bytes (bounds memory).
     max_chunk_bytes: Annotated[int, Field(ge=1, le=2**40)] = 64 * 2**20
+    #: Where a partition with no stored offset starts (applied once, then the stored
+    #: offset rules).
     start_policy: StartPolicy = StartPolicy.EARLIEST
+    #: Retention deleted offsets that were never ingested: fail the run, or skip them,
+    #: recorded in ``offset_gaps`` and logged as an error.
     on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
+    #: Records whose value is null: skip them (counted), dead-letter them, or ``delete``
+    #: the record key's row (``latest`` pipelines keyed by the record key, in log order).
     on_tombstone: OnTombstone = OnTombstone.SKIP
     #: How values are encoded; the registry formats need ``schema_registry``.
     format: Format = Format.JSON
+    #: The registry of a registry format's writer schemas (``{}`` takes the defaults).
     schema_registry: SchemaRegistry | None = None
-    #: The record key as a column, and headers as columns (header name -> column).
+    #: The record key as a column.
     record_key: RecordKey | None = None
+    #: Headers as columns: header name -> column (``{trace-id: trace_id}``) or its
+    #: settings (``{trace-id: {column: trace_id, max_length: 64, required: true}}``).
     headers: dict[Annotated[str, Field(min_length=1, max_length=255)], HeaderColumn] = {}
     #: The target table partitioned by range of a timestamp column.
     partition_by: Partitioning | None = None
@@ -397,17 +453,31 @@ class Pipeline(_Strict):
     #: (the role running the pipeline must be allowed to; ``kafka-ingest schema apply``
     #: does it as the migrating role instead).
     auto_create: bool = False
+    #: At plan time, add the columns of new optional fields to the table (as
+    #: ``auto_create``, for an existing table).
     auto_evolve: bool = False
+    #: A record value larger than this is dead-lettered as ``too_large``.
     max_message_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 262_144
+    #: The header names of the records produced to the dead-letter topic.
     dlq_header_style: DlqHeaderStyle = DlqHeaderStyle.BOTH
+    #: How rows are written: once per event, or the latest version per key.
     upsert: Upsert = Upsert()
+    #: The Kafka consumer group stored offsets are copied to, for lag tools (None:
+    #: ``kafka-ingest.<name>``).
     consumer_group: str | None = None
+    #: The Airflow connection of the Kafka cluster (its extra is the librdkafka config).
     kafka_conn_id: str = "kafka_default"
+    #: The Airflow connection of the Postgres database (every libpq keyword of its extra
+    #: is kept).
     postgres_conn_id: str = "postgres_default"
+    #: The owner of the pipeline's DAG tasks.
     owner: str = "data-platform"
     #: Where the table lives, for the Airflow Asset URI (lineage); not used to connect.
     asset_host: str = "localhost:5432"
+    #: The database named in the Airflow Asset URI (lineage); not used to connect.
     asset_database: str = "kafka_ingest"
+    #: Airflow's retries of a failed task (transient errors only; backing off from 10 s
+    #: to 10 min); a permanent error fails at once.
     retries: Annotated[int, Field(ge=0, le=20)] = 3
     #: A task running longer than this is failed by Airflow (and retried): a backstop for
     #: anything hung that no time-out of Kafka's or Postgres' caught.
@@ -427,8 +497,10 @@ class Pipeline(_Strict):
     alerts: Alerts = Alerts()
     #: How long the monitor DAG keeps this pipeline's bookkeeping.
     retention: Retention = Retention()
-    #: What `kafka-ingest topics create` makes the source and dead-letter topics with.
+    #: The partitions ``kafka-ingest topics create`` makes the source and dead-letter
+    #: topics with.
     partitions: Annotated[int, Field(ge=1, le=100_000)] = 3
+    #: The replication factor ``kafka-ingest topics create`` gives both topics.
     replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
     #: Topic settings for both, e.g. ``{min.insync.replicas: "2"}``.
     topic_config: dict[str, str] = {}

@@ -11,7 +11,7 @@ synchronous replication (``remote_apply``) nothing acknowledged is lost.
 
 The module runs on a stack of its own (its own state dir and free ports: failing the
 shared stack's Postgres over would cut every other test's connections), taken down at the
-end, and with this process's environment what the README's shell has after
+end, and with this process's environment what docs/faults.md's shell has after
 ``eval "$(kafka-ingest stack env --replica)"`` (``PGPORT=15432,15434`` and the rest): the
 servers and tools a failover starts must not read those. Each test ends with the
 invariants checked exactly (DESIGN §3).
@@ -75,7 +75,7 @@ CHUNK = 500
 @pytest.fixture(scope="module")
 def replica_env() -> Iterator[dict[str, str]]:
     """A stack of its own with an asynchronous standby, then this process's environment
-    exported from ``stack env --replica`` as the README's failover section does; the stack
+    exported from ``stack env --replica`` as docs/faults.md's failover section does; the stack
     is taken down and removed afterwards. The state dir is a mkdtemp directly under /tmp:
     as root the ``postgres`` user must traverse every parent."""
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-failover-"))
@@ -389,7 +389,7 @@ def test_a_dsn_naming_both_servers_reaches_the_primary_unless_it_says_otherwise(
 
 
 def test_stack_failover_from_the_readme_shell(replica_env: dict[str, str]) -> None:
-    # The README's failover section as typed: the shell holds `stack env --replica`'s
+    # docs/faults.md's failover section as typed: the shell holds `stack env --replica`'s
     # exports (PGPORT=<a>,<b>, PGTARGETSESSIONATTRS=read-write, ...) when `stack failover`
     # kills the primary, promotes the standby and rebuilds the old primary as its standby;
     # `stack status` exits 1 if a part is down.

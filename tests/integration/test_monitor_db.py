@@ -194,7 +194,7 @@ def test_status_shows_the_on_call_view_then_chunks_and_dead_letters(
            "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
     out = cli(env, "status")
     assert out.returncode == 0, out.stderr
-    print(out.stdout)  # the sample in the README comes from here
+    print(out.stdout)  # the sample in docs/operations.md comes from here
     view, tables = out.stdout.split("recent chunks:")
     assert view.strip() == text
     assert "dead letters:" in tables and "parked" in tables

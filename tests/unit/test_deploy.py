@@ -1,5 +1,5 @@
 """The deployment files, checked statically (no Kubernetes, no Docker here): the Helm values
-parse and hold the keys the README relies on, the image carries the project's three
+parse and hold the keys the docs rely on, the image carries the project's three
 folders, and docker-compose.yml stays valid with its `celery` profile."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The README's metric table lists every metric the metrics serve, with its type and
-labels, and no metric that is not served."""
+"""The metric table of docs/operations.md (the metrics reference) lists every metric the
+metrics serve, with its type and labels, and no metric that is not served."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 from kafka_ingest.ops.metrics import describe
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
-def test_the_readme_lists_every_metric_with_its_type_and_labels() -> None:
+def test_the_docs_list_every_metric_with_its_type_and_labels() -> None:
     table = {m[1]: (m[2], m[3]) for m in re.finditer(
-        r"^\| `(kafka_ingest_[a-z_]+)` \| (gauge|counter) \| ([^|]*) \|", README.read_text(),
+        r"^\| `(kafka_ingest_[a-z_]+)` \| (gauge|counter) \| ([^|]*) \|", OPERATIONS.read_text(),
         re.MULTILINE)}
     served = {m["name"]: (m["type"], m["labels"].replace(",", ", ") or "&ndash;")
               for m in describe()}

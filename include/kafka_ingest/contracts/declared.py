@@ -197,21 +197,39 @@ class _Strict(BaseModel):
 
 
 class FieldSpec(_Strict):
-    """One field of a declared contract (the YAML keys)."""
+    """One field of a declared contract (the YAML keys), under the payload's field name."""
 
+    #: The column's type: ``text``, ``smallint``/``integer``/``bigint`` (bounded by the
+    #: column's width), ``float``, ``numeric``, ``boolean``, ``timestamptz``, ``date``,
+    #: ``uuid``, ``jsonb`` (an object or array kept whole), ``array`` of a scalar.
     type: FieldType
+    #: ``text``: the most characters (required: the column is ``character varying(n)``).
     max_length: Annotated[int, Field(ge=1, le=TEXT_MAX)] | None = None
+    #: ``text``: the fewest characters.
     min_length: Annotated[int, Field(ge=0)] = 1
+    #: ``numeric``: all digits (required).
     precision: Annotated[int, Field(ge=1, le=1000)] | None = None
+    #: ``numeric``: digits after the point (at most ``precision``).
     scale: Annotated[int, Field(ge=0, le=1000)] = 0
+    #: ``timestamptz``: how the value arrives (ISO-8601 with an offset, or a number since
+    #: the epoch).
     encoding: TimeEncoding = TimeEncoding.ISO8601
+    #: ``array``: its items, a field of a scalar type (ISO-8601 timestamps only).
     items: FieldSpec | None = None
+    #: ``array``: the most items.
     max_items: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    #: Integers and numbers: the lowest value (narrows the column's range).
     ge: float | int | None = None
+    #: Integers and numbers: the highest value.
     le: float | int | None = None
+    #: False: a missing or null value is NULL. A field with a ``default`` is optional.
     required: bool = True
+    #: The value of a missing field (checked against the field's type when the file loads).
     default: Any = None
+    #: The contract version that added the field (it must then be optional: evolution is
+    #: additive).
     since: Annotated[int, Field(ge=1)] = 1
+    #: The column's name when it differs from the payload's field name.
     column: Annotated[str, Field(pattern=_NAME)] | None = None
 
     @model_validator(mode="after")
@@ -324,8 +342,12 @@ class FieldSpec(_Strict):
 class ContractSpec(_Strict):
     """One declared contract: its newest version and its fields."""
 
+    #: The newest version; versions 1 to this one are registered, each with the fields of
+    #: its ``since``.
     version: Annotated[int, Field(ge=1, le=1000)] = 1
+    #: What the contract describes (the model's docstring).
     doc: str | None = None
+    #: The payload's fields besides ``event_id`` (every contract has it), by name.
     fields: dict[Annotated[str, Field(pattern=_PAYLOAD_NAME)], FieldSpec]
 
     @model_validator(mode="after")

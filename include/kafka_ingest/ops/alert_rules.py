@@ -31,8 +31,9 @@ from kafka_ingest.config import Pipeline
 #: The monitor DAG's schedule, the interval the lag-growth rule compares over.
 CHECK_INTERVAL = "5m"
 LAG_SUM = "kafka_ingest:lag_messages:sum"
-#: Where the on-call reads what an alert means and what to do (the project's README).
-RUNBOOK = "README.md, Runbook: what each alert means and what to do"
+#: Where the on-call reads what an alert means and what to do: the project's runbook, one
+#: section per rule (its anchor is the rule's name).
+RUNBOOK = "docs/runbook.md"
 #: Prometheus' own duration syntax (model.ParseDuration): each unit at most once, largest first.
 _DURATION = re.compile(r"^(0|(?=[0-9])([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?"
                        r"([0-9]+s)?([0-9]+ms)?)$")
@@ -76,7 +77,7 @@ def _rule(pipeline: Pipeline, rule: str, alert: str, expr: str, summary: str, *,
                             "description": f"{pipeline.name} ({pipeline.topic} -> "
                                            f"{pipeline.table}): the {rule} rule of its "
                                            "alerts block; see the runbook.",
-                            "runbook": f"{RUNBOOK}: {rule}"}}
+                            "runbook": f"{RUNBOOK}#{rule}"}}
 
 
 def pipeline_rules(pipeline: Pipeline, *, hold: str, interval: str) -> list[dict[str, Any]]:
@@ -131,12 +132,12 @@ def rules_document(pipelines: Iterable[Pipeline], *, hold: str = "5m",
          "labels": {"severity": "critical"},
          "annotations": {"summary": "the kafka-ingest metrics cannot reach {{ $labels."
                                     "component }} through {{ $labels.connection }}",
-                         "runbook": RUNBOOK}},
+                         "runbook": f"{RUNBOOK}#target_down"}},
         {"alert": "KafkaIngestLastRunFailed", "expr": "kafka_ingest_last_run_success == 0",
          "for": "0s", "labels": {"severity": "warning"},
          "annotations": {"summary": "{{ $labels.pipeline }}: the ingest DAG's last run "
                                     "failed (Airflow retries it; see its task log)",
-                         "runbook": RUNBOOK}},
+                         "runbook": f"{RUNBOOK}#last_run_failed"}},
     ]}
     groups = [common] + [{"name": f"kafka-ingest-{p.name}",
                           "rules": pipeline_rules(p, hold=hold, interval=interval)}

@@ -9,7 +9,8 @@ base units (``_seconds``, ``_messages``), counters ending in ``_total``, labels 
 Every scrape answers 200: a cluster or database out of reach shows as
 ``kafka_ingest_up{component,connection} 0`` and the figures that needed it are absent
 (never made up, never a stale copy passed off as current). :data:`METRICS` lists each
-metric with its help text; a test keeps the README's metric table in step with it.
+metric with its help text; a test keeps the metric table of docs/operations.md in step
+with it.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def serve(cache: SnapshotCache, *, host: str, port: int,
 
 
 def describe() -> list[dict[str, Any]]:
-    """The metric table: name, type, labels, help (for the README and ``--list``)."""
+    """The metric table: name, type, labels, help (for docs/operations.md and ``--list``)."""
     return [{"name": PREFIX + n + ("_total" if kind == "counter" else ""), "type": kind,
              "labels": ",".join(labels), "help": text}
             for n, (kind, labels, text) in METRICS.items()]
