@@ -30,10 +30,12 @@ from typing import Any
 
 import httpx
 import yaml
+from harness import wait
 
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.airflow_services import RestApi
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
 
@@ -41,26 +43,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "executors.json"
 CONFIGS = (("local", None), ("celery", 1), ("celery", 2))
 
 
-def _api(up: dict[str, str]) -> httpx.Client:
-    token = httpx.post(f"{up['AIRFLOW_API_URL']}/auth/token", timeout=30, json={
-        "username": up["AIRFLOW_API_USER"], "password": up["AIRFLOW_API_PASSWORD"]})
-    token.raise_for_status()
-    return httpx.Client(base_url=f"{up['AIRFLOW_API_URL']}/api/v2", timeout=30, headers={
-        "Authorization": f"Bearer {token.json()['access_token']}"})
-
-
-def _wait(what: str, check: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
 def _one_run(api: httpx.Client, dag_id: str) -> dict[str, Any]:
-    _wait(f"{dag_id} to be parsed", lambda: api.get(f"/dags/{dag_id}").status_code == 200, 180)
+    wait(f"{dag_id} to be parsed", lambda: api.get(f"/dags/{dag_id}").status_code == 200, 180)
     api.patch(f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
     started = api.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
     started.raise_for_status()
@@ -70,7 +54,7 @@ def _one_run(api: httpx.Client, dag_id: str) -> dict[str, Any]:
         state = api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
         return state if state in ("success", "failed") else None
 
-    state = _wait(f"run {run_id}", finished, 900)
+    state = wait(f"run {run_id}", finished, 900)
     tis = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
     slices = [t for t in tis if t["task_id"] == "ingest"]
     if state != "success" or any(t["state"] != "success" for t in slices):
@@ -123,7 +107,7 @@ def main() -> int:
             stack.stop_airflow()
             up = stack.up(airflow=True, airflow_env=airflow_env, executor=executor,
                           workers=workers)
-            with _api(up) as api:
+            with RestApi(up).client as api:
                 result = {"executor": executor, "workers": workers, **_one_run(api, dag_id)}
             results.append(result)
             print(json.dumps(result), flush=True)

@@ -33,15 +33,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import yaml
 from confluent_kafka import Producer
+from harness import airflow_cpu, wait
 from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
@@ -55,16 +55,6 @@ from kafka_ingest_dev.samples import produce_sample
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 PARTITIONS = 3
 TERMINAL = ("success", "failed")
-
-
-def wait(what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def _pipeline(name: str, **body: Any) -> dict[str, Any]:
@@ -187,26 +177,8 @@ def freshness(api: RestApi, env: dict[str, str], dsn: str, pipeline: Pipeline, r
 # --------------------------------------------------------------------------- 3. quiet
 
 
-def cpu_by_service() -> dict[str, float]:
-    """CPU seconds of each of the stack's Airflow services, their reaped task processes
-    included."""
-    out = {}
-    for name, pid in stack.settings().airflow.pids().items():
-        if pid is None:
-            continue
-        total = 0.0
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            for p in (proc, *proc.children(recursive=True)):
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    total += t.user + t.system + t.children_user + t.children_system
-        out[name] = total
-    return out
-
-
 def _airflow_cpu_s() -> float:
-    return sum(cpu_by_service().values())
+    return sum(airflow_cpu().values())
 
 
 def quiet(api: RestApi, dag_ids: list[str], seconds: float, label: str) -> dict[str, Any]:

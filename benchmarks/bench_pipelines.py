@@ -51,7 +51,7 @@ from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, d
 from kafka_ingest_dev.samples import produce_sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_freshness import cpu_by_service, wait
+from harness import airflow_cpu, wait
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pipelines.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,10 +145,10 @@ def main() -> int:
         print(f"{len(names)} lag triggers running {results['all_triggers_running_s']} s after "
               "the unpause", flush=True)
 
-        before, runs_before = (cpu_by_service(),
+        before, runs_before = (airflow_cpu(),
                                api.get("/dags/~/dagRuns?limit=1")["total_entries"])
         time.sleep(args.window)
-        after = cpu_by_service()
+        after = airflow_cpu()
         triggerer = stack.settings().airflow.pids()["triggerer"]
         if triggerer is None:
             raise SystemExit("the triggerer is not running")

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import bench_ingest as bi
+import harness
 import psycopg
 
 from kafka_ingest.config import load_pipelines
@@ -49,7 +49,7 @@ def rows(start: int, n: int, keys: str, tag: str) -> list[Row]:
 
 
 def backend_cpu_s(pid: int) -> float:
-    fields = bi._stat(pid)
+    fields = harness.proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
@@ -71,8 +71,8 @@ def wal_lsn(conn: psycopg.Connection[Any]) -> int:
 def fill(dsn: str, table: str, *, total: int, bucket: int, keys: str,
          path: str) -> list[dict[str, Any]]:
     """Fill ``table`` to ``total`` rows; one figure per ``bucket`` rows."""
-    base = load_pipelines()[bi.BASE_PIPELINE].model_dump(mode="json", exclude={"name"})
-    pipeline = bi._pipeline((table, {**base, "table": table}))
+    base = load_pipelines()[harness.BASE_PIPELINE].model_dump(mode="json", exclude={"name"})
+    pipeline = harness.pipeline_of((table, {**base, "table": table}))
     tag = uuid.uuid4().hex[:6]
     points: list[dict[str, Any]] = []
     with psycopg.connect(dsn) as conn:
@@ -82,7 +82,7 @@ def fill(dsn: str, table: str, *, total: int, bucket: int, keys: str,
                       for s in range(start, min(start + bucket, total), CHUNK)]
             n = sum(map(len, chunks))
             lsn = wal_lsn(conn)
-            b0, s0, c0, w0 = (backend_cpu_s(pid), bi.server_cpu().get("postgres", 0.0),
+            b0, s0, c0, w0 = (backend_cpu_s(pid), harness.server_cpu().get("postgres", 0.0),
                               time.process_time(), time.perf_counter())
             for chunk in chunks:
                 new_keys = NewKeys()
@@ -95,7 +95,7 @@ def fill(dsn: str, table: str, *, total: int, bucket: int, keys: str,
                     raise RuntimeError(f"chunk at {row_source(chunk[0]).offset}: {up}")
             wall, client = time.perf_counter() - w0, time.process_time() - c0
             backend = backend_cpu_s(pid) - b0
-            server = bi.server_cpu().get("postgres", 0.0) - s0
+            server = harness.server_cpu().get("postgres", 0.0) - s0
             heap, index = sizes_mb(conn, table)
             wal = (wal_lsn(conn) - lsn) / n
             point = {"keys": keys, "path": path, "rows_before": start, "rows_after": start + n,
@@ -127,8 +127,6 @@ def report(points: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kafka_ingest_dev import stack
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=5_000_000)
     p.add_argument("--bucket", type=int, default=1_000_000)
@@ -136,20 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", type=lambda t: t.split(","), default=["new"],
                    help="new (the COPY of new keys) and/or conflict (ON CONFLICT DO NOTHING)")
     args = p.parse_args(argv)
-    env = stack.up(report=lambda line: print(line, flush=True))
+    env = harness.up()
     load_before = [round(x, 2) for x in os.getloadavg()]
     points: list[dict[str, Any]] = []
     for keys in args.keys:
         for path in args.paths:
-            with bi.fresh_database(env["KAFKA_INGEST_PG_DSN"]) as dsn:
-                bi.make_table(dsn, "growth")
+            with harness.fresh_database(env["KAFKA_INGEST_PG_DSN"]) as dsn:
+                harness.make_table(dsn, "growth")
                 points += fill(dsn, "growth", total=args.rows, bucket=args.bucket, keys=keys,
                                path=path)
     info = {"command": "python benchmarks/bench_table_growth.py " + " ".join(
                 sys.argv[1:] if argv is None else argv),
             "when": datetime.now(tz=UTC).isoformat(), "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()],
-            "machine": {**bi.machine(), **bi.server_versions(env["KAFKA_INGEST_PG_DSN"])}}
+            "machine": {**harness.machine(), **harness.server_versions(env["KAFKA_INGEST_PG_DSN"])}}
     print(f"\n{info['command']}\nload average before {load_before}, after "
           f"{info['load_after']}\n\n{report(points)}")
     RESULTS.parent.mkdir(exist_ok=True)

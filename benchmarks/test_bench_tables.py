@@ -5,7 +5,7 @@ contender spends; unknown (``-``) when a server's CPU could not be read."""
 
 from __future__ import annotations
 
-from bench_ingest import PROJECT_PATH, Measure, scale_table, table
+from harness import PROJECT_PATH, Measure, scale_table, table
 
 
 def _measure(path: str, events: int, cpu_s: float, pg: float, kafka: float) -> Measure:

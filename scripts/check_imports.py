@@ -1,10 +1,12 @@
-"""Check the import graph of the packages under ``include/``: no cycles, no layering breaks.
+"""Check the import graph of the packages under ``include/`` (no cycles, no layering breaks)
+and of ``benchmarks/`` (no cycles: the harness, the rows, the peers and the scripts).
 
 Usage (from the repo root)::
 
-    python scripts/check_imports.py [INCLUDE_DIR]
+    python scripts/check_imports.py [DIR ...]
 
-Packages are the directories under ``include/`` with an ``__init__.py``. Every import
+Packages are the directories under a checked directory with an ``__init__.py``; its own
+``*.py`` files are top-level modules. Every import
 statement counts, at any depth (in functions too), as do ``import_module("literal")`` and
 ``__import__("literal")``; relative imports are resolved. Imports under ``if TYPE_CHECKING:``
 make no graph edge. ``from pkg import name`` is an edge to ``pkg.name`` if that is a
@@ -134,13 +136,14 @@ def build_graph(root: Path) -> Graph:
     """Parse every module of every package under ``root`` (the ``include/`` directory)."""
     root = root.resolve()
     graph = Graph()
-    for pkg in sorted(d for d in root.iterdir() if (d / "__init__.py").is_file()):
-        for path in sorted(pkg.rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            if all(part.isidentifier() for part in parts):
-                is_pkg = parts[-1] == "__init__"
-                graph.modules[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
-                graph.namespaces.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    packages = sorted(d for d in root.iterdir() if (d / "__init__.py").is_file())
+    paths = [*sorted(root.glob("*.py")), *(p for d in packages for p in sorted(d.rglob("*.py")))]
+    for path in paths:
+        parts = path.relative_to(root).with_suffix("").parts
+        if all(part.isidentifier() for part in parts):
+            is_pkg = parts[-1] == "__init__"
+            graph.modules[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+            graph.namespaces.update(".".join(parts[:i]) for i in range(1, len(parts)))
     graph.namespaces -= graph.modules.keys()
     for module, (path, is_pkg) in graph.modules.items():
         shown = path.relative_to(root.parent).as_posix()
@@ -239,15 +242,23 @@ def check(root: Path, graph: Graph | None = None) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Check the tree under each directory given, else ``include/`` and ``benchmarks/``
+    (whose top-level modules, the harness and the scripts, count as modules too)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    root = Path(args[0]) if args else Path(__file__).resolve().parents[1] / "include"
-    graph = build_graph(root)
-    problems = check(root, graph)
-    for line in problems:
-        print(line)
-    size = f"import graph: {len(graph.modules)} modules, {len(graph.edges())} edges"
-    print(f"{size}, {len(problems)} problem(s)" if problems else f"{size}, no cycles")
-    return 1 if problems else 0
+    repo = Path(__file__).resolve().parents[1]
+    roots = [Path(a) for a in args] or [repo / "include", repo / "benchmarks"]
+    failed = False
+    for root in roots:
+        graph = build_graph(root)
+        problems = check(root, graph)
+        for line in problems:
+            print(line)
+        size = f"import graph: {len(graph.modules)} modules, {len(graph.edges())} edges"
+        named = "" if args else f"{root.name}/ "
+        print(f"{named}{size}, {len(problems)} problem(s)" if problems
+              else f"{named}{size}, no cycles")
+        failed = failed or bool(problems)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -47,18 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ingest_dev.procs import (
-    CHILDREN,
     PartStatus,
     StackError,
     alive,
     binary,
-    child_env,
-    our_pid,
     read_or_none,
     require_free,
     tail,
     wait_gone,
 )
+from kafka_ingest_dev.service import LocalService
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 EXECUTORS = {"local": "LocalExecutor", "celery": "CeleryExecutor"}
@@ -143,6 +141,169 @@ def _result_backend(sql_alchemy_conn: str) -> str:
     return f"db+{scheme.split('+')[0]}://{rest}"
 
 
+def _health(url: str) -> dict[str, Any] | None:
+    """The api-server's health report, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v2/monitor/health",  # noqa: S310
+                                    timeout=3) as response:
+            report: dict[str, Any] = json.load(response)
+            return report
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def _unhealthy(report: dict[str, Any] | None) -> list[str]:
+    """The services the api-server's report does not call healthy (all, without one)."""
+    if report is None:
+        return ["api-server"]
+    return [name for name, key in _HEALTH_KEYS.items()
+            if (report.get(key) or {}).get("status") != "healthy"]
+
+
+def _ping(broker_url: str, names: list[str], timeout_s: float) -> set[str]:
+    """The Celery workers (node names) that answer a ping through the broker."""
+    from celery import Celery
+
+    app = Celery(broker=broker_url)
+    try:
+        replies = app.control.ping(destination=names, timeout=timeout_s) or []
+    except Exception:  # the broker went away mid-ping: nobody answered
+        return set()
+    finally:
+        app.close()
+    return {node for reply in replies for node in reply}
+
+
+def _spawned_alive(process: LocalService) -> bool:
+    """Whether the process in its pid file lives: a service just started may be rewriting
+    its title (setproctitle clears it first), so its marker cannot be asked for here;
+    seconds after we wrote the pid file it cannot be a reused pid either."""
+    try:
+        return alive(int(process.pidfile.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+@dataclass(frozen=True)
+class AirflowProcess(LocalService):
+    """One of Airflow's processes: a service (``api-server``, ``scheduler``,
+    ``dag-processor``, ``triggerer``) or a Celery worker (``worker-<i>``), each the leader
+    of a process group of its own (the executors' task processes are its children), its
+    pid file in ``<home>/run``, its log in ``<home>/services``."""
+
+    name: str
+    home: Path
+    #: The api-server's URL (the services' health report); the Celery broker.
+    api_url: str
+    broker: Redis
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / "run" / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.home / "services" / f"{self.name}.log"
+
+    @property
+    def worker(self) -> bool:
+        return self.name.startswith("worker-")
+
+    @property
+    def node(self) -> str:
+        """A worker's Celery node name, ``worker-<i>@<host>``."""
+        return f"{self.name}@{socket.gethostname()}"
+
+    @property
+    def address(self) -> str:
+        if self.worker:
+            return self.node
+        return self.api_url if self.name == "api-server" else "-"
+
+    def markers(self) -> tuple[str, ...]:
+        # The api-server retitles itself "airflow api_server -- host:... port:..."; Celery
+        # retitles its worker "[celeryd: worker-1@host:MainProcess] ...".
+        if self.worker:
+            return f"{self.name}@", f"--celery-hostname {self.name}@"
+        return f"airflow {self.name}", f"airflow {self.name.replace('-', '_')}"
+
+    def answers(self) -> bool:
+        """The api-server's report calls it healthy; a worker answers a ping."""
+        if self.worker:
+            return self.broker.answers() and self.node in _ping(self.broker.url, [self.node], 1.0)
+        return self.name not in _unhealthy(_health(self.api_url))
+
+
+@dataclass(frozen=True)
+class Redis(LocalService):
+    """Debian's ``redis-server``, the Celery broker: loopback only, no persistence (a
+    lost queue is re-sent by the scheduler); its files in ``<airflow home>/redis``, its
+    pid file and log beside the services'."""
+
+    #: ``<airflow home>/redis``.
+    home: Path
+    port: int
+    name = "redis"
+    start_timeout_s = 30.0
+
+    @property
+    def conf(self) -> Path:
+        return self.home / "redis.conf"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home.parent / "run" / "redis.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.home.parent / "services" / "redis.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def markers(self) -> tuple[str, ...]:
+        """Redis shows the config file its title template names."""
+        return (str(self.conf),)
+
+    def answers(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.port), 1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+        return False
+
+    def config(self) -> str:
+        """Loopback only, no persistence (a lost queue is re-sent by the scheduler)."""
+        return (
+            "# Written by kafka-ingest stack up on every start; edit airflow_services.py.\n"
+            "bind 127.0.0.1\n"
+            f"port {self.port}\n"
+            f"dir {self.home}\n"
+            'save ""\n'
+            "appendonly no\n"
+            "protected-mode yes\n"
+            "daemonize no\n"
+            # The config file's path in the process title: what tells our Redis from another.
+            'proc-title-template "{title} {listen-addr} {config-file}"\n'
+        )
+
+    def start(self) -> bool:
+        """Start Redis unless it runs and wait until it answers; whether it started."""
+        if self.pid() is not None:
+            return False
+        server = binary("redis-server", "Redis (apt-get install redis-server)")
+        require_free(self.port, "Redis (the Celery broker)", "KAFKA_INGEST_REDIS_PORT")
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(self.config())
+        self.await_ready(self.spawn([server, str(self.conf)]))
+        return True
+
+
 @dataclass(frozen=True)
 class AirflowServices:
     """Airflow's services of one stack: where they keep their state, which ports they use."""
@@ -157,7 +318,7 @@ class AirflowServices:
 
     @property
     def broker_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return self.redis.url
 
     @property
     def run_dir(self) -> Path:
@@ -173,18 +334,12 @@ class AirflowServices:
         return self.run_dir / "executor.json"
 
     @property
-    def redis_dir(self) -> Path:
-        return self.home / "redis"
+    def redis(self) -> Redis:
+        return Redis(self.home / "redis", self.redis_port)
 
-    @property
-    def redis_conf(self) -> Path:
-        return self.redis_dir / "redis.conf"
-
-    def pidfile(self, name: str) -> Path:
-        return self.run_dir / f"{name}.pid"
-
-    def logfile(self, name: str) -> Path:
-        return self.home / "services" / f"{name}.log"
+    def process(self, name: str) -> AirflowProcess:
+        """The service or Celery worker ``name`` (``scheduler``, ``worker-1``)."""
+        return AirflowProcess(name, self.home, self.url, self.redis)
 
     def password(self) -> str:
         """The admin's password, made once (the simple auth manager reads this file)."""
@@ -265,21 +420,15 @@ class AirflowServices:
         recorded = self._recorded()
         return recorded[0] if recorded else Executor()
 
-    def _worker_names(self) -> list[str]:
-        """Workers with a pid file: those started and not yet stopped."""
-        return sorted(p.stem for p in self.run_dir.glob("worker-*.pid"))
+    def processes(self) -> list[LocalService]:
+        """The services, then Redis and the Celery workers that have a pid file (those
+        started and not yet stopped)."""
+        workers = sorted(p.stem for p in self.run_dir.glob("worker-*.pid"))
+        redis = [self.redis] if self.redis.pidfile.is_file() else []
+        return [*map(self.process, SERVICES), *redis, *map(self.process, workers)]
 
     def pids(self) -> dict[str, int | None]:
-        # The api-server retitles itself "airflow api_server -- host:... port:..."; Celery
-        # retitles its worker "[celeryd: worker-1@host:MainProcess] ..."; Redis shows the
-        # config file its title template names.
-        pids = {name: our_pid(self.pidfile(name), f"airflow {name}",
-                              f"airflow {name.replace('-', '_')}") for name in SERVICES}
-        if self.pidfile("redis").is_file():
-            pids["redis"] = our_pid(self.pidfile("redis"), str(self.redis_conf))
-        for name in self._worker_names():
-            pids[name] = our_pid(self.pidfile(name), f"{name}@", f"--celery-hostname {name}@")
-        return pids
+        return {proc.name: proc.pid() for proc in self.processes()}
 
     def running(self) -> bool:
         return self.pids()["api-server"] is not None
@@ -302,7 +451,6 @@ class AirflowServices:
                 report(line)
         self.password()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.logfile("x").parent.mkdir(parents=True, exist_ok=True)
         executor_env = self._executor_settings(
             wanted, env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))
         self._record(wanted, executor_env)
@@ -313,8 +461,8 @@ class AirflowServices:
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""))}
         since = time.monotonic()
         started = []
-        if wanted.celery:
-            started += self._start_redis()
+        if wanted.celery and self.redis.start():
+            started.append("redis")
         for name, pid in self.pids().items():
             if name in SERVICES and pid is None:
                 started.append(name)
@@ -354,56 +502,9 @@ class AirflowServices:
         command = [sys.executable, "-m", "airflow", *args]
         if name == "api-server":
             command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self._popen(name, command, env)
-
-    def _popen(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
-        with self.logfile(name).open("ab") as out:
-            child = subprocess.Popen(command, env=dict(env), stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        CHILDREN[child.pid] = child
-        self.pidfile(name).write_text(f"{child.pid}\n")
+        self.process(name).spawn(command, env)
 
     # ----------------------------------------------------------------------- celery
-
-    def _redis_config(self) -> str:
-        """Loopback only, no persistence (a lost queue is re-sent by the scheduler)."""
-        return (
-            "# Written by kafka-ingest stack up on every start; edit airflow_services.py.\n"
-            "bind 127.0.0.1\n"
-            f"port {self.redis_port}\n"
-            f"dir {self.redis_dir}\n"
-            'save ""\n'
-            "appendonly no\n"
-            "protected-mode yes\n"
-            "daemonize no\n"
-            # The config file's path in the process title: what tells our Redis from another.
-            'proc-title-template "{title} {listen-addr} {config-file}"\n'
-        )
-
-    def _redis_answers(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.redis_port), 1.0) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-        return False
-
-    def _start_redis(self) -> list[str]:
-        if self.pids().get("redis") is not None:
-            return []
-        server = binary("redis-server", "Redis (apt-get install redis-server)")
-        require_free(self.redis_port, "Redis (the Celery broker)", "KAFKA_INGEST_REDIS_PORT")
-        self.redis_dir.mkdir(parents=True, exist_ok=True)
-        self.redis_conf.write_text(self._redis_config())
-        self._popen("redis", [server, str(self.redis_conf)], child_env())
-        deadline = time.monotonic() + 30
-        while not self._redis_answers():
-            pid = self.pids().get("redis")
-            if pid is None or time.monotonic() > deadline:
-                raise StackError(f"Redis did not start on 127.0.0.1:{self.redis_port}: "
-                                 f"{tail(self.logfile('redis'), 3)}")
-            time.sleep(0.1)
-        return ["redis"]
 
     def _start_workers(self, executor: Executor, env: Mapping[str, str]) -> list[str]:
         pids = self.pids()
@@ -423,56 +524,26 @@ class AirflowServices:
 
     def ping_workers(self, names: list[str], timeout_s: float = 1.0) -> set[str]:
         """The Celery workers (node names) that answer a ping through the broker."""
-        if not names or not self._redis_answers():
+        if not names or not self.redis.answers():
             return set()
-        from celery import Celery
-
-        app = Celery(broker=self.broker_url)
-        try:
-            replies = app.control.ping(destination=names, timeout=timeout_s) or []
-        except Exception:  # the broker went away mid-ping: nobody answered
-            return set()
-        finally:
-            app.close()
-        return {node for reply in replies for node in reply}
+        return _ping(self.broker_url, names, timeout_s)
 
     # ----------------------------------------------------------------------- health
 
     def health(self) -> dict[str, Any] | None:
         """The api-server's health report, or None while it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health",  # noqa: S310
-                                        timeout=3) as response:
-                report: dict[str, Any] = json.load(response)
-                return report
-        except (OSError, urllib.error.URLError, ValueError):
-            return None
-
-    def _unhealthy(self, report: dict[str, Any] | None) -> list[str]:
-        if report is None:
-            return ["api-server"]
-        return [name for name, key in _HEALTH_KEYS.items()
-                if (report.get(key) or {}).get("status") != "healthy"]
-
-    def _spawned_alive(self, name: str) -> bool:
-        """Whether the process in ``name``'s pid file lives: a service just started may be
-        rewriting its title (setproctitle clears it first), so its marker cannot be asked
-        for here; seconds after we wrote the pid file it cannot be a reused pid either."""
-        try:
-            return alive(int(self.pidfile(name).read_text().split()[0]))
-        except (OSError, ValueError, IndexError):
-            return False
+        return _health(self.url)
 
     def _await_healthy(self, executor: Executor) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         nodes = executor.worker_names()
         waiting = list(SERVICES)
         while time.monotonic() < deadline:
-            dead = [name for name in self.pids() if not self._spawned_alive(name)]
+            dead = [proc for proc in self.processes() if not _spawned_alive(proc)]
             if dead:
-                raise StackError(f"airflow {dead[0]} exited while starting: "
-                                 f"{tail(self.logfile(dead[0]), 3)}")
-            waiting = self._unhealthy(self.health())
+                raise StackError(f"airflow {dead[0].name} exited while starting: "
+                                 f"{tail(dead[0].logfile, 3)}")
+            waiting = _unhealthy(self.health())
             if not waiting:
                 silent = sorted(set(nodes) - self.ping_workers(nodes))
                 waiting = [node.split("@")[0] for node in silent]
@@ -480,7 +551,7 @@ class AirflowServices:
                 return
             time.sleep(0.5)
         raise StackError(f"airflow {', '.join(waiting)} not healthy within "
-                         f"{_START_TIMEOUT_S:.0f} s; see {self.logfile(waiting[0])}")
+                         f"{_START_TIMEOUT_S:.0f} s; see {self.process(waiting[0]).logfile}")
 
     # ----------------------------------------------------------------------- pools
 
@@ -531,8 +602,8 @@ class AirflowServices:
                         raise StackError(f"process {pid} ({name}) survived SIGKILL; "
                                          "stop it by hand")
                 lines.append(f"airflow {name}: stopped (pid {pid})")
-        for name in pids:
-            self.pidfile(name).unlink(missing_ok=True)
+        for proc in self.processes():
+            proc.pidfile.unlink(missing_ok=True)
         self.executor_file.unlink(missing_ok=True)
         return lines or ["airflow services: not running"]
 
@@ -566,25 +637,11 @@ class AirflowServices:
         return [proc.pid for proc in victims]
 
     def status(self) -> list[PartStatus]:
-        pids = self.pids()
-        if not any(pids.values()):
+        """A line for each process, while any of them runs."""
+        processes = self.processes()
+        if not any(proc.pid() for proc in processes):
             return []
-        unhealthy = self._unhealthy(self.health())
-        host = socket.gethostname()
-        workers = [f"{n}@{host}" for n in pids if n.startswith("worker-")]
-        answering = self.ping_workers(workers)
-        parts = []
-        for name, pid in pids.items():
-            if name == "redis":
-                address, up = f"127.0.0.1:{self.redis_port}", self._redis_answers()
-            elif name.startswith("worker-"):
-                address, up = f"{name}@{host}", f"{name}@{host}" in answering
-            else:
-                address = self.url if name == "api-server" else "-"
-                up = name not in unhealthy
-            parts.append(PartStatus(name, address, pid is not None and up, pid))
-        return parts
-
+        return [proc.status() for proc in processes]
 
 
 class RestApi:

@@ -12,10 +12,11 @@ with ``kafka-ingest stack up --registry``); the runtime never imports it.
   ``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/apicurio-registry-<version>/app`` (a marker
   makes an interrupted fetch start again), shared by every checkout, like Kafka's jars.
 - :class:`Server` is one stack's registry: its ports and ``<state>/registry`` (the
-  configuration written on every start, pid file, log). :func:`launch` starts the JVM
+  configuration written on every start, pid file, log), a
+  :class:`~kafka_ingest_dev.service.LocalService`. :func:`launch` starts the JVM
   (``-Xmx256m``) without waiting; :func:`await_ready` polls the API until it answers,
   with a deadline, then sets the global compatibility to ``BACKWARD`` (Apicurio's own
-  default is ``NONE``, which would accept any change); :func:`stop` ends it.
+  default is ``NONE``, which would accept any change); ``server.stop()`` ends it.
 
 Storage is H2 in memory: schemas live as long as the process, so a restart empties the
 registry (its ids start at 1 again). Trade-off: nothing to migrate or clean up, and tests
@@ -42,18 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kafka_ingest_dev.procs import (
-    CHILDREN,
-    PartStatus,
-    StackError,
-    accepts,
-    alive,
-    child_env,
-    our_pid,
-    read_or_none,
-    tail,
-    terminate,
-)
+from kafka_ingest_dev.procs import PartStatus, StackError, accepts, child_env, read_or_none
+from kafka_ingest_dev.service import LocalService
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +62,6 @@ _JAVA_VERSION_TIMEOUT_S = 20.0
 START_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 30.0
 _REQUEST_TIMEOUT_S = 5.0
-_POLL_S = 0.1
 #: A bounded JVM: the heap, a serial collector and the client compiler only (a
 #: development registry serves a handful of requests; C2 and G1 cost memory and CPU).
 JVM_OPTIONS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
@@ -241,17 +231,24 @@ def _unpack(archive: Path, target: Path) -> None:
 
 
 @dataclass(frozen=True)
-class Server:
+class Server(LocalService):
     """One stack's registry: its loopback ports and its directory under the state dir."""
 
     port: int
     management_port: int
     home: Path
+    name = "registry"
+    start_timeout_s = START_TIMEOUT_S
+    stop_timeout_s = _STOP_TIMEOUT_S
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API clients use."""
         return f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
+
+    @property
+    def address(self) -> str:
+        return self.url
 
     @property
     def props(self) -> Path:
@@ -270,10 +267,9 @@ class Server:
         """The release and the Java the running process was started with (JSON)."""
         return self.home / "release.json"
 
-    def pid(self) -> int | None:
-        """The registry's pid, if it runs and is ours (its command line names our
-        configuration file, which lives in this state dir)."""
-        return our_pid(self.pidfile, str(self.props))
+    def markers(self) -> tuple[str, ...]:
+        """Its command line names our configuration file, which lives in this state dir."""
+        return (str(self.props),)
 
     def started_with(self) -> dict[str, Any]:
         """What :func:`launch` recorded: ``version``, ``java``, ``java_major``,
@@ -300,6 +296,20 @@ class Server:
         except OSError:
             return False
         return status == 200 and isinstance(body, list)
+
+    def status(self) -> PartStatus:
+        """Up once it answers with a compatibility level: its release, the level and (3.x)
+        the management interface's address."""
+        pid = self.pid()
+        if pid is None:
+            return PartStatus(self.name, self.url, False, detail="not running")
+        level = compatibility(self) if self.answers(3.0) else None
+        if level is None:
+            return PartStatus(self.name, self.url, False, pid, "process alive, not answering")
+        management = (f", management 127.0.0.1:{self.management_port}"
+                      if self.started_with().get("management") else "")
+        detail = f"apicurio {self.release()}, compatibility {level}{management}"
+        return PartStatus(self.name, self.url, True, pid, detail)
 
 
 def properties(server: Server) -> str:
@@ -337,30 +347,14 @@ def launch(server: Server, release: Release, java: Java, app: Path) -> int:
     server.release_file.write_text(json.dumps(
         {"version": release.version, "java": java.path, "java_major": java.major,
          "management": release.management}) + "\n")
-    cmd = [java.path, *JVM_OPTIONS, f"-Dquarkus.config.locations={server.props}",
-           "-jar", str(app / release.jar)]
-    with server.logfile.open("ab") as out:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, cwd=server.home,
-                                 start_new_session=True, env=child_env())
-    CHILDREN[child.pid] = child
-    server.pidfile.write_text(f"{child.pid}\n")
-    return child.pid
+    return server.spawn([java.path, *JVM_OPTIONS, f"-Dquarkus.config.locations={server.props}",
+                         "-jar", str(app / release.jar)])
 
 
 def await_ready(server: Server, pid: int, timeout_s: float = START_TIMEOUT_S) -> None:
     """Poll until the API answers, then set the global compatibility; fail fast (with its
     log) if the JVM exits, and after ``timeout_s`` in all."""
-    deadline = time.monotonic() + timeout_s
-    while not server.answers():
-        if not alive(pid):
-            server.pidfile.unlink(missing_ok=True)
-            raise StackError(f"the schema registry exited while starting: "
-                             f"{tail(server.logfile)}")
-        if time.monotonic() > deadline:
-            raise StackError(f"the schema registry did not answer on {server.url} within "
-                             f"{timeout_s:.0f} s; see {server.logfile}")
-        time.sleep(_POLL_S)
+    server.await_ready(pid, timeout_s)
     set_compatibility(server, COMPATIBILITY)
 
 
@@ -379,33 +373,6 @@ def compatibility(server: Server) -> str | None:
         if status == 200 and isinstance(body, dict):
             return body.get("compatibilityLevel")
     return None
-
-
-def stop(server: Server) -> str:
-    """SIGTERM (Quarkus shuts down cleanly), SIGKILL after the time-out."""
-    pid = server.pid()
-    if pid is None:
-        server.pidfile.unlink(missing_ok=True)
-        return "registry: not running"
-    terminate(pid, _STOP_TIMEOUT_S)
-    server.pidfile.unlink(missing_ok=True)
-    return f"registry: stopped (pid {pid})"
-
-
-def status(server: Server) -> PartStatus | None:
-    """The registry's line while a pid file says it was started (None: it was not)."""
-    if not server.pidfile.is_file():
-        return None
-    pid = server.pid()
-    if pid is None:
-        return PartStatus("registry", server.url, False, detail="not running")
-    level = compatibility(server) if server.answers(3.0) else None
-    if level is None:
-        return PartStatus("registry", server.url, False, pid, "process alive, not answering")
-    management = (f", management 127.0.0.1:{server.management_port}"
-                  if server.started_with().get("management") else "")
-    detail = f"apicurio {server.release()}, compatibility {level}{management}"
-    return PartStatus("registry", server.url, True, pid, detail)
 
 
 # --------------------------------------------------------------------------- the client
@@ -453,6 +420,4 @@ __all__ = [
     "properties",
     "request",
     "set_compatibility",
-    "status",
-    "stop",
 ]

@@ -7,8 +7,9 @@ stack is started with ``kafka-ingest stack up --faults``); the runtime never imp
   (``github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0``) with ``go install`` into
   ``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/toxiproxy-2.12.0/`` once, so a fresh machine
   or CI gets it from the project's own files (Go 1.23+ is needed to build it).
-- :func:`start_server` / :func:`stop_server` run it on loopback, with a pid file and a log
-  in the state directory, like the stack's other processes.
+- :class:`Server` runs it on loopback (``start``, ``stop``, ``status``), with a pid file
+  and a log in the state directory, like the stack's other processes
+  (:class:`~kafka_ingest_dev.service.LocalService`).
 - :class:`Toxiproxy` is a small client of its REST API: proxies, and toxics on them
   (``latency``, ``bandwidth``, ``reset_peer``, ``timeout``, ``slicer``, ``limit_data``,
   ``slow_close``), each on the ``downstream`` (server to client, Toxiproxy's default) or
@@ -35,8 +36,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -46,16 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ingest_dev.gotools import cache_dir, go_install
-from kafka_ingest_dev.procs import (
-    CHILDREN,
-    StackError,
-    alive,
-    child_env,
-    our_pid,
-    require_free,
-    tail,
-    terminate,
-)
+from kafka_ingest_dev.procs import require_free, terminate
+from kafka_ingest_dev.service import LocalService
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +57,6 @@ DEFAULT_API_PORT = 18474
 _INSTALL_TIMEOUT_S = 900.0
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
-_POLL_S = 0.05
 
 DOWNSTREAM = "downstream"  # server -> client (Toxiproxy's default)
 UPSTREAM = "upstream"  # client -> server
@@ -96,15 +86,22 @@ def install() -> Path:
 
 
 @dataclass(frozen=True)
-class Server:
+class Server(LocalService):
     """Where one stack's Toxiproxy lives: its API port and its state directory."""
 
     port: int
     home: Path
+    name = "toxiproxy"
+    start_timeout_s = _START_TIMEOUT_S
+    stop_timeout_s = _STOP_TIMEOUT_S
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     @property
     def pidfile(self) -> Path:
@@ -121,12 +118,11 @@ class Server:
         (the stack fills it with proxies over the API)."""
         return self.home / "toxiproxy.json"
 
-    def pid(self) -> int | None:
-        """The server's pid, if it runs and is the one we started: its command line names
-        our proxies file, whatever port this process's settings give (a ``down`` from a
-        shell without the ``up``'s port settings finds it too). A server started before
+    def markers(self) -> tuple[str, ...]:
+        """Our proxies file, whatever port this process's settings give (a ``down`` from
+        a shell without the ``up``'s port settings finds it too); a server started before
         it had one is known by its API port."""
-        return our_pid(self.pidfile, str(self.config), f"-port {self.port} ")
+        return str(self.config), f"-port {self.port} "
 
     def answers(self) -> bool:
         try:
@@ -135,46 +131,22 @@ class Server:
             return False
         return True
 
-
-def start_server(server: Server) -> tuple[int, bool]:
-    """(pid, started): start Toxiproxy on 127.0.0.1 unless it runs; wait until it answers."""
-    running = server.pid()
-    if running is not None and server.answers():
-        return running, False
-    if running is not None:  # alive but deaf: start afresh
-        terminate(running, _STOP_TIMEOUT_S)
-    binary = install()
-    require_free(server.port, "Toxiproxy's API", "KAFKA_INGEST_TOXIPROXY_PORT")
-    server.home.mkdir(parents=True, exist_ok=True)
-    server.config.write_text("[]\n")
-    cmd = [str(binary), "-host", "127.0.0.1", "-port", str(server.port),
-           "-config", str(server.config)]
-    with server.logfile.open("ab") as out:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, cwd=server.home,
-                                 start_new_session=True, env=child_env())
-    CHILDREN[child.pid] = child
-    server.pidfile.write_text(f"{child.pid}\n")
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not alive(child.pid):
-            server.pidfile.unlink(missing_ok=True)
-            raise StackError(f"toxiproxy exited while starting: {tail(server.logfile)}")
-        if server.answers():
-            return child.pid, True
-        time.sleep(_POLL_S)
-    raise StackError(f"toxiproxy did not answer on {server.url} within "
-                     f"{_START_TIMEOUT_S:.0f} s; see {server.logfile}")
-
-
-def stop_server(server: Server) -> str:
-    pid = server.pid()
-    if pid is None:
-        server.pidfile.unlink(missing_ok=True)
-        return "toxiproxy: not running"
-    terminate(pid, _STOP_TIMEOUT_S)
-    server.pidfile.unlink(missing_ok=True)
-    return f"toxiproxy: stopped (pid {pid})"
+    def start(self) -> tuple[int, bool]:
+        """(pid, started): start Toxiproxy on 127.0.0.1 unless it runs (built first if
+        missing); wait until it answers."""
+        running = self.pid()
+        if running is not None and self.answers():
+            return running, False
+        if running is not None:  # alive but deaf: start afresh
+            terminate(running, self.stop_timeout_s)
+        binary = install()
+        require_free(self.port, "Toxiproxy's API", "KAFKA_INGEST_TOXIPROXY_PORT")
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.config.write_text("[]\n")
+        pid = self.spawn([str(binary), "-host", "127.0.0.1", "-port", str(self.port),
+                          "-config", str(self.config)])
+        self.await_ready(pid)
+        return pid, True
 
 
 # --------------------------------------------------------------------------- the client
@@ -240,29 +212,10 @@ class Toxiproxy:
         answer = self._call("GET", "/version")
         return str(answer.get("version") if isinstance(answer, dict) else answer)
 
-    def proxies(self) -> dict[str, Proxy]:
-        return {name: Proxy.from_api(body)
-                for name, body in (self._call("GET", "/proxies") or {}).items()}
-
-    def proxy(self, name: str) -> Proxy:
-        return Proxy.from_api(self._call("GET", f"/proxies/{name}"))
-
     def populate(self, proxies: list[dict[str, Any]]) -> list[Proxy]:
         """Create these proxies, or replace those whose address changed (idempotent)."""
         answer = self._call("POST", "/populate", proxies)
         return [Proxy.from_api(p) for p in answer.get("proxies", [])]
-
-    def create_proxy(self, name: str, listen: str, upstream: str,
-                     *, enabled: bool = True) -> Proxy:
-        return Proxy.from_api(self._call("POST", "/proxies", {
-            "name": name, "listen": listen, "upstream": upstream, "enabled": enabled}))
-
-    def delete_proxy(self, name: str) -> None:
-        self._call("DELETE", f"/proxies/{name}")
-
-    def set_enabled(self, name: str, enabled: bool) -> None:
-        """Disabling a proxy closes its connections and refuses new ones."""
-        self._call("POST", f"/proxies/{name}", {"enabled": enabled})
 
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
@@ -363,6 +316,4 @@ __all__ = [
     "ToxiproxyError",
     "install",
     "install_dir",
-    "start_server",
-    "stop_server",
 ]

@@ -38,16 +38,8 @@ import httpx
 import yaml
 
 from kafka_ingest_dev.gotools import cache_dir, go_install
-from kafka_ingest_dev.procs import (
-    CHILDREN,
-    StackError,
-    alive,
-    child_env,
-    our_pid,
-    port_free,
-    tail,
-    terminate,
-)
+from kafka_ingest_dev.procs import StackError, child_env, port_free, terminate
+from kafka_ingest_dev.service import LocalService
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +54,6 @@ _PROMTOOL_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 15.0
 _REQUEST_TIMEOUT_S = 5.0
-_POLL_S = 0.1
 
 T = TypeVar("T")
 
@@ -225,7 +216,7 @@ def _write_secret(path: Path, secret: str) -> None:
 
 
 @dataclass(frozen=True)
-class PrometheusServer:
+class PrometheusServer(LocalService):
     """One Prometheus on ``127.0.0.1:port`` with its files in ``home``.
 
     >>> with PrometheusServer(port, tmp_path, targets=(Target("app", "127.0.0.1:8000"),),
@@ -241,10 +232,16 @@ class PrometheusServer:
     evaluation_interval: str = "1s"
     #: How long :meth:`start` (and so ``with``) waits for ``/-/ready``.
     start_timeout_s: float = START_TIMEOUT_S
+    name = "prometheus"
+    stop_timeout_s = _STOP_TIMEOUT_S
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return self.url
 
     @property
     def api(self) -> PrometheusAPI:
@@ -273,10 +270,12 @@ class PrometheusServer:
     def token_file(self, job: str) -> Path:
         return self.secrets_dir / f"{_JOB_FILE.sub('_', job)}.token"
 
-    def pid(self) -> int | None:
-        """The server's pid, if it runs and is ours (its command line names our
-        configuration file, which lives in ``home``)."""
-        return our_pid(self.pidfile, str(self.config_file))
+    def markers(self) -> tuple[str, ...]:
+        """Its command line names our configuration file, which lives in ``home``."""
+        return (str(self.config_file),)
+
+    def answers(self) -> bool:
+        return self.api.ready()
 
     def write_config(self) -> Path:
         """Write the token files (0600, in a 0700 directory) and ``prometheus.yml``."""
@@ -316,33 +315,13 @@ class PrometheusServer:
             raise StackError(f"port 127.0.0.1:{self.port} for Prometheus is held by another "
                              "process: stop it, or choose another port")
         self.write_config()
-        with self.logfile.open("ab") as out:
-            child = subprocess.Popen(self.command(binary), stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, cwd=self.home,
-                                     start_new_session=True, env=child_env())
-        CHILDREN[child.pid] = child
-        self.pidfile.write_text(f"{child.pid}\n")
-        deadline = time.monotonic() + timeout_s
-        while not self.api.ready():
-            if not alive(child.pid):
-                self.pidfile.unlink(missing_ok=True)
-                raise StackError(f"prometheus exited while starting: {tail(self.logfile)}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise StackError(f"prometheus was not ready on {self.url} within "
-                                 f"{timeout_s:.0f} s: {tail(self.logfile)}")
-            time.sleep(_POLL_S)
-        return child.pid
-
-    def stop(self) -> str:
-        """SIGTERM (Prometheus closes its TSDB cleanly), SIGKILL after the time-out."""
-        pid = self.pid()
-        if pid is None:
-            self.pidfile.unlink(missing_ok=True)
-            return "prometheus: not running"
-        terminate(pid, _STOP_TIMEOUT_S)
-        self.pidfile.unlink(missing_ok=True)
-        return f"prometheus: stopped (pid {pid})"
+        pid = self.spawn(self.command(binary))
+        try:
+            self.await_ready(pid, timeout_s)
+        except StackError:
+            self.stop()  # not ready in time: no Prometheus left behind
+            raise
+        return pid
 
     def __enter__(self) -> PrometheusServer:
         self.start()

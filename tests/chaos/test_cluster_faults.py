@@ -294,7 +294,7 @@ def _superuser(dsn: str) -> psycopg.Connection[Any]:
     """The ``postgres`` superuser over the stack's private unix socket (trust)."""
     s = stack.settings()
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    return psycopg.connect(host=str(s.pg_socket_dir), port=s.pg_port, user="postgres",
+    return psycopg.connect(host=str(s.pg_nodes[0].socket_dir), port=s.pg_port, user="postgres",
                            dbname=dbname, autocommit=True)
 
 

@@ -65,6 +65,7 @@ from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRe
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
+from kafka_ingest_dev.stack.standby import kill_postmaster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -420,8 +421,8 @@ def test_a_failover_cut_short_after_the_kill_is_finished_by_the_next_up(
     new = next(node for node in settings.pg_nodes if node != old)
     pid = stack.postmaster_pid()
     assert pid is not None and new.standby
-    stack._kill_postmaster(pid)
-    stack._primary_marker(settings).write_text(f"{new.name}\n")  # what failover records first
+    kill_postmaster(pid)
+    settings.primary_marker.write_text(f"{new.name}\n")  # what failover records first
 
     stack.up(replica="async")
     assert stack.primary_node(settings) == new and not new.standby and old.standby

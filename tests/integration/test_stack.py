@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.stack import postgres
 from tests.conftest import free_ports
 
 pytestmark = pytest.mark.integration
@@ -300,7 +301,7 @@ def test_the_stacks_own_connections_ignore_the_users_libpq_variables(
     parts = {part.name: part for part in stack.status()}  # its health probes
     assert parts["postgres"].up and parts["airflow-db"].up, parts
     settings = stack.settings()
-    with stack._admin(stack.primary_node(settings)) as conn:  # its superuser's connection
+    with postgres.admin(stack.primary_node(settings)) as conn:  # its superuser's connection
         row = conn.execute("SELECT pg_is_in_recovery(), current_user,"
                            " current_setting('default_transaction_read_only')").fetchone()
     assert row == (False, "postgres", "off")
@@ -312,7 +313,6 @@ def test_down_finds_toxiproxy_started_on_ports_its_shell_does_not_name(
     without it: Toxiproxy is stopped like every other part (each is known by a path of
     its state dir, not by a port). Only Toxiproxy runs in this state dir, so ``down``
     has nothing else to stop."""
-    from kafka_ingest_dev import faults
     from kafka_ingest_dev.procs import terminate
 
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-toxi-"))
@@ -321,7 +321,7 @@ def test_down_finds_toxiproxy_started_on_ports_its_shell_does_not_name(
     server = stack.settings().toxiproxy
     pid = None
     try:
-        pid, started = faults.start_server(server)
+        pid, started = server.start()
         assert started and server.answers()
         (state / "faults").write_text("Toxiproxy in front of Kafka and Postgres\n")
         monkeypatch.delenv("KAFKA_INGEST_TOXIPROXY_PORT")  # the default port from here

@@ -16,7 +16,7 @@ from kafka_ingest_dev.airflow_services import (
     worker_hostname,
 )
 from kafka_ingest_dev.procs import StackError
-from kafka_ingest_dev.stack import _parser
+from kafka_ingest_dev.stack.cli import parser
 
 DB = "postgresql+psycopg2://kafka_ingest:pw@127.0.0.1:15432/airflow"
 
@@ -91,8 +91,8 @@ def test_nothing_running_means_the_local_executor_unless_asked(tmp_path: Path) -
 
 
 def test_stack_up_takes_the_executor_and_workers() -> None:
-    args = _parser().parse_args(["up", "--executor", "celery", "--workers", "3"])
+    args = parser().parse_args(["up", "--executor", "celery", "--workers", "3"])
     assert (args.executor, args.workers, args.airflow) == ("celery", 3, False)
-    assert _parser().parse_args(["up", "--airflow"]).executor is None
+    assert parser().parse_args(["up", "--airflow"]).executor is None
     with pytest.raises(SystemExit):
-        _parser().parse_args(["up", "--executor", "sequential"])
+        parser().parse_args(["up", "--executor", "sequential"])

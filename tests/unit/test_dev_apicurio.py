@@ -10,7 +10,7 @@ import pytest
 from kafka_ingest_dev import apicurio
 from kafka_ingest_dev.apicurio import Java, Server, choose, find_javas, java_major
 from kafka_ingest_dev.procs import StackError
-from kafka_ingest_dev.stack import _parser
+from kafka_ingest_dev.stack.cli import parser
 
 J17 = Java("/usr/lib/jvm/java-17-openjdk-amd64/bin/java", 17)
 J21 = Java("/opt/jdk-21/bin/java", 21)
@@ -80,8 +80,8 @@ def test_the_jvm_heap_is_bounded() -> None:
 
 
 def test_the_cli_starts_and_stops_the_registry() -> None:
-    assert _parser().parse_args(["up", "--registry"]).registry is True
-    assert _parser().parse_args(["up"]).registry is False
-    assert _parser().parse_args(["down", "--registry"]).registry is True
+    assert parser().parse_args(["up", "--registry"]).registry is True
+    assert parser().parse_args(["up"]).registry is False
+    assert parser().parse_args(["down", "--registry"]).registry is True
     with pytest.raises(SystemExit):  # one of them: only Airflow, or only the registry
-        _parser().parse_args(["down", "--registry", "--airflow"])
+        parser().parse_args(["down", "--registry", "--airflow"])

@@ -71,7 +71,28 @@ def test_real_tree_imports_only_modules_that_exist() -> None:
     assert found == [], "\n".join(found)
 
 
+def test_the_benchmarks_have_no_import_cycle() -> None:
+    # The harness, the project's rows, the peers and the scripts: none imports a script.
+    graph = checker.build_graph(ROOT / "benchmarks")
+    assert {"harness", "project_rows", "bench_ingest", "peers", "peers.connect"} <= set(
+        graph.modules)
+    found = checker.find_cycles(graph) + checker.unresolved(graph)
+    assert found == [], "\n".join(found)
+
+
 # --- the checker can fail ------------------------------------------------------------------
+
+
+def test_a_cycle_between_top_level_modules_is_found(tmp_path: Path) -> None:
+    # benchmarks/ holds scripts and a harness as plain modules beside the peers package
+    root = make_tree(tmp_path, {
+        "script.py": "import lib\n",
+        "lib.py": "def f():\n    import script\n",
+        "pkg/__init__.py": "",
+        "pkg/a.py": "import lib\n",
+    })
+    assert [line.split("  [")[0] for line in cycles(root)] == [
+        "cycle: lib -> script -> lib"]
 
 
 def test_a_cycle_made_by_a_function_local_import_is_reported(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.stack import postgres
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> stack.Settings:
 
 
 def _lines(s: stack.Settings, node: stack.PgNode) -> set[str]:
-    return set(stack._pg_config(s, node).splitlines())
+    return set(postgres.config(s, node).splitlines())
 
 
 def test_a_standby_streams_from_the_primary_through_its_slot(settings: stack.Settings) -> None:
@@ -48,7 +49,7 @@ def test_sync_makes_the_primary_wait_for_its_standby_only_while_it_runs(
     (standby.data / "standby.signal").touch()
     # not running: no commit may wait for it (remote_apply has no time-out)
     assert not any(line.startswith("synchronous") for line in _lines(settings, primary))
-    monkeypatch.setattr(stack, "_postmaster_pid", lambda s, node=None: 4242)
+    monkeypatch.setattr(stack.PgNode, "pid", lambda node: 4242)  # the standby runs
     assert {f"synchronous_standby_names = '{stack.STANDBY_NAME}'",
             "synchronous_commit = remote_apply"} <= _lines(settings, primary)
 

@@ -1,4 +1,4 @@
-"""The Avro path beside the JSON one for ``bench_ingest.py``: the same events, Avro-encoded.
+"""The Avro rows of ``bench_ingest.py``, beside the JSON one: the same events, Avro-encoded.
 
 The sample ``bench_ingest`` produced (``samples.sample_stream``: same tag, seed, keys and
 partitions, so the same event ids in the same order) goes to a topic of its own,
@@ -7,7 +7,7 @@ the Confluent wire format (magic byte, schema id, Avro binary) with the same fie
 under a schema registered in the stack's registry (``<source>-avro-value``,
 :data:`SCHEMA`: the ``metric_event`` v2 contract's fields). Rows:
 
-- ``kafka-ingest (avro)``: ``bench_ingest.child_project``, the JSON row's child, on that
+- ``kafka-ingest (avro)``: ``project_rows.child_project``, the JSON row's child, on that
   topic with a pipeline of ``format: avro`` and the registry's settings: the DAG's path,
   the registry decoder in front of the same contract. Checked like the JSON row (counts,
   table rows, each a valid sample event) and by dead-letter class;
@@ -37,12 +37,24 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-import bench_ingest as bi  # the script itself when it runs (it registers under this name)
-import peers
 import psycopg
+from harness import (
+    BASE_PIPELINE,
+    PROJECT_PATH,
+    Bench,
+    Measure,
+    Target,
+    as_measure,
+    check_rows,
+    chunks,
+    make_table,
+    pipeline_of,
+    rss_mb,
+    run_child,
+)
+from project_rows import check_project, child_project
 
 from kafka_ingest.decode.formats import open_decoder
 from kafka_ingest.decode.validate import validate_chunk
@@ -101,7 +113,7 @@ class AvroData:
     subject: str
     registry_url: str
     schema_id: int
-    target: bi.Target
+    target: Target
     produced: int
     expect: dict[str, int]  # row, duplicate, tombstone, and dead letters by error class
     value_mb: float
@@ -118,7 +130,7 @@ def avro_value(sample: Any, serialize: Callable[[dict[str, Any]], bytes]) -> byt
     return serialize(json.loads(sample.value))
 
 
-def produce_avro_topic(b: bi.Bench, topic: str, url: str) -> AvroData:
+def produce_avro_topic(b: Bench, topic: str, url: str) -> AvroData:
     """The sample stream, Avro-encoded, to ``topic``; the schema registered by the
     serializer (``auto.register.schemas``, TopicNameStrategy: ``<topic>-value``)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -137,8 +149,8 @@ def produce_avro_topic(b: bi.Bench, topic: str, url: str) -> AvroData:
 
     def records() -> Iterator[Outgoing]:
         nonlocal size
-        doc = (bi.BASE_PIPELINE, b.base_body)
-        for s in sample_stream(bi._pipeline(doc), b.args.events, 1, tag=b.tag,
+        doc = (BASE_PIPELINE, b.base_body)
+        for s in sample_stream(pipeline_of(doc), b.args.events, 1, tag=b.tag,
                                partitions=b.args.partitions):
             value = avro_value(s, lambda event: serializer(event, ctx))
             size += len(value or b"")
@@ -160,7 +172,7 @@ def produce_avro_topic(b: bi.Bench, topic: str, url: str) -> AvroData:
                     dict(expect), size / 1e6)
 
 
-def _same_work(b: bi.Bench, data: AvroData) -> None:
+def _same_work(b: Bench, data: AvroData) -> None:
     """The Avro topic must ask for the JSON sample's work: messages, rows, duplicates,
     tombstones and dead letters (their classes may differ, see :data:`AVRO_EXPECT`)."""
     def shape(expect: dict[str, int]) -> dict[str, int]:
@@ -174,7 +186,7 @@ def _same_work(b: bi.Bench, data: AvroData) -> None:
 
 
 @contextlib.contextmanager
-def avro_topic(b: bi.Bench, url: str) -> Iterator[AvroData]:
+def avro_topic(b: Bench, url: str) -> Iterator[AvroData]:
     """Produce the Avro topic (deleted with the bench's topics: it is ``<source>-avro``);
     its subject is deleted from the registry on exit (soft, then for good)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -199,7 +211,7 @@ def avro_topic(b: bi.Bench, url: str) -> Iterator[AvroData]:
             registry.close()
 
 
-def avro_doc(b: bi.Bench, name: str) -> tuple[str, dict[str, Any]]:
+def avro_doc(b: Bench, name: str) -> tuple[str, dict[str, Any]]:
     """The JSON row's pipeline on the Avro topic, ``format: avro``, table ``name``."""
     doc_name, body = b.pipeline_doc(name)
     return doc_name, {**body, "topic": b.avro.topic, "format": "avro", "schema_registry": {}}
@@ -208,7 +220,7 @@ def avro_doc(b: bi.Bench, name: str) -> tuple[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- the rows
 
 
-def check_dead_letters(b: bi.Bench, pipeline: str) -> dict[str, int]:
+def check_dead_letters(b: Bench, pipeline: str) -> dict[str, int]:
     """The run's ``dead_letters`` rows by class must be what :data:`AVRO_EXPECT` says."""
     want = {k: v for k, v in b.avro.expect.items() if k not in {"row", "duplicate", "tombstone"}}
     with psycopg.connect(b.dsn) as conn:
@@ -220,18 +232,18 @@ def check_dead_letters(b: bi.Bench, pipeline: str) -> dict[str, int]:
     return got
 
 
-def measure_avro(b: bi.Bench, rep: int) -> bi.Measure:
+def measure_avro(b: Bench, rep: int) -> Measure:
     """The JSON row's child (plan + ingest_range) on the Avro topic, registry settings
     given to the engine as ``KafkaClients(config, registry=...)``."""
     name = f"bench_avro_{rep}"
-    bi.make_table(b.dsn, name)
-    raw = bi.run_child(bi.child_project, b.avro.target, avro_doc(b, name),
+    make_table(b.dsn, name)
+    raw = run_child(child_project, b.avro.target, avro_doc(b, name),
                        f"bench__{b.tag}_avro{rep}", b.avro.registry_url)
-    bi.check_project(b, raw["detail"], name, expect=b.avro.expect, produced=b.avro.produced)
-    peers.check_rows(b, name, b.avro.expect.get("row", 0))
+    check_project(b, raw["detail"], name, expect=b.avro.expect, produced=b.avro.produced)
+    check_rows(b, name, b.avro.expect.get("row", 0))
     raw["detail"]["dead_by_class"] = check_dead_letters(b, name)
     raw["detail"]["topic_value_mb"] = round(b.avro.value_mb, 1)
-    return bi.as_measure(AVRO_PATH, raw)
+    return as_measure(AVRO_PATH, raw)
 
 
 #: The stages, in the order printed: (key, label).
@@ -283,6 +295,18 @@ class _Decoded(dict[bytes, Any]):
         return self._read(value)
 
 
+class _Predecoded:
+    """``decoder`` with its ``read`` replaced (by a lookup of values decoded beforehand):
+    whatever else ``validate_chunk`` asks of a decoder is the real one's."""
+
+    def __init__(self, decoder: Any, read: Callable[[bytes], Any]) -> None:
+        self._decoder = decoder
+        self.read = read
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)
+
+
 def _avro_stages(chunk: Any, pipeline: Any, decoder: Any, spent: dict[str, float]) -> int:
     """The decode as validate_chunk meets it: its time on the chunk, less its time on the
     same chunk with each valid value decoded beforehand (a dict lookup left in its place)."""
@@ -293,7 +317,7 @@ def _avro_stages(chunk: Any, pipeline: Any, decoder: Any, spent: dict[str, float
     decoded = _Decoded(read, good)
     dicts = [decoded[v] for v in good]
     spent["avro_validate"] += _cpu(lambda: _drain(validate, dicts))[0]
-    predecoded = SimpleNamespace(read=decoded.__getitem__, python=True)
+    predecoded = _Predecoded(decoder, decoded.__getitem__)
     spent["avro_predecoded"] += _cpu(
         lambda: validate_chunk(chunk.messages, pipeline, predecoded))[0]  # type: ignore[arg-type]
     spent["avro_total"] += _cpu(lambda: validate_chunk(chunk.messages, pipeline, decoder))[0]
@@ -308,13 +332,13 @@ def _json_stages(chunk: Any, pipeline: Any, spent: dict[str, float]) -> int:
     return len(good)
 
 
-def child_stages(json_t: bi.Target, avro_t: bi.Target, json_doc: tuple[str, dict[str, Any]],
+def child_stages(json_t: Target, avro_t: Target, json_doc: tuple[str, dict[str, Any]],
                  avro_doc_: tuple[str, dict[str, Any]], url: str) -> dict[str, Any]:
     """Per-stage CPU of ``validate_chunk`` on both topics, chunk k of each in turn (which
     goes first alternates); the reads are not timed. Stages are timed on the messages that
     pass (the same sample's valid events), the totals on whole chunks."""
-    start_rss = bi._rss_mb()
-    pj, pa = bi._pipeline(json_doc), bi._pipeline(avro_doc_)
+    start_rss = rss_mb()
+    pj, pa = pipeline_of(json_doc), pipeline_of(avro_doc_)
     clients = KafkaClients(json_t.kafka, registry=RegistrySettings({"url": url}))
     spent = dict.fromkeys(("avro_decode_alone", "avro_validate", "avro_predecoded",
                            "avro_total", "json_validate", "json_total", "wall"), 0.0)
@@ -322,7 +346,7 @@ def child_stages(json_t: bi.Target, avro_t: bi.Target, json_doc: tuple[str, dict
     with open_decoder(pa, clients.registry) as decoder:
         cj, ca = clients.consumer(json_t.group), clients.consumer(avro_t.group)
         try:
-            pairs = zip(bi._chunks(json_t, cj), bi._chunks(avro_t, ca), strict=True)
+            pairs = zip(chunks(json_t, cj), chunks(avro_t, ca), strict=True)
             for k, (jchunk, achunk) in enumerate(pairs):
                 t0 = time.perf_counter()
                 if k % 2:
@@ -345,25 +369,25 @@ def child_stages(json_t: bi.Target, avro_t: bi.Target, json_doc: tuple[str, dict
     us["avro_rest"] = us["avro_total"] - us["avro_decode"] - us["avro_validate"]
     us["json_rest"] = us["json_total"] - us["json_validate"]
     return {"events": messages, "seconds": spent["avro_total"], "cpu_s": spent["avro_total"],
-            "start_rss_mb": start_rss, "peak_rss_mb": bi._rss_mb(),
+            "start_rss_mb": start_rss, "peak_rss_mb": rss_mb(),
             "detail": {"stages_us": {k: round(v * 1e6, 3) for k, v in us.items()},
                        "timed_messages": {"avro": n_avro, "json": n_json},
                        "both_wall_s": round(spent["wall"], 3)}}
 
 
-def measure_stages(b: bi.Bench, _rep: int) -> bi.Measure:
-    raw = bi.run_child(child_stages, b.target, b.avro.target, b.pipeline_doc(bi.BASE_PIPELINE),
-                       avro_doc(b, bi.BASE_PIPELINE), b.avro.registry_url)
+def measure_stages(b: Bench, _rep: int) -> Measure:
+    raw = run_child(child_stages, b.target, b.avro.target, b.pipeline_doc(BASE_PIPELINE),
+                       avro_doc(b, BASE_PIPELINE), b.avro.registry_url)
     if raw["events"] != b.avro.produced:
         raise RuntimeError(f"avro stages read {raw['events']} of {b.avro.produced} messages")
     timed = raw["detail"]["timed_messages"]
     want = b.avro.expect.get("row", 0) + b.avro.expect.get("duplicate", 0)
     if timed != {"avro": want, "json": want}:
         raise RuntimeError(f"avro stages timed {timed} valid messages; expected {want} each")
-    return bi.as_measure(STAGES_PATH, raw)
+    return as_measure(STAGES_PATH, raw)
 
 
-PATHS: list[tuple[str, Callable[[bi.Bench, int], bi.Measure]]] = [
+PATHS: list[tuple[str, Callable[[Bench, int], Measure]]] = [
     ("avro", measure_avro),
     ("avro_stages", measure_stages),
 ]
@@ -378,15 +402,15 @@ def wanted(only: list[str] | None) -> bool:
 # --------------------------------------------------------------------------- the report
 
 
-def _per_event_us(m: bi.Measure) -> float:
+def _per_event_us(m: Measure) -> float:
     return m.cpu_s / m.events * 1e6 if m.events else 0.0
 
 
-def compare(results: list[bi.Measure]) -> dict[str, Any]:
+def compare(results: list[Measure]) -> dict[str, Any]:
     """The Avro row against the JSON row: events/s, CPU per event, the time ratio (of the
     median runs, and the median of the runs paired by repeat), and the stages."""
     by_path = {m.path: m for m in results}
-    json_m, avro_m = by_path.get(bi.PROJECT_PATH), by_path.get(AVRO_PATH)
+    json_m, avro_m = by_path.get(PROJECT_PATH), by_path.get(AVRO_PATH)
     out: dict[str, Any] = {}
     if json_m and avro_m:
         pairs = [a / j for a, j in zip(avro_m.detail.get("all_seconds", []),
