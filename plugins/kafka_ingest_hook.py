@@ -29,7 +29,6 @@ from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.engine.ingest import rows_changed
 from kafka_ingest.errors import PermanentError
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import offsets_for_time, read_range, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings, registry_settings_from
 from kafka_ingest.ops.monitor import Breach, post_webhook, redact_url
 from kafka_ingest.requests import form_fields
@@ -38,9 +37,11 @@ log = logging.getLogger(__name__)
 
 
 class KafkaIngestHook(KafkaBaseHook):
-    """Kafka clients for bounded reads, DLQ produce and offset commits.
+    """The Kafka clients (:class:`~kafka_ingest.kafka.clients.KafkaClients`: bounded reads,
+    DLQ produce, group commits) of an Airflow Kafka connection, whose extra is the
+    librdkafka config; the core reads and commits through them.
 
-    :param kafka_config_id: the Kafka connection (its extra is the librdkafka config).
+    :param kafka_config_id: the Kafka connection.
     """
 
     hook_name = "Apache Kafka (kafka-ingest)"
@@ -57,42 +58,6 @@ class KafkaIngestHook(KafkaBaseHook):
     def clients(self) -> KafkaClients:
         client: KafkaClients = self.get_conn
         return client
-
-    def read_range(self, group_id: str, topic: str, partition: int, start: int, end: int,
-                   *, chunk_size: int) -> Any:
-        """Yield chunks of ``[start, end)`` (assign + seek, never subscribe)."""
-        consumer = self.clients.consumer(group_id)
-        try:
-            yield from read_range(consumer, topic, partition, start, end, chunk_size=chunk_size)
-        finally:
-            consumer.close()
-
-    def watermarks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
-        consumer = self.clients.consumer("kafka-ingest.watermarks")
-        try:
-            return watermarks(consumer, topic, partitions)
-        finally:
-            consumer.close()
-
-    def offsets_for_time(self, topic: str, partitions: list[int], when_ms: int) -> dict[int, int]:
-        """Per partition, the first offset at or after ``when_ms`` (the high watermark if
-        none), so windows built from two calls are half-open."""
-        consumer = self.clients.consumer("kafka-ingest.offsets-for-times")
-        try:
-            return offsets_for_time(consumer, topic, partitions, when_ms)
-        finally:
-            consumer.close()
-
-    def commit_offsets(self, group_id: str, topic: str, offsets: dict[int, int]) -> bool:
-        """Commit ``offsets`` to ``group_id``; whether the group has them (waits at most
-        ``socket.timeout.ms``; see :mod:`kafka_ingest.kafka.commits`)."""
-        group = self.clients.committer(group_id)
-        try:
-            for partition, offset in offsets.items():
-                group.post(topic, partition, offset)
-        finally:
-            complete = group.close()
-        return complete
 
 
 def pipeline_clients(pipeline: Any) -> KafkaClients:
