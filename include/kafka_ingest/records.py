@@ -71,8 +71,9 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
 
 class Provenance(NamedTuple):
     """Where a row came from: the provenance columns of every target table, in order
-    (the Kafka timestamp as binary ``COPY`` sends a ``timestamptz``: microseconds since
-    Postgres' epoch, :func:`~kafka_ingest.contracts.columns.millis_to_pg`)."""
+    (:data:`PROVENANCE_COLUMNS`: one column per field; the Kafka timestamp as binary
+    ``COPY`` sends a ``timestamptz``: microseconds since Postgres' epoch,
+    :func:`~kafka_ingest.contracts.columns.millis_to_pg`)."""
 
     topic: str
     partition: int
@@ -85,14 +86,32 @@ class Provenance(NamedTuple):
         return (self.topic, self.partition, self.offset)
 
 
-#: The provenance columns and their Postgres types, in :class:`Provenance` order.
-PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("source_topic", "text"),
-    ("source_partition", "int4"),
-    ("source_offset", "int8"),
-    ("kafka_key", "bytea"),
-    ("kafka_timestamp", "timestamptz"),
+class ProvenanceColumn(NamedTuple):
+    """One provenance column of every target table."""
+
+    name: str
+    #: Its Postgres type (as binary ``COPY`` names it).
+    type: str
+    #: NULL when the record has none (no key, no usable timestamp).
+    nullable: bool = False
+    #: The value is epoch milliseconds, made into the column's binary ``timestamptz`` as
+    #: the row is built (:func:`~kafka_ingest.contracts.columns.millis_to_pg`).
+    epoch_ms: bool = False
+
+
+#: The provenance columns, in :class:`Provenance` order (one per field): the one
+#: definition the target tables' DDL, the rows, the staging table and the reserved column
+#: names are made from.
+PROVENANCE_COLUMNS: tuple[ProvenanceColumn, ...] = (
+    ProvenanceColumn("source_topic", "text"),
+    ProvenanceColumn("source_partition", "int4"),
+    ProvenanceColumn("source_offset", "int8"),
+    ProvenanceColumn("kafka_key", "bytea", nullable=True),
+    ProvenanceColumn("kafka_timestamp", "timestamptz", nullable=True, epoch_ms=True),
 )
+#: Every target table's own column besides the provenance: when the row was written
+#: (filled by its default).
+INGESTED_AT = "ingested_at"
 _SOURCE = len(PROVENANCE_COLUMNS)
 
 
@@ -147,6 +166,7 @@ class ChunkCounts:
 
 
 __all__ = [
+    "INGESTED_AT",
     "MAX_TIMESTAMP_MS",
     "PROVENANCE_COLUMNS",
     "ChunkCounts",
@@ -154,6 +174,7 @@ __all__ = [
     "MessageLike",
     "Position",
     "Provenance",
+    "ProvenanceColumn",
     "Row",
     "Source",
     "Tombstone",
