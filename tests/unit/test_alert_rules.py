@@ -233,7 +233,7 @@ def _annotations(name: str, rule: str, summary: str) -> dict[str, str]:
     return {"summary": summary,
             "description": f"{name} (t-in -> t_rows): the {rule} rule of its alerts block; "
                            "see the runbook.",
-            "runbook": f"README.md, Runbook: what each alert means and what to do: {rule}"}
+            "runbook": f"docs/runbook.md#{rule}"}
 
 
 def _lag_high(name: str, value: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Postgres: connections, locks, migrations, the unit of work, repositories, the upsert.
+"""Postgres: connections, locks, migrations, the unit of work, repositories, the upsert,
+and the queries of the looks (:mod:`kafka_ingest.db.observations`): all the SQL.
 
 One chunk is one transaction on one psycopg 3 connection (:class:`UnitOfWork`): rows,
 dead letters, the stored offset moved by compare-and-set, the audit row, then COMMIT.
@@ -11,6 +12,12 @@ from kafka_ingest.db.connection import (
     translate_errors,
 )
 from kafka_ingest.db.locks import lock_partition, unlock_partition
+from kafka_ingest.db.observations import (
+    LedgerLooks,
+    LetterLooks,
+    MonitorChecksRepository,
+    RecordedCheck,
+)
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
     GapsRepository,
@@ -34,9 +41,13 @@ __all__ = [
     "DeleteResult",
     "GapsRepository",
     "IncarnationsRepository",
+    "LedgerLooks",
+    "LetterLooks",
+    "MonitorChecksRepository",
     "OffsetsRepository",
     "PinnedRange",
     "PlansRepository",
+    "RecordedCheck",
     "RetentionRepository",
     "RowsRepository",
     "RunRecord",
