@@ -31,6 +31,7 @@ from kafka_ingest.errors import PermanentError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.registry import RegistrySettings, registry_settings_from
 from kafka_ingest.ops.monitor import Breach, post_webhook, redact_url
+from kafka_ingest.records import COUNTERS
 from kafka_ingest.requests import form_fields
 
 log = logging.getLogger(__name__)
@@ -114,10 +115,10 @@ def form_params(form: Any) -> dict[str, Param]:
             form_fields(form).items()}
 
 
-METRICS = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead", "tombstones",
-           "bytes",
-           "lag_after", "dlq_rate", "recovered", "still_parked", "total_lag", "group_lag",
-           "parked")
+#: The figures of a run's summary sent to Airflow's metrics: every counter of
+#: :class:`~kafka_ingest.records.ChunkCounts`, then the run's own and the replay's.
+METRICS = (*COUNTERS, "lag_after", "dlq_rate", "recovered", "still_parked", "total_lag",
+           "group_lag", "parked")
 
 
 def emit_metrics(kind: str, pipeline: str, summary: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ quiet until the run it caused moved the stored offsets).
 
 Every lag trigger of one Kafka and one Postgres connection shares one poll loop in the
 triggerer (Airflow's shared streams, keyed by the two connections): one
-:class:`kafka_ingest.ops.status.LagReader`, so one consumer, one admin client and one
+:class:`kafka_ingest.ops.lag.LagReader`, so one consumer, one admin client and one
 Postgres connection, read every ``on_data`` pipeline of the pipelines file on those
 connections each ``poll_seconds`` (the smallest of theirs). Each read is bounded by
 :data:`READ_TIMEOUT_S` per request and runs in a worker thread, never on the
@@ -32,7 +32,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.config import OnData
 from kafka_ingest.errors import IngestError
-from kafka_ingest.ops.status import LagReader
+from kafka_ingest.ops.lag import LagReader, LagRow
 from kafka_ingest.ops.watch import LagWatch
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class LagReading:
     """One read of every watched pipeline: rows per pipeline (or why not), when."""
 
     at: float  # monotonic seconds
-    rows: dict[str, list[dict[str, Any]] | IngestError] = field(default_factory=dict)
+    rows: dict[str, list[LagRow] | IngestError] = field(default_factory=dict)
     error: str | None = None
 
 

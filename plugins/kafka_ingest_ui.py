@@ -54,7 +54,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 
 from kafka_ingest import Pipeline, load_pipelines
-from kafka_ingest.db import Database
+from kafka_ingest.db import Database, RecordedCheck
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE
 from kafka_ingest.ops import page
 from kafka_ingest.ops.metrics import CONTENT_TYPE, exposition, registry_of, token_matches
@@ -238,7 +238,7 @@ def metrics(reader: Scraper) -> Response:
 @app.get("/pipelines", response_class=HTMLResponse)
 def pipelines_page(request: Request, reader: User) -> HTMLResponse:
     snap = reader.sees(LOOKS.cache().get())
-    checks: dict[str, list[page.Check]] = {}
+    checks: dict[str, list[RecordedCheck]] = {}
     by_db: dict[str, list[Pipeline]] = {}
     for v in snap.views:
         by_db.setdefault(v.pipeline.postgres_conn_id, []).append(v.pipeline)
@@ -258,7 +258,7 @@ def pipeline_page(request: Request, name: str, reader: User) -> HTMLResponse:
     view = reader.sees(LOOKS.cache().get()).view(name)
     if view is None:  # unknown or not the caller's: one answer, which names nothing
         raise HTTPException(404, f"no pipeline named {name!r} that you may read")
-    checks: list[page.Check] = []
+    checks: list[RecordedCheck] = []
     dead: list[dict[str, Any]] = []
     try:
         with LOOKS.database(view.pipeline).session() as conn:

@@ -42,7 +42,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("kafka_ingest.requests", "kafka_ingest.decode", "kafka_ingest.ops"),
     ("kafka_ingest.ranges", "kafka_ingest.kafka", "kafka_ingest.db"),
     ("kafka_ingest.config",),
-    ("kafka_ingest.contracts", "kafka_ingest.errors", "kafka_ingest.records"),
+    ("kafka_ingest.contracts", "kafka_ingest.errors"),
+    ("kafka_ingest.records",),
 )
 FLOORED_PACKAGE = "kafka_ingest"
 DYNAMIC_IMPORTERS = frozenset({"import_module", "__import__"})

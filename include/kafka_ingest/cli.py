@@ -69,9 +69,10 @@ from kafka_ingest.kafka.reader import partitions_of, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest.ops import alert_rules
+from kafka_ingest.ops.lag import LagRow, lag
 from kafka_ingest.ops.metrics import serve
 from kafka_ingest.ops.observe import SnapshotCache, Sources, snapshot
-from kafka_ingest.ops.status import lag, pipeline_status, status_rows
+from kafka_ingest.ops.status import pipeline_status, status_rows
 from kafka_ingest.requests import ingest_request, replay_request
 
 log = logging.getLogger("kafka_ingest")
@@ -324,7 +325,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
     else:
         pipelines = [p for _, p in sorted(load_pipelines().items())]
     clients, db = kafka_clients(), database()
-    rows: list[dict[str, Any]] = []
+    rows: list[LagRow] = []
     missing = 0
     for pipeline in pipelines:
         try:
@@ -334,11 +335,12 @@ def cmd_lag(args: argparse.Namespace) -> int:
                 raise
             missing += 1
             print(f"kafka-ingest: {pipeline.name}: {exc}", file=sys.stderr)
-    print_table(rows)  # lag: from the stored offset (the truth); group_lag: what lag tools see
+    # lag: from the stored offset (the truth); group_lag: what lag tools see
+    print_table([r.to_dict() for r in rows])
     for r in rows:
-        if r["stored_offset"] is not None and r["group_offset"] != r["stored_offset"]:
-            print(f"{r['pipeline']} {r['topic']}[{r['partition']}]: the group offset "
-                  f"{r['group_offset']} differs from the stored offset {r['stored_offset']}; "
+        if r.stored_offset is not None and r.group_offset != r.stored_offset:
+            print(f"{r.pipeline} {r.topic}[{r.partition}]: the group offset "
+                  f"{r.group_offset} differs from the stored offset {r.stored_offset}; "
                   "the next live run re-syncs it", file=sys.stderr)
     return 2 if missing else 0
 

@@ -455,10 +455,6 @@ class BadHeader(DataError):
     error_class = "bad_header"
 
 
-class RejectedByDatabase(DataError):
-    error_class = "rejected_by_database"
-
-
 class Unorderable(DataError):
     """A ``latest`` pipeline ordered by the log met a key whose stored version (row or
     deletion marker) came from another partition or topic: offsets cannot say which one
@@ -468,19 +464,13 @@ class Unorderable(DataError):
     error_class = "unorderable"
 
 
-DATA_ERROR_CLASSES: tuple[type[DataError], ...] = (
-    Undecodable,
-    NotAnObject,
-    ContractViolation,
-    UnknownVersion,
-    TooLarge,
-    NotWireFormat,
-    UnknownSchema,
-    BadKey,
-    BadHeader,
-    Unorderable,
-    RejectedByDatabase,
-)
+class RejectedByDatabase(DataError):
+    error_class = "rejected_by_database"
+
+
+#: The data errors a dead letter can name, in the order they are defined above: every
+#: subclass of :class:`DataError` (a new one is a reason of its own without being listed).
+DATA_ERROR_CLASSES: tuple[type[DataError], ...] = tuple(DataError.__subclasses__())
 #: Error classes a dead letter can carry (``data_error`` is a dead-lettered tombstone).
 KNOWN_ERROR_CLASSES: tuple[str, ...] = (
     *(c.error_class for c in DATA_ERROR_CLASSES), DataError.error_class,

@@ -7,7 +7,7 @@ figures the audit row, the reports and the reconciliation all use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
@@ -71,8 +71,9 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
 
 class Provenance(NamedTuple):
     """Where a row came from: the provenance columns of every target table, in order
-    (the Kafka timestamp as binary ``COPY`` sends a ``timestamptz``: microseconds since
-    Postgres' epoch, :func:`~kafka_ingest.contracts.columns.millis_to_pg`)."""
+    (:data:`PROVENANCE_COLUMNS`: one column per field; the Kafka timestamp as binary
+    ``COPY`` sends a ``timestamptz``: microseconds since Postgres' epoch,
+    :func:`~kafka_ingest.contracts.columns.millis_to_pg`)."""
 
     topic: str
     partition: int
@@ -85,14 +86,32 @@ class Provenance(NamedTuple):
         return (self.topic, self.partition, self.offset)
 
 
-#: The provenance columns and their Postgres types, in :class:`Provenance` order.
-PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("source_topic", "text"),
-    ("source_partition", "int4"),
-    ("source_offset", "int8"),
-    ("kafka_key", "bytea"),
-    ("kafka_timestamp", "timestamptz"),
+class ProvenanceColumn(NamedTuple):
+    """One provenance column of every target table."""
+
+    name: str
+    #: Its Postgres type (as binary ``COPY`` names it).
+    type: str
+    #: NULL when the record has none (no key, no usable timestamp).
+    nullable: bool = False
+    #: The value is epoch milliseconds, made into the column's binary ``timestamptz`` as
+    #: the row is built (:func:`~kafka_ingest.contracts.columns.millis_to_pg`).
+    epoch_ms: bool = False
+
+
+#: The provenance columns, in :class:`Provenance` order (one per field): the one
+#: definition the target tables' DDL, the rows, the staging table and the reserved column
+#: names are made from.
+PROVENANCE_COLUMNS: tuple[ProvenanceColumn, ...] = (
+    ProvenanceColumn("source_topic", "text"),
+    ProvenanceColumn("source_partition", "int4"),
+    ProvenanceColumn("source_offset", "int8"),
+    ProvenanceColumn("kafka_key", "bytea", nullable=True),
+    ProvenanceColumn("kafka_timestamp", "timestamptz", nullable=True, epoch_ms=True),
 )
+#: Every target table's own column besides the provenance: when the row was written
+#: (filled by its default).
+INGESTED_AT = "ingested_at"
 _SOURCE = len(PROVENANCE_COLUMNS)
 
 
@@ -114,9 +133,35 @@ def row_source(row: Row) -> Provenance:
     return Provenance(*row[-_SOURCE:])
 
 
+@dataclass(frozen=True, kw_only=True)
+class CounterInfo:
+    """What one counter of :class:`ChunkCounts` means, and where it shows (the field's
+    ``metadata["counter"]``)."""
+
+    #: What it counts, in words.
+    help: str
+    #: One of the terms every message read is exactly one of (they sum to ``read``).
+    accounted: bool = False
+    #: Summed by a replay's report too (a replay re-validates letters: it dead-letters
+    #: nothing new, and meets no tombstone and no known letter).
+    replayed: bool = False
+    #: Its Prometheus counter of the ledger's totals (without the ``kafka_ingest_`` prefix
+    #: and the ``_total`` suffix) and the counter's help; empty: not exported.
+    metric: str = ""
+    metric_help: str = ""
+
+
+def _counter(spec: CounterInfo) -> Any:
+    return field(default=0, metadata={"counter": spec})
+
+
 @dataclass(kw_only=True)
 class ChunkCounts:
-    """What happened to the messages of one chunk (or, summed, of a slice).
+    """What happened to the messages of one chunk (or, summed, of a slice, a run, the
+    ledger): the one definition of the counters. The audit row (``ingest_runs``), the
+    ledger's totals (``ingest_totals``), the run reports, the Airflow and Prometheus
+    metrics, ``kafka-ingest status`` and the reconciliation all take their counters from
+    its fields (:data:`COUNTERS`, :func:`counter`).
 
     Every message read is exactly one of inserted, duplicates, stale, dead-lettered,
     known dead (a backfill met a poison pill already dead-lettered earlier: neither
@@ -124,39 +169,84 @@ class ChunkCounts:
     checks that they add up.
     """
 
-    read: int = 0
-    inserted: int = 0
-    duplicates: int = 0
-    stale: int = 0
-    dead_lettered: int = 0
-    known_dead: int = 0
-    tombstones: int = 0
-    bytes: int = 0
+    read: int = _counter(CounterInfo(
+        help="messages read", replayed=True, metric="messages_read",
+        metric_help="Messages read by committed chunks, from the ledger"))
+    inserted: int = _counter(CounterInfo(
+        help="rows inserted or updated", accounted=True, replayed=True,
+        metric="rows_inserted",
+        metric_help="Rows inserted or updated by committed chunks, from the ledger"))
+    duplicates: int = _counter(CounterInfo(
+        help="messages whose row was already there", accounted=True, replayed=True,
+        metric="duplicates",
+        metric_help="Messages whose row was already there (replays), from the ledger"))
+    stale: int = _counter(CounterInfo(
+        help="messages older than the stored version of their key (`latest` pipelines)",
+        accounted=True, replayed=True))
+    dead_lettered: int = _counter(CounterInfo(
+        help="messages dead-lettered", accounted=True, metric="dead_letters",
+        metric_help="Messages dead-lettered by committed chunks, from the ledger"))
+    known_dead: int = _counter(CounterInfo(
+        help="messages a backfill found dead-lettered already (neither produced nor "
+             "recorded again)", accounted=True))
+    tombstones: int = _counter(CounterInfo(
+        help="tombstones (null values), skipped or deleting their key's row", accounted=True))
     #: Rows the tombstones deleted (informational: each tombstone is one of ``tombstones``).
-    deleted: int = 0
+    deleted: int = _counter(CounterInfo(
+        help="rows the tombstones deleted", replayed=True, metric="rows_deleted",
+        metric_help="Rows deleted by tombstones in committed chunks, from the ledger"))
+    bytes: int = _counter(CounterInfo(help="bytes of the values read"))
 
     def add(self, other: ChunkCounts) -> None:
-        for f in fields(ChunkCounts):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def accounted(self) -> dict[str, int]:
         """What the messages read became (the terms that must sum to ``read``)."""
-        return {"inserted": self.inserted, "duplicates": self.duplicates, "stale": self.stale,
-                "dead_lettered": self.dead_lettered, "known_dead": self.known_dead,
-                "tombstones": self.tombstones}
+        return {name: getattr(self, name) for name in ACCOUNTED}
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name, in :data:`COUNTERS` order."""
+        return {name: getattr(self, name) for name in COUNTERS}
+
+
+def counter(name: str) -> CounterInfo:
+    """The :class:`CounterInfo` of a field of :class:`ChunkCounts`."""
+    spec: CounterInfo = _COUNTER_OF[name]
+    return spec
+
+
+_COUNTER_OF: dict[str, CounterInfo] = {f.name: f.metadata["counter"] for f in fields(ChunkCounts)}
+#: The counters, in field order: the columns of ``ingest_runs`` and ``ingest_totals``,
+#: the sums of a run's report.
+COUNTERS: tuple[str, ...] = tuple(_COUNTER_OF)
+#: The terms every message read is exactly one of.
+ACCOUNTED: tuple[str, ...] = tuple(n for n, c in _COUNTER_OF.items() if c.accounted)
+#: The counters a replay's report sums.
+REPLAYED: tuple[str, ...] = tuple(n for n, c in _COUNTER_OF.items() if c.replayed)
+#: The counters exported as Prometheus counters of the ledger's totals.
+EXPORTED: tuple[str, ...] = tuple(n for n, c in _COUNTER_OF.items() if c.metric)
 
 
 __all__ = [
+    "ACCOUNTED",
+    "COUNTERS",
+    "EXPORTED",
+    "INGESTED_AT",
     "MAX_TIMESTAMP_MS",
     "PROVENANCE_COLUMNS",
+    "REPLAYED",
     "ChunkCounts",
+    "CounterInfo",
     "LetterKey",
     "MessageLike",
     "Position",
     "Provenance",
+    "ProvenanceColumn",
     "Row",
     "Source",
     "Tombstone",
+    "counter",
     "kafka_timestamp_ms",
     "ms_to_datetime",
     "row_source",

@@ -26,7 +26,7 @@ from kafka_ingest.config import Pipeline, get_pipeline, load_pipelines
 from kafka_ingest.db import Database, migrate
 from kafka_ingest.db.tables import apply_pipelines
 from kafka_ingest.engine.ingest import run_ingest
-from kafka_ingest.ops.status import lag
+from kafka_ingest.ops.lag import lag
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.procs import child_env
 from kafka_ingest_dev.samples import produce_sample, produce_state_sample
@@ -139,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
           f"(expected: { {k: v for k, v in sample['expect'].items() if k not in _NOT_DEAD} })")
     print(f"    dead-letter topic: {pipeline.dlq_topic}")
     print("    lag per partition:")
-    print_table(lag(pipeline, kafka_clients(), database()))
+    print_table([r.to_dict() for r in lag(pipeline, kafka_clients(), database())])
     if args.state_pipeline:
         code = _state_demo(args, env, get_pipeline(args.state_pipeline), db)
         if code:

@@ -351,7 +351,7 @@ class Supervisor(threading.Thread):
         self.lag_errors = 0
 
     def lag(self) -> int | None:
-        from kafka_ingest.ops.status import lags
+        from kafka_ingest.ops.lag import lags
 
         try:
             found = lags(self.pipelines, self.clients, self.db, timeout_s=10)
@@ -361,7 +361,7 @@ class Supervisor(threading.Thread):
         if any(isinstance(rows, Exception) for rows in found.values()):
             self.lag_errors += 1
             return None
-        return sum(int(r["lag"]) for rows in found.values() if isinstance(rows, list)
+        return sum(r.lag for rows in found.values() if isinstance(rows, list)
                    for r in rows)
 
     def run(self) -> None:

@@ -60,7 +60,7 @@ from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.engine.replay import run_replay
 from kafka_ingest.errors import DatabaseUnavailable, TransientError
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.ops.status import lag
+from kafka_ingest.ops.lag import lag
 from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
@@ -218,9 +218,10 @@ def test_async_failover_loses_rows_and_offsets_together_and_the_next_run_rereads
     # lag shown is the stored offset's (the truth), not the group's.
     assert (group_offsets(clients, pipeline)[partition] or 0) > CHUNK
     end = highs(clients, pipeline.topic)
-    shown = {r["partition"]: r for r in lag(pipeline, clients, db)}
-    assert shown[partition]["lag"] == end[partition] - CHUNK
-    assert shown[partition]["group_lag"] < shown[partition]["lag"]
+    shown = {r.partition: r for r in lag(pipeline, clients, db)}
+    assert shown[partition].lag == end[partition] - CHUNK
+    group_lag = shown[partition].group_lag
+    assert group_lag is not None and group_lag < shown[partition].lag
 
     reports = run(pipeline, clients, db)  # the next run, on the new primary
     reread = {r.partition: r.read for r in reports}
@@ -360,7 +361,7 @@ def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
     assert main(["lag", pipeline.name]) == 0  # back on the first server, same environment
     printed = capsys.readouterr()
     assert pipeline.name in printed.out and "differs" not in printed.err  # group re-synced
-    assert {r["partition"]: r["lag"] for r in lag(pipeline, clients, Database(pg_dsn))
+    assert {r.partition: r.lag for r in lag(pipeline, clients, Database(pg_dsn))
             } == dict.fromkeys(range(3), 0)
 
 

@@ -66,3 +66,23 @@ def test_a_run_that_only_deleted_rows_updates_the_tables_asset() -> None:
     assert task.function({"inserted": 0, "deleted": 4, "tombstones": 4}) == 4
     with pytest.raises(AirflowSkipException, match="no row was inserted, updated or deleted"):
         task.function({"inserted": 0, "deleted": 0, "duplicates": 3})
+
+
+def test_every_counter_of_a_runs_summary_goes_to_airflows_metrics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the counters are ChunkCounts' fields: deleted, added later, was left out of the list
+    from airflow.sdk.observability.stats import Stats
+
+    from kafka_ingest.records import COUNTERS
+    from kafka_ingest_hook import emit_metrics
+
+    sent: dict[str, float] = {}
+    monkeypatch.setattr(Stats, "gauge", lambda name, value, **_: sent.update({name: value}))
+    summary = {c: i + 1 for i, c in enumerate(COUNTERS)}
+
+    emit_metrics("ingest", "p1", {**summary, "lag_after": 0, "partitions": 3})
+
+    for c, value in summary.items():
+        assert sent.get(f"kafka_ingest.ingest.{c}") == value, c
+        assert sent.get(f"kafka_ingest.ingest.p1.{c}") == value, c
+    assert "kafka_ingest.ingest.partitions" not in sent  # not a metric of the list

@@ -31,7 +31,8 @@ import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.db import Database
-from kafka_ingest.ops.status import check_pipeline, lag
+from kafka_ingest.ops.lag import lag
+from kafka_ingest.ops.status import check_pipeline
 from kafka_ingest_dev import prometheus
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import ROOT, dag_env, free_ports, running_exporter
@@ -92,7 +93,7 @@ def _run_ingest(api: AirflowApi, pipeline: Pipeline) -> str:
 
 def _total_lag(pipeline: Pipeline, clients: Any, db: Database) -> int:
     """The lag ``kafka-ingest lag`` prints, summed over the partitions."""
-    return sum(r["lag"] for r in lag(pipeline, clients, db))
+    return sum(r.lag for r in lag(pipeline, clients, db))
 
 
 def _stored(api: prometheus.PrometheusAPI, expr: str, want: float) -> float:

@@ -25,7 +25,7 @@ from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
 from kafka_ingest.engine.ingest import plan_run
 from kafka_ingest.engine.replay import replay_group, run_replay
-from kafka_ingest.ops.status import lag
+from kafka_ingest.ops.lag import LagRow, lag
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import write_pipelines_file
@@ -68,8 +68,8 @@ def committed(kafka_config: dict[str, Any], group_id: str, topic: str) -> dict[i
         consumer.close()
 
 
-def by_partition(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {r["partition"]: r for r in rows}
+def by_partition(rows: list[LagRow]) -> dict[int, dict[str, Any]]:
+    return {r.partition: r.to_dict() for r in rows}
 
 
 def resyncs(caplog: pytest.LogCaptureFixture, topic: str) -> list[str]:

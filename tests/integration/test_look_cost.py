@@ -25,6 +25,7 @@ from psycopg import sql
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.ops import page
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.monitor import check
 from kafka_ingest.ops.observe import Sources, snapshot
 from kafka_ingest.ops.status import pipeline_status, status_rows
@@ -90,14 +91,16 @@ def looks(conn: Explaining, pipeline: Pipeline) -> dict[str, Any]:
     snap = snapshot([pipeline], Sources(clients=_no_kafka, database=lambda _p: db))
     view = snap.view(NAME)
     assert view is not None and view.result is not None
-    shown = {"totals": view.totals, "parked": view.parked_by_reason,
+    shown = {"totals": {m: c.as_dict() for m, c in view.totals.items()},
+             "parked": view.parked_by_reason,
              "figures": view.result.figures.to_dict(),
              "history": len(page.history(conn, [NAME])[NAME]),
              "letters": page.letters(conn, NAME),
              "status": pipeline_status(pipeline, None, db),
              "recent": status_rows(conn, NAME, limit=10)[0],
              "recent_all": status_rows(conn, None, limit=10)[0]}
-    check(pipeline, [{"partition": 0, "lag": 5, "group_lag": 5}], conn, record_check=True)
+    check(pipeline, [LagRow(pipeline=NAME, topic="t-in", partition=0, stored_offset=5,
+                            group_offset=5, low=0, high=10)], conn, record_check=True)
     conn.rollback()
     return shown
 

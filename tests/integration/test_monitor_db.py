@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.monitor import check
 from kafka_ingest.ops.status import pipeline_status
 from kafka_ingest_dev.samples import produce_sample
@@ -34,10 +35,11 @@ def pipeline(name: str = "p1", **alerts: Any) -> Pipeline:
     return parse_pipelines({"pipelines": {name: {**BODY, "alerts": alerts}}})[name]
 
 
-def lag_rows(*lags: int, group: tuple[int | None, ...] | None = None) -> list[dict[str, Any]]:
-    """Rows shaped like ``kafka_ingest.ops.status.lag``'s (only what the rules read)."""
+def lag_rows(*lags: int, group: tuple[int | None, ...] | None = None) -> list[LagRow]:
+    """One row per lag (and group lag: None, the group has no offset), high watermarks 100."""
     groups = group if group is not None else lags
-    return [{"partition": p, "lag": lag, "group_lag": g}
+    return [LagRow(pipeline="p1", topic="t-in", partition=p, stored_offset=100 - lag,
+                   group_offset=None if g is None else 100 - g, low=0, high=100)
             for p, (lag, g) in enumerate(zip(lags, groups, strict=True))]
 
 
@@ -98,7 +100,7 @@ def test_figures_come_from_live_chunks_in_the_window_and_parked_letters(pg_dsn: 
 def test_group_lag_is_not_known_unless_every_partition_has_one(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as conn:
         f = check(pipeline(), lag_rows(4, 6, group=(4, None)), conn).figures
-        g = check(pipeline(), [{"partition": 0, "lag": 3}], conn).figures  # no group_lag key
+        g = check(pipeline(), lag_rows(3, group=(None,)), conn).figures  # no group offset
     assert (f.total_lag, f.group_lag) == (10, None)
     assert (g.total_lag, g.group_lag) == (3, None)
 

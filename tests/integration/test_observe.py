@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -19,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
 from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.ops.lag import LagReader, lag
 from kafka_ingest.ops.metrics import exposition, registry_of
 from kafka_ingest.ops.observe import Snapshot, SnapshotCache, Sources, snapshot
-from kafka_ingest.ops.status import LagReader, lag
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import free_ports, running_exporter, write_pipelines_file
 from tests.integration.helpers_ingest import run, total
@@ -67,8 +68,8 @@ def test_the_snapshot_tells_the_lag_the_oldest_unread_and_the_ledger(
     assert list(view.lag_rows) == lag(pipeline, clients, db)  # one implementation of lag
     with LagReader(clients, db) as reader:  # the lag trigger's reads: no group offsets
         without = reader.read([pipeline], group=False)[pipeline.name]
-    assert without == [{**r, "group_offset": None, "group_lag": None} for r in view.lag_rows]
-    assert sum(r["lag"] for r in view.lag_rows) == sample["produced"]
+    assert without == [replace(r, group_offset=None) for r in view.lag_rows]
+    assert sum(r.lag for r in view.lag_rows) == sample["produced"]
     # the oldest unread message of each partition is its first, produced just now
     assert set(view.oldest_unread) == set(range(PARTITIONS))
     assert all(before - 1 <= ts <= after + 1 for ts in view.oldest_unread.values())
@@ -109,7 +110,7 @@ def test_a_broker_out_of_reach_is_up_0_and_the_database_figures_stay(
     assert snap.up[("kafka", pipeline.kafka_conn_id)] is False
     assert snap.up[("postgres", pipeline.postgres_conn_id)] is True
     assert view.lag_rows is None and view.lag_error and "Kafka" in view.lag_error
-    assert view.totals["live"]["read"] == sample["produced"]  # the ledger still answers
+    assert view.totals["live"].read == sample["produced"]  # the ledger still answers
     # bounded by the snapshot's time-out (a few requests of TIMEOUT_S each), not hung
     assert took < 10 * TIMEOUT_S, f"the snapshot took {took:.1f} s"
     found = samples(exposition(registry_of(SnapshotCache(lambda: snap))).decode())
@@ -180,4 +181,4 @@ def test_the_monitor_checks_a_group_at_once_and_a_missing_topic_spares_the_other
         recorded = conn.execute("SELECT pipeline, total_lag, partition_lags FROM monitor_checks"
                                 ).fetchall()
     assert recorded == [(pipeline.name, sample["produced"],
-                         {str(r["partition"]): r["lag"] for r in lag(pipeline, clients, db)})]
+                         {str(r.partition): r.lag for r in lag(pipeline, clients, db)})]

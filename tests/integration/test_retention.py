@@ -166,7 +166,7 @@ def test_a_prune_deletes_what_is_older_than_the_setting_and_nothing_the_guarante
     after = _shown(p, db)
     for key in before:
         assert after[key] == before[key], key
-    assert before["totals"]["live"]["read"] == 10 * 24  # the pruned chunks still count
+    assert before["totals"]["live"].read == 10 * 24  # the pruned chunks still count
 
 
 def test_a_prune_stops_at_its_budget_and_the_next_one_goes_on(pg_dsn: str) -> None:

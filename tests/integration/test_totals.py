@@ -13,15 +13,22 @@ from typing import Any
 import psycopg
 import pytest
 
-from kafka_ingest.db import DeadLettersRepository, RunRecord, RunsRepository, migrate
+from kafka_ingest.db import (
+    DeadLettersRepository,
+    LedgerLooks,
+    RunRecord,
+    RunsRepository,
+    migrate,
+)
 from kafka_ingest.kafka.dlq import DeadLetter
-from kafka_ingest.records import ChunkCounts
+from kafka_ingest.ops.status import status_rows
+from kafka_ingest.records import COUNTERS, ChunkCounts
 from kafka_ingest_dev.databases import fresh_database
 
 pytestmark = pytest.mark.integration
 
-SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead",
-          "tombstones", "deleted", "bytes")
+#: Every counter of the ledger (the record's: the columns of ingest_runs and ingest_totals).
+SUMMED = COUNTERS
 
 
 def _run(conn: Any, partition: int, *, mode: str = "live", read: int = 100,
@@ -156,6 +163,29 @@ def _letter_rows(conn: Any) -> dict[tuple[str, str], int]:
     rows = conn.execute("SELECT status, error_class, count(*) FROM dead_letters"
                         " WHERE pipeline = 'p' GROUP BY 1, 2").fetchall()
     return {(s, c): int(n) for s, c, n in rows}
+
+
+def test_every_counter_of_the_record_reaches_the_audit_the_totals_and_the_looks(
+        pg_dsn: str) -> None:
+    """A chunk whose every counter differs: the audit row (``RunsRepository``), the
+    totals (the trigger), the ledger's looks and ``kafka-ingest status``'s recent chunks
+    carry each one, under its own name."""
+    counts = ChunkCounts(**{c: 2 ** i for i, c in enumerate(COUNTERS)})
+    with psycopg.connect(pg_dsn) as conn:
+        columns = {t: {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+            (t,)).fetchall()} for t in ("ingest_runs", "ingest_totals")}
+        RunsRepository(conn).add(RunRecord(
+            pipeline="p", run_id="r", mode="live", topic="t", partition=0, start_offset=0,
+            end_offset=counts.read, counts=counts, seconds=0.5))
+        audit = conn.execute("SELECT " + ", ".join(COUNTERS) + " FROM ingest_runs").fetchone()
+        totals = LedgerLooks(conn).totals("p")
+        recent = status_rows(conn, "p")[0]
+
+    assert set(COUNTERS) <= columns["ingest_runs"] and set(COUNTERS) <= columns["ingest_totals"]
+    assert audit == tuple(counts.as_dict().values())
+    assert totals == {"live": counts}
+    assert [{c: r[c] for c in COUNTERS} for r in recent] == [counts.as_dict()]
 
 
 def test_the_dead_letter_totals_follow_inserts_recoveries_and_changes(pg_dsn: str) -> None:

@@ -62,3 +62,32 @@ def test_ruff_bans_airflow_in_the_core_only() -> None:
     assert "airflow" in lint["flake8-tidy-imports"]["banned-api"]
     ignored = {path for path, rules in lint["per-file-ignores"].items() if "TID251" in rules}
     assert not any(path.startswith("include") for path in ignored)
+
+
+#: Where the runtime's SQL lives: the Postgres side (DESIGN: one home per concept).
+SQL_HOME = CORE / "db"
+_SQL = ("SELECT ", "INSERT INTO ", "UPDATE ", "DELETE FROM ")
+
+
+def sql_sent(tree: ast.AST) -> list[int]:
+    """Lines that send SQL: a call of ``execute``/``executemany``, or a string constant
+    that starts like a statement (as a query written beside its call would)."""
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                       and node.func.attr in ("execute", "executemany"))
+                   or (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                       and node.value.lstrip().upper().startswith(_SQL))})
+
+
+@pytest.mark.parametrize("path", [p for p in CORE_FILES if SQL_HOME not in p.parents],
+                         ids=lambda p: str(p.relative_to(CORE)))
+def test_no_sql_outside_the_db_package(path: Path) -> None:
+    assert sql_sent(ast.parse(path.read_text(encoding="utf-8"))) == [], (
+        f"{path.relative_to(ROOT)} sends SQL: move the query into kafka_ingest.db")
+
+
+def test_the_sql_walker_sees_calls_and_statements() -> None:
+    tree = ast.parse('conn.execute(q)\nQ = "SELECT 1"\nx = "delete from t"\n'
+                     'cur.executemany(q, [])\n')
+    assert sql_sent(tree) == [1, 2, 3, 4]
+    assert sql_sent(ast.parse('print("deleted rows")\n')) == []

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kafka_ingest.ops import alert_rules, metrics
+from kafka_ingest.ops import alert_rules, metrics, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-ingest.json"
@@ -154,3 +154,27 @@ def test_the_panels_carry_the_units_of_their_figures() -> None:
     assert panels["Up"]["type"] == "stat"
     assert panels["Breached rules"]["type"] == "table"
     assert any(t["expr"].endswith("== 1") for t in panels["Breached rules"]["targets"])
+
+
+def _limit_panels(dashboard: dict[str, Any]) -> dict[str, tuple[str, set[str]]]:
+    """rule -> (the expression of its limit, the metrics its panel draws), for each panel
+    that draws a rule's limit."""
+    found: dict[str, tuple[str, set[str]]] = {}
+    for panel in _panels(dashboard["panels"]):
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        for expr in exprs:
+            for rule in re.findall(r'rule="([^"]+)"', expr):
+                drawn = {n for e in exprs for n, _ in NAME.findall(e)}
+                found[rule] = (expr, drawn)
+    return found
+
+
+def test_each_limit_drawn_is_a_rule_of_the_table_over_its_metric_and_in_its_unit() -> None:
+    drawn = _limit_panels(_dashboard())
+    assert drawn, "no panel draws a rule's limit"
+    for name, (expr, metrics_drawn) in drawn.items():
+        assert name in rules.BY_NAME, f"the dashboard names a rule the table has not: {name}"
+        rule = rules.BY_NAME[name]
+        assert metrics.PREFIX + rule.metric in metrics_drawn, (name, metrics_drawn)
+        scaled = f" * {rule.scale}" if rule.scale != 1 else ""
+        assert expr == (f'kafka_ingest_alert_limit{{{FILTER}, rule="{name}"}}{scaled}'), expr

@@ -22,6 +22,7 @@ import pytest
 import kafka_ingest_triggers as triggers
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.errors import IngestError, TopicMissing
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest_triggers import CLASSPATH, LagReading, LagTrigger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +47,10 @@ PIPELINES = load(p1={"on_data": ON_DATA},
                  p4={"postgres_conn_id": "postgres_other"})
 
 
-def row(pipeline: str, partition: int, lag: int, stored: int | None = 1000) -> dict[str, Any]:
+def row(pipeline: str, partition: int, lag: int, stored: int | None = 1000) -> LagRow:
     base = stored if stored is not None else 0
-    return {"pipeline": pipeline, "topic": f"{pipeline}-in", "partition": partition,
-            "stored_offset": stored, "group_offset": stored, "low": 0, "high": base + lag,
-            "lag": lag, "group_lag": lag}
+    return LagRow(pipeline=pipeline, topic=f"{pipeline}-in", partition=partition,
+                  stored_offset=stored, group_offset=stored, low=0, high=base + lag)
 
 
 # --------------------------------------------------------------------------- the trigger

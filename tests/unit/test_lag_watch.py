@@ -11,21 +11,21 @@ import json
 from typing import Any
 
 from kafka_ingest.config import OnData
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.watch import Fire, LagWatch
 
 #: Fire at 100 waiting messages, or after 30 s of any lag; re-arm after 600 s regardless.
 SETTINGS = OnData(min_batch=100, max_wait_seconds=30, poll_seconds=2, rearm_seconds=600)
 
 
-def row(partition: int, lag: int, stored: int | None = 1000) -> dict[str, Any]:
-    """One partition's row as ``ops.status.lag`` gives it (high = stored + lag)."""
+def row(partition: int, lag: int, stored: int | None = 1000) -> LagRow:
+    """One partition's row (high = stored + lag)."""
     base = stored if stored is not None else 0
-    return {"pipeline": "p1", "topic": "t-in", "partition": partition,
-            "stored_offset": stored, "group_offset": stored, "low": 0,
-            "high": base + lag, "lag": lag, "group_lag": lag}
+    return LagRow(pipeline="p1", topic="t-in", partition=partition, stored_offset=stored,
+                  group_offset=stored, low=0, high=base + lag)
 
 
-Reading = tuple[float, list[dict[str, Any]]]
+Reading = tuple[float, list[LagRow]]
 
 
 def play(watch: LagWatch, readings: list[Reading]) -> list[tuple[float, Fire]]:

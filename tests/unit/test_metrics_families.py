@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.ops import observe
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.metrics import (
     METRICS,
     describe,
@@ -30,6 +31,7 @@ from kafka_ingest.ops.metrics import (
 )
 from kafka_ingest.ops.monitor import CheckResult, Figures, evaluate
 from kafka_ingest.ops.observe import PipelineView, RunOutcome, Snapshot, SnapshotCache
+from kafka_ingest.records import ChunkCounts
 
 BODY: dict[str, Any] = {
     "topic": "orders-in",
@@ -53,12 +55,9 @@ def pipelines() -> dict[str, Pipeline]:
 
 
 def lag_row(pipeline: str, topic: str, partition: int, *, stored: int | None, group: int | None,
-            low: int, high: int) -> dict[str, Any]:
-    """A row shaped like :func:`kafka_ingest.ops.status.lag`'s."""
-    return {"pipeline": pipeline, "topic": topic, "partition": partition,
-            "stored_offset": stored, "group_offset": group, "low": low, "high": high,
-            "lag": high - (stored if stored is not None else low),
-            "group_lag": high - group if group is not None else None}
+            low: int, high: int) -> LagRow:
+    return LagRow(pipeline=pipeline, topic=topic, partition=partition, stored_offset=stored,
+                  group_offset=group, low=low, high=high)
 
 
 def judged(p: Pipeline, **figures: Any) -> CheckResult:
@@ -81,10 +80,10 @@ def orders_view() -> PipelineView:
                     watched_since=NOW - timedelta(hours=1), parked=6)
     return PipelineView(
         pipeline=p, lag_rows=rows, oldest_unread={0: T - 90.0}, result=result,
-        totals={"live": {"read": 200, "inserted": 180, "duplicates": 0, "dead_lettered": 10,
-                         "deleted": 2},
-                "replay": {"read": 7, "inserted": 3, "duplicates": 4, "dead_lettered": 0,
-                           "deleted": 0}},
+        totals={"live": ChunkCounts(read=200, inserted=180, duplicates=0, dead_lettered=10,
+                                    deleted=2),
+                "replay": ChunkCounts(read=7, inserted=3, duplicates=4, dead_lettered=0,
+                                      deleted=0)},
         parked_by_reason={"contract_violation": 5, "undecodable": 1},
         outcome=RunOutcome("failed", "scheduled__2026-03-01T11:55:00+00:00", T - 60))
 

@@ -13,9 +13,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.db import RecordedCheck as Check
+from kafka_ingest.ops.lag import LagRow, total_lag
 from kafka_ingest.ops.monitor import CheckResult, Figures, evaluate
 from kafka_ingest.ops.observe import PipelineView, RunOutcome, Snapshot
-from kafka_ingest.ops.page import Check, chart, detail, overview, sparkline
+from kafka_ingest.ops.page import chart, detail, overview, sparkline
 
 BODY: dict[str, Any] = {
     "topic": "orders-in",
@@ -110,18 +112,15 @@ def pipeline(name: str, **fields: Any) -> Pipeline:
 
 
 def lag_row(p: Pipeline, partition: int, stored: int | None, high: int,
-            group: int | None = None) -> dict[str, Any]:
-    """Shaped like :func:`kafka_ingest.ops.status.lag`'s rows."""
-    return {"pipeline": p.name, "topic": p.topic, "partition": partition,
-            "stored_offset": stored, "group_offset": group, "low": 0, "high": high,
-            "lag": high - (stored if stored is not None else 0),
-            "group_lag": None if group is None else high - group}
+            group: int | None = None) -> LagRow:
+    return LagRow(pipeline=p.name, topic=p.topic, partition=partition, stored_offset=stored,
+                  group_offset=group, low=0, high=high)
 
 
-def view(p: Pipeline, rows: tuple[dict[str, Any], ...] | None, *, parked: int = 0,
+def view(p: Pipeline, rows: tuple[LagRow, ...] | None, *, parked: int = 0,
          lag_error: str | None = None, database: bool = True,
          **more: Any) -> PipelineView:
-    total = None if rows is None else sum(max(0, r["lag"]) for r in rows)
+    total = None if rows is None else total_lag(rows)
     result = None
     if database:
         f = Figures(pipeline=p.name, now=NOW, total_lag=total,

@@ -50,6 +50,7 @@ from pydantic_core import to_json
 
 from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
 from kafka_ingest.contracts.columns import millis_to_pg, refuse_system_column, seconds_to_pg
+from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
@@ -59,10 +60,9 @@ TEXT_MAX = 10_485_760
 #: :data:`~kafka_ingest.contracts.base.EPOCH_END`).
 EPOCH_MS_MAX = EPOCH_END * 1000 - 1
 #: The names a declared contract may not use for a column: the base contract's own fields
-#: and the provenance columns every table has.
-RESERVED_COLUMNS = frozenset({"event_id", "version", "source_topic", "source_partition",
-                              "source_offset", "kafka_key", "kafka_timestamp",
-                              "ingested_at"})
+#: and the columns every table has (the provenance, and when the row was written).
+RESERVED_COLUMNS = frozenset({"event_id", "version", INGESTED_AT,
+                              *(c.name for c in PROVENANCE_COLUMNS)})
 
 
 class FieldType(StrEnum):

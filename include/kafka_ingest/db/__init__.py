@@ -1,4 +1,5 @@
-"""Postgres: connections, locks, migrations, the unit of work, repositories, the writers.
+"""Postgres: connections, locks, migrations, the unit of work, repositories, the writers,
+and the queries of the looks (:mod:`kafka_ingest.db.observations`): all the SQL.
 
 One chunk is one transaction on one psycopg 3 connection (:class:`UnitOfWork`): rows,
 dead letters, the stored offset moved by compare-and-set, the audit row, then COMMIT.
@@ -12,6 +13,12 @@ from kafka_ingest.db.connection import (
 )
 from kafka_ingest.db.copy import CopyEncoder
 from kafka_ingest.db.locks import lock_partition, unlock_partition
+from kafka_ingest.db.observations import (
+    LedgerLooks,
+    LetterLooks,
+    MonitorChecksRepository,
+    RecordedCheck,
+)
 from kafka_ingest.db.repositories import (
     DeadLettersRepository,
     GapsRepository,
@@ -35,9 +42,13 @@ __all__ = [
     "DeleteResult",
     "GapsRepository",
     "IncarnationsRepository",
+    "LedgerLooks",
+    "LetterLooks",
+    "MonitorChecksRepository",
     "OffsetsRepository",
     "PinnedRange",
     "PlansRepository",
+    "RecordedCheck",
     "RetentionRepository",
     "RunRecord",
     "RunsRepository",

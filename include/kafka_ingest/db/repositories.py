@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg import sql
 
 from kafka_ingest.errors import FencedError
-from kafka_ingest.records import ChunkCounts, LetterKey, ms_to_datetime
+from kafka_ingest.records import COUNTERS, ChunkCounts, LetterKey, ms_to_datetime
 
 
 class OffsetsRepository:
@@ -245,6 +246,15 @@ class RunRecord:
     seconds: float
 
 
+#: Append one committed chunk to the audit: its place, then every counter of
+#: :class:`~kafka_ingest.records.ChunkCounts` (the ``ingest_totals`` trigger sums them).
+ADD_RUN = sql.SQL(
+    "INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition, start_offset,"
+    " end_offset, {}, seconds) VALUES ({})").format(
+        sql.SQL(", ").join(map(sql.Identifier, COUNTERS)),
+        sql.SQL(", ").join([sql.Placeholder()] * (8 + len(COUNTERS))))
+
+
 class RunsRepository:
     """``ingest_runs``: the audit, one row per committed chunk."""
 
@@ -252,16 +262,9 @@ class RunsRepository:
         self.conn = conn
 
     def add(self, r: RunRecord) -> None:
-        c = r.counts
-        self.conn.execute(
-            "INSERT INTO ingest_runs (pipeline, run_id, mode, topic, partition, start_offset,"
-            " end_offset, read, inserted, duplicates, stale, dead_lettered, known_dead,"
-            " tombstones, deleted, bytes, seconds)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (r.pipeline, r.run_id, r.mode, r.topic, r.partition, r.start_offset, r.end_offset,
-             c.read, c.inserted, c.duplicates, c.stale, c.dead_lettered, c.known_dead,
-             c.tombstones, c.deleted, c.bytes, r.seconds),
-        )
+        self.conn.execute(ADD_RUN, (r.pipeline, r.run_id, r.mode, r.topic, r.partition,
+                                    r.start_offset, r.end_offset,
+                                    *r.counts.as_dict().values(), r.seconds))
 
 
 class PinnedRange(NamedTuple):

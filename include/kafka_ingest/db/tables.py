@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +38,8 @@ from kafka_ingest.config import OnTombstone, Pipeline, UpsertMode
 from kafka_ingest.contracts.columns import Column, ddl_type, millis_to_pg
 from kafka_ingest.db.schema import MIGRATION_LOCK
 from kafka_ingest.errors import SchemaDrift
-from kafka_ingest.records import PROVENANCE_COLUMNS
+from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
-#: Provenance columns that may be NULL (a record without a key or a usable timestamp).
-_NULLABLE_PROVENANCE = frozenset({"kafka_key", "kafka_timestamp"})
 #: The suffix of the marker table of a pipeline that deletes on tombstones.
 MARKER_SUFFIX = "_tombstones"
 #: The prefix of a slice's temporary staging table.
@@ -52,33 +50,30 @@ MAX_IDENTIFIER = 63
 #: stored before incarnations were kept belong to the first (the column's default).
 INCARNATION_COLUMN = "source_incarnation"
 INCARNATION_DDL = f'"{INCARNATION_COLUMN}" integer NOT NULL DEFAULT 1'
-#: A marker table's columns besides the key, as ``format_type()`` prints them, and their
-#: DDL (the ones added later have defaults, for markers stored before them).
+#: A marker table's columns besides the key and the source topic, as ``format_type()``
+#: prints them, and their DDL (the ones added later have defaults, for markers stored
+#: before them): where its tombstone was, as the provenance columns say it.
 _MARKER_COLUMNS = {
-    "source_partition": ("integer", '"source_partition" integer NOT NULL'),
-    "source_offset": ("bigint", '"source_offset" bigint NOT NULL'),
+    **{c.name: (ddl_type(c.type, None), f'"{c.name}" {ddl_type(c.type, None)} NOT NULL')
+       for c in PROVENANCE_COLUMNS if c.name in ("source_partition", "source_offset")},
     "deleted_at": ("timestamp with time zone",
                    '"deleted_at" timestamp with time zone NOT NULL DEFAULT now()'),
     INCARNATION_COLUMN: ("integer", INCARNATION_DDL),
-}
-#: Provenance columns whose value is converted before it travels (see ``Contract.STAGED``):
-#: the Kafka timestamp (epoch milliseconds) becomes a binary timestamptz, inline in each
-#: row's making (:func:`kafka_ingest.decode.validate.row_builder`).
-PROVENANCE_STAGED: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "kafka_timestamp": ("int8", millis_to_pg),
 }
 #: How long a DDL statement waits for a table's lock (then the change fails, retriable).
 DDL_LOCK_TIMEOUT_MS = "5000"
 
 
 def provenance_columns() -> tuple[Column, ...]:
-    """The provenance columns, in row order (``ingested_at`` is the table's own)."""
+    """The provenance columns (:data:`~kafka_ingest.records.PROVENANCE_COLUMNS`), in row
+    order (``ingested_at`` is the table's own). The Kafka timestamp (epoch milliseconds)
+    is converted before it travels, as ``Contract.STAGED`` values are: into a binary
+    timestamptz, inline in each row's making (:func:`kafka_ingest.decode.validate.row_builder`)."""
     return tuple(
-        Column(name=name, ddl=ddl_type(final, None),
-               copy_type=PROVENANCE_STAGED.get(name, (final, None))[0],
-               nullable=name in _NULLABLE_PROVENANCE,
-               convert=PROVENANCE_STAGED.get(name, (final, None))[1])
-        for name, final in PROVENANCE_COLUMNS)
+        Column(name=c.name, ddl=ddl_type(c.type, None),
+               copy_type="int8" if c.epoch_ms else c.type, nullable=c.nullable,
+               convert=millis_to_pg if c.epoch_ms else None)
+        for c in PROVENANCE_COLUMNS)
 
 
 def row_columns(pipeline: Pipeline) -> tuple[Column, ...]:
@@ -160,7 +155,7 @@ def _quote(name: str) -> str:
 
 
 #: ``ingested_at``: every target table's, filled by its default (``COPY`` leaves it out).
-INGESTED_AT_DDL = '"ingested_at" timestamp with time zone NOT NULL DEFAULT now()'
+INGESTED_AT_DDL = f'"{INGESTED_AT}" timestamp with time zone NOT NULL DEFAULT now()'
 
 
 def create_statements(pipeline: Pipeline) -> list[Change]:
@@ -314,11 +309,11 @@ def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn
                     f"once they do, ALTER TABLE {table} ALTER COLUMN {name} SET NOT NULL")
         elif (problem := _drift(table, column, have)) is not None:
             plan.drift.append(problem)
-    own = {"ingested_at"}
+    own = {INGESTED_AT}
     if orders_versions(pipeline):
         own.add(INCARNATION_COLUMN)
         _incarnation(plan, table, actual.get(INCARNATION_COLUMN))
-    plan.drift += _ingested_at_drift(table, actual.get("ingested_at"))
+    plan.drift += _ingested_at_drift(table, actual.get(INGESTED_AT))
     for name, have in actual.items():
         if name not in wanted and name not in own and not have.nullable \
                 and not have.has_default and not have.generated:

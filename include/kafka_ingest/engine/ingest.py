@@ -39,14 +39,10 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import DeadLetter, produce_dead_letters
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts, Source, row_source
+from kafka_ingest.records import COUNTERS, ChunkCounts, Source, row_source
 from kafka_ingest.requests import LiveRun, RangeRequest, request_key
 
 log = logging.getLogger(__name__)
-
-#: The sums a run's report carries (besides partitions, lag and the DLQ rate).
-SUMMED = ("read", "inserted", "duplicates", "stale", "dead_lettered", "known_dead",
-          "tombstones", "deleted", "bytes")
 
 
 def ingest_target(pipeline: Pipeline) -> PlanTarget:
@@ -221,14 +217,15 @@ def rows_changed(summary: Mapping[str, Any]) -> int:
 
 
 def summarize(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum the mapped results of one run."""
-    total: Counter[str] = Counter(dict.fromkeys(SUMMED, 0))
+    """Sum the mapped results of one run: every counter of
+    :class:`~kafka_ingest.records.ChunkCounts`, the seconds, partitions, lag and DLQ rate."""
+    total: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
     seconds = 0.0
     lag = 0
     parts = 0
     for r in reports:
         parts += 1
-        for key in SUMMED:
+        for key in COUNTERS:
             total[key] += int(r.get(key) or 0)
         seconds += float(r.get("seconds") or 0.0)
         lag += int(r.get("lag_after") or 0)

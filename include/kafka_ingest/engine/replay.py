@@ -45,7 +45,7 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dlq_message
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
-from kafka_ingest.records import ChunkCounts, Position, Source, row_source
+from kafka_ingest.records import REPLAYED, ChunkCounts, Position, Source, row_source
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 #: ``unknown_incarnation`` (the letter names a source topic id this database never saw,
 #: so its records cannot be ordered against the stored ones; left parked).
 OUTCOMES = ("recovered", "still_parked", "already_recovered", "filtered_out")
-_SUMMED = ("read", "inserted", "duplicates", "stale", "deleted")
 
 
 def replay_key(pipeline: Pipeline) -> str:
@@ -305,7 +304,7 @@ def summarize_replay(reports: Iterable[Mapping[str, Any]], *,
 
     ``dry_run`` is the run's own setting; without it, it is read off the reports (so a
     dry run with nothing to replay would look real: pass it)."""
-    total: Counter[str] = Counter(dict.fromkeys(_SUMMED, 0))
+    total: Counter[str] = Counter(dict.fromkeys(REPLAYED, 0))
     outcomes: Counter[str] = Counter(dict.fromkeys(OUTCOMES, 0))
     reasons: dict[str, Counter[str]] = {}
     seen_dry_run = False
@@ -313,7 +312,7 @@ def summarize_replay(reports: Iterable[Mapping[str, Any]], *,
     for r in reports:
         parts += 1
         seen_dry_run = seen_dry_run or bool(r.get("dry_run"))
-        for key in _SUMMED:
+        for key in REPLAYED:
             total[key] += int(r.get(key) or 0)
         outcomes.update(r.get("outcomes") or {})
         for outcome, by_class in (r.get("reasons") or {}).items():

@@ -29,13 +29,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kafka_ingest.errors import SettingsError
-from kafka_ingest.ops.observe import COUNTERS, PipelineView, Snapshot, SnapshotCache
+from kafka_ingest.ops.lag import LagRow
+from kafka_ingest.ops.observe import PipelineView, Snapshot, SnapshotCache
+from kafka_ingest.ops.rules import RULES, judged
+from kafka_ingest.records import COUNTERS, EXPORTED, counter
 
 log = logging.getLogger(__name__)
 
 PREFIX = "kafka_ingest_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PART = ("pipeline", "topic", "partition")
+#: The ledger's counters exported (:data:`~kafka_ingest.records.EXPORTED`): the field of
+#: :class:`~kafka_ingest.records.ChunkCounts` -> its metric.
+LEDGER_METRICS: dict[str, str] = {c: counter(c).metric for c in EXPORTED}
 
 #: name (without the prefix; counters without ``_total``) -> (type, labels, help).
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -59,16 +65,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "high_watermark": ("gauge", PART, "The partition's high watermark"),
     "oldest_unread_age_seconds": ("gauge", PART,
                                   "Age of the oldest message not yet ingested (0: none)"),
-    "messages_read": ("counter", ("pipeline", "mode"),
-                      "Messages read by committed chunks, from the ledger"),
-    "rows_inserted": ("counter", ("pipeline", "mode"),
-                      "Rows inserted or updated by committed chunks, from the ledger"),
-    "duplicates": ("counter", ("pipeline", "mode"),
-                   "Messages whose row was already there (replays), from the ledger"),
-    "dead_letters": ("counter", ("pipeline", "mode"),
-                     "Messages dead-lettered by committed chunks, from the ledger"),
-    "rows_deleted": ("counter", ("pipeline", "mode"),
-                     "Rows deleted by tombstones in committed chunks, from the ledger"),
+    **{metric: ("counter", ("pipeline", "mode"), counter(c).metric_help)
+       for c, metric in LEDGER_METRICS.items()},
     "dlq_ratio": ("gauge", ("pipeline",),
                   "Dead letters / messages read by the live chunks of the alert window"),
     "parked_letters": ("gauge", ("pipeline", "reason"),
@@ -87,12 +85,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "alert_breached": ("gauge", ("pipeline", "rule"),
                        "1 if the rule is breached now (judged as the monitor DAG judges)"),
 }
-
-#: The metric of each ledger counter of :data:`kafka_ingest.ops.observe.COUNTERS`.
-LEDGER_METRICS = ("messages_read", "rows_inserted", "duplicates", "dead_letters",
-                  "rows_deleted")
-#: The limits of :class:`kafka_ingest.config.Alerts` exported as ``alert_limit``.
-LIMITS = ("max_lag", "lag_growth_checks", "max_dlq_rate", "freshness_minutes", "max_parked")
 
 
 class _Families:
@@ -131,10 +123,10 @@ def _pipeline(out: _Families, view: PipelineView, now: float) -> None:
     for row in view.lag_rows or ():
         _partition(out, view, row, now)
     for mode, counts in sorted(view.totals.items()):
-        for counter, metric in zip(COUNTERS, LEDGER_METRICS, strict=True):
-            out.add(metric, (name, mode), counts[counter])
-    for rule in LIMITS:
-        out.add("alert_limit", (name, rule), float(getattr(p.alerts, rule)))
+        for c, metric in LEDGER_METRICS.items():
+            out.add(metric, (name, mode), getattr(counts, c))
+    for rule in RULES:
+        out.add("alert_limit", (name, rule.name), float(rule.limit(p.alerts)))
     if view.result is not None:
         _judged(out, view, now)
     if view.outcome is not None:
@@ -142,16 +134,16 @@ def _pipeline(out: _Families, view: PipelineView, now: float) -> None:
         out.add("last_run_end_timestamp_seconds", (name,), view.outcome.ended_at)
 
 
-def _partition(out: _Families, view: PipelineView, row: dict[str, Any], now: float) -> None:
-    part = (view.name, row["topic"], str(row["partition"]))
-    out.add("lag_messages", part, max(0, row["lag"]))
-    if row["group_lag"] is not None:
-        out.add("group_lag_messages", part, max(0, row["group_lag"]))
-    if row["stored_offset"] is not None:
-        out.add("stored_offset", part, row["stored_offset"])
-    out.add("high_watermark", part, row["high"])
-    since = view.oldest_unread.get(row["partition"])
-    if row["lag"] <= 0:
+def _partition(out: _Families, view: PipelineView, row: LagRow, now: float) -> None:
+    part = (view.name, row.topic, str(row.partition))
+    out.add("lag_messages", part, max(0, row.lag))
+    if row.group_lag is not None:
+        out.add("group_lag_messages", part, max(0, row.group_lag))
+    if row.stored_offset is not None:
+        out.add("stored_offset", part, row.stored_offset)
+    out.add("high_watermark", part, row.high)
+    since = view.oldest_unread.get(row.partition)
+    if row.lag <= 0:
         out.add("oldest_unread_age_seconds", part, 0.0)
     elif since is not None:
         out.add("oldest_unread_age_seconds", part, max(0.0, now - since))
@@ -169,9 +161,8 @@ def _judged(out: _Families, view: PipelineView, now: float) -> None:
         at = f.last_live_commit.timestamp()
         out.add("last_live_commit_timestamp_seconds", (name,), at)
         out.add("last_live_commit_age_seconds", (name,), max(0.0, now - at))
-    judged = LIMITS if f.total_lag is not None else ("max_dlq_rate", "max_parked")
-    for rule in judged:
-        out.add("alert_breached", (name, rule), 1.0 if rule in view.breached else 0.0)
+    for rule in judged(lag_known=f.total_lag is not None):
+        out.add("alert_breached", (name, rule.name), 1.0 if rule.name in view.breached else 0.0)
 
 
 class SnapshotCollector(Collector):
@@ -245,6 +236,27 @@ def serve(cache: SnapshotCache, *, host: str, port: int,
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+#: The generated counters block's markers in the docs (``tests/unit/test_counters.py``).
+COUNTERS_BEGIN = ("<!-- generated from kafka_ingest.records.ChunkCounts: do not edit by "
+                  "hand -->")
+COUNTERS_END = "<!-- end of the generated counters -->"
+
+
+def counters_table() -> str:
+    """The chunk counters as a Markdown block: each counter (a column of ``ingest_runs``,
+    ``ingest_totals`` and ``kafka-ingest status``'s recent chunks, and a sum of a run's
+    report), what it counts, whether it is one of the terms that sum to ``read``, whether
+    a replay's report sums it, and its Prometheus counter."""
+    rows = ["| counter | what it counts | one of the terms of `read` | in a replay's report "
+            "| Prometheus counter |", "|---|---|---|---|---|"]
+    for c in COUNTERS:
+        info = counter(c)
+        metric = f"`{PREFIX}{info.metric}_total`" if info.metric else "&ndash;"
+        rows.append(f"| `{c}` | {info.help} | {'yes' if info.accounted else ''} | "
+                    f"{'yes' if info.replayed else ''} | {metric} |")
+    return "\n\n".join([COUNTERS_BEGIN, "\n".join(rows), COUNTERS_END]) + "\n"
 
 
 def describe() -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """One look at every pipeline, for the Prometheus metrics and the pipelines page.
 
 :func:`snapshot` reads, for each pipeline: the lag per partition (:func:`kafka_ingest.ops.
-status.lags`: Kafka's watermarks against the stored offsets, and the consumer group's
+lag.lags`: Kafka's watermarks against the stored offsets, and the consumer group's
 offsets), the age of the oldest unread message (the timestamp of the message at the stored
 offset), the monitor's figures and the rules they breach now (:func:`kafka_ingest.ops.
 monitor.check`, nothing recorded), the ledger's totals by mode (``ingest_totals``: counters
@@ -27,23 +27,22 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
+from kafka_ingest.db.observations import LedgerLooks, LetterLooks
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, SettingsError
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import first_timestamps
+from kafka_ingest.ops.lag import LagRow, lags
 from kafka_ingest.ops.monitor import CheckResult, check
-from kafka_ingest.ops.status import dead_letter_counts, lags
+from kafka_ingest.records import ChunkCounts
 
 log = logging.getLogger(__name__)
 
 #: How long one request of a snapshot may wait, unless the caller says otherwise: under
 #: Prometheus' default scrape time-out (10 s) with room for the rest of the scrape.
 DEFAULT_TIMEOUT_S = 3.0
-#: The ledger's counters, per pipeline and mode (``live``, ``backfill``, ``replay``).
-COUNTERS = ("read", "inserted", "duplicates", "dead_lettered", "deleted")
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,15 @@ class PipelineView:
     """What one snapshot knows of one pipeline; ``None``: could not be known."""
 
     pipeline: Pipeline
-    #: Rows of :func:`kafka_ingest.ops.status.lag`; ``None`` with ``lag_error`` saying why.
-    lag_rows: tuple[dict[str, Any], ...] | None = None
+    #: Rows of :func:`kafka_ingest.ops.lag.lag`; ``None`` with ``lag_error`` saying why.
+    lag_rows: tuple[LagRow, ...] | None = None
     lag_error: str | None = None
     #: Per partition, the timestamp (epoch seconds) of the oldest message not ingested.
     oldest_unread: Mapping[int, float] = field(default_factory=dict)
     #: The monitor's figures and the rules breached now; ``None``: the database was down.
     result: CheckResult | None = None
-    #: mode -> counter (:data:`COUNTERS`) -> total over the ledger.
-    totals: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: mode (``live``, ``backfill``, ``replay``) -> the ledger's counters over every chunk.
+    totals: Mapping[str, ChunkCounts] = field(default_factory=dict)
     parked_by_reason: Mapping[str, int] = field(default_factory=dict)
     outcome: RunOutcome | None = None
 
@@ -157,7 +156,7 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
     """One group's cluster and database: (kafka up, postgres up, views)."""
     kafka_ok = pg_ok = True
     errors: dict[str, str] = {}
-    rows: dict[str, list[dict[str, Any]]] = {}
+    rows: dict[str, list[LagRow]] = {}
     oldest: dict[tuple[str, int], float] = {}
     try:
         db = sources.database(members[0])
@@ -197,7 +196,8 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
                     oldest_unread={part: ts for (t, part), ts in oldest.items()
                                    if t == p.topic and lag_rows is not None},
                     result=check(p, lag_rows, conn, record_check=False),
-                    totals=_totals(conn, p.name), parked_by_reason=_parked(conn, p.name))
+                    totals=LedgerLooks(conn).totals(p.name),
+                    parked_by_reason=LetterLooks(conn).parked_by_reason(p.name))
                 conn.rollback()  # read only: end each pipeline's snapshot of the database
     except Exception as exc:  # IngestError, or a psycopg error the mapping left alone
         pg_ok = False
@@ -208,12 +208,10 @@ def _look(members: Sequence[Pipeline], sources: Sources, timeout_s: float
     return kafka_ok, pg_ok, views
 
 
-def _oldest_unread(clients: KafkaClients, rows: Sequence[Mapping[str, Any]],
+def _oldest_unread(clients: KafkaClients, rows: Sequence[LagRow],
                    timeout_s: float) -> dict[tuple[str, int], float]:
     """The timestamp of the first message not ingested, per lagging partition."""
-    positions = {(r["topic"], r["partition"]): max(r["low"], r["stored_offset"]
-                                                   if r["stored_offset"] is not None else 0)
-                 for r in rows if r["lag"] > 0}
+    positions = {(r.topic, r.partition): r.next_unread for r in rows if r.lag > 0}
     if not positions:
         return {}
     consumer = clients.consumer("kafka-ingest.metrics")
@@ -221,22 +219,6 @@ def _oldest_unread(clients: KafkaClients, rows: Sequence[Mapping[str, Any]],
         return first_timestamps(consumer, positions, timeout_s=timeout_s)
     finally:
         consumer.close()
-
-
-def _totals(conn: Any, pipeline: str) -> dict[str, dict[str, int]]:
-    """The ledger's counters by mode, from ``ingest_totals`` (a row per partition and mode,
-    moved by each chunk's own statement): as many rows as partitions, however long the
-    ledger, and unchanged by its retention."""
-    sums = ", ".join(f"coalesce(sum({c}), 0)" for c in COUNTERS)
-    rows = conn.execute(f"SELECT mode, {sums} FROM ingest_totals WHERE pipeline = %s"  # noqa: S608
-                        " GROUP BY mode", (pipeline,)).fetchall()
-    return {mode: dict(zip(COUNTERS, map(int, values), strict=True))
-            for mode, *values in rows}
-
-
-def _parked(conn: Any, pipeline: str) -> dict[str, int]:
-    return {r["error_class"]: int(r["n"]) for r in dead_letter_counts(conn, pipeline)
-            if r["status"] == "parked"}
 
 
 class SnapshotCache:

@@ -19,49 +19,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from kafka_ingest.db.observations import LetterLooks, MonitorChecksRepository, RecordedCheck
+from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.observe import PipelineView, Snapshot
-from kafka_ingest.ops.status import dead_letter_counts
+from kafka_ingest.ops.rules import colouring, judged
 
 #: How far back the charts look.
 HISTORY_HOURS = 24
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
-#: Which alert rule judges which figure of the page.
-LAG_RULES = ("max_lag", "lag_growth_checks")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One recorded monitor check: when, the total lag, the lag per partition."""
-
-    at: datetime
-    total_lag: int
-    partition_lags: Mapping[int, int]
 
 
 def history(conn: Any, pipelines: Sequence[str], *,
-            hours: int = HISTORY_HOURS) -> dict[str, list[Check]]:
+            hours: int = HISTORY_HOURS) -> dict[str, list[RecordedCheck]]:
     """The monitor's checks of the last ``hours`` per pipeline, oldest first."""
-    rows = conn.execute(
-        "SELECT pipeline, checked_at, total_lag, partition_lags FROM monitor_checks"
-        " WHERE pipeline = ANY(%s) AND checked_at > now() - %s * interval '1 hour'"
-        " ORDER BY id", (list(pipelines), hours)).fetchall()
-    out: dict[str, list[Check]] = {name: [] for name in pipelines}
-    for name, at, total, parts in rows:
-        out[name].append(Check(at, int(total), {int(k): int(v) for k, v in (parts or {}).items()}))
-    return out
+    return MonitorChecksRepository(conn).history(pipelines, hours=hours)
 
 
 def letters(conn: Any, pipeline: str) -> list[dict[str, Any]]:
     """The pipeline's dead letters by reason and status, newest failure first."""
     rows = [{"reason": r["error_class"], "status": r["status"], "count": int(r["n"]),
-             "last": r["last"]} for r in dead_letter_counts(conn, pipeline)]
+             "last": r["last"]} for r in LetterLooks(conn).counts(pipeline)]
     return sorted(rows, key=lambda r: r["last"].timestamp() if r["last"] else 0.0,
                   reverse=True)
 
@@ -69,13 +52,14 @@ def letters(conn: Any, pipeline: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- pieces
 
 
-def _state(view: PipelineView, rules: Sequence[str]) -> str:
-    """``bad`` if one of ``rules`` is breached now, ``unknown`` if they cannot be judged,
-    else ``ok`` (CSS classes)."""
-    if view.result is None or (view.total_lag is None and set(rules) & {*LAG_RULES,
-                                                                       "freshness_minutes"}):
+def _state(view: PipelineView, figure: str) -> str:
+    """``bad`` if a rule that judges ``figure`` (:func:`~kafka_ingest.ops.rules.colouring`)
+    is breached now, ``unknown`` if they cannot be judged, else ``ok`` (CSS classes)."""
+    rules = set(colouring(figure))
+    judgeable = {r.name for r in judged(lag_known=view.total_lag is not None)}
+    if view.result is None or not rules <= judgeable:
         return "unknown"
-    return "bad" if view.breached & set(rules) else "ok"
+    return "bad" if view.breached & rules else "ok"
 
 
 def _ago(seconds: float | None) -> str:
@@ -108,7 +92,7 @@ def sparkline(values: Sequence[float], *, width: int = 120, height: int = 28,
             f'stroke-width="1.5" points="{points}"/></svg>')
 
 
-def chart(checks: Sequence[Check], *, width: int = 760, height: int = 240) -> str:
+def chart(checks: Sequence[RecordedCheck], *, width: int = 760, height: int = 240) -> str:
     """The lag of each partition over time, one line each, as SVG with axes and a legend."""
     parts = sorted({p for c in checks for p in c.partition_lags})
     if len(checks) < 2 or not parts:
@@ -120,7 +104,7 @@ def chart(checks: Sequence[Check], *, width: int = 760, height: int = 240) -> st
     peak = max(max(c.partition_lags.values(), default=0) for c in checks) or 1
     w, h = width - left - right, height - bottom - top_pad
 
-    def xy(c: Check, p: int) -> str:
+    def xy(c: RecordedCheck, p: int) -> str:
         x = left + (c.at.timestamp() - t0) / span * w
         y = top_pad + h - c.partition_lags.get(p, 0) / peak * h
         return f"{x:.1f},{y:.1f}"
@@ -179,8 +163,8 @@ def _document(title: str, body: str) -> str:
             f'<body>{body}<script>{_SCRIPT}</script></body></html>')
 
 
-def _cell(view: PipelineView, rules: Sequence[str], text: str, name: str) -> str:
-    return f'<td class="{_state(view, rules)}" data-figure="{name}">{text}</td>'
+def _cell(view: PipelineView, text: str, figure: str) -> str:
+    return f'<td class="{_state(view, figure)}" data-figure="{figure}">{text}</td>'
 
 
 def _airflow_link(href: str, text: str, attrs: str = "") -> str:
@@ -210,7 +194,7 @@ def _last_run(view: PipelineView, airflow: str) -> str:
             + _airflow_link(f"{runs}/{quote(o.run_id)}", o.run_id))
 
 
-def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: str,
+def overview(snap: Snapshot, checks: Mapping[str, Sequence[RecordedCheck]], *, airflow: str,
              here: str, now: float) -> str:
     """Every pipeline at a glance. ``airflow``: the Airflow UI's root path (links);
     ``here``: this page's path (links to the detail pages)."""
@@ -228,13 +212,13 @@ def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: 
             f'<span class="muted">{escape(v.pipeline.topic)} &rarr; '
             f'{escape(v.pipeline.table)}</span></td>'
             f'<td>{_badge(state)}</td>'
-            + _cell(v, LAG_RULES, _number(v.total_lag)
+            + _cell(v, _number(v.total_lag)
                     + ("" if v.lag_error is None else
                        f'<br><span class="muted">{escape(v.lag_error[:160])}</span>'), "lag")
-            + _cell(v, ("lag_growth_checks",), trend, "trend")
-            + _cell(v, ("max_dlq_rate",), "&ndash;" if rate is None else f"{rate:.2%}", "dlq")
-            + _cell(v, ("freshness_minutes",), _ago(stale), "freshness")
-            + _cell(v, ("max_parked",), "?" if f is None else f"{f.parked:,}", "parked")
+            + _cell(v, trend, "trend")
+            + _cell(v, "&ndash;" if rate is None else f"{rate:.2%}", "dlq")
+            + _cell(v, _ago(stale), "freshness")
+            + _cell(v, "?" if f is None else f"{f.parked:,}", "parked")
             + f"<td>{_last_run(v, airflow)}</td></tr>")
     down = [f"{c} ({n})" for (c, n), ok in sorted(snap.up.items()) if not ok]
     warning = ("" if not down else
@@ -249,7 +233,7 @@ def overview(snap: Snapshot, checks: Mapping[str, Sequence[Check]], *, airflow: 
     return _document("Kafka ingest pipelines", body)
 
 
-def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[str, Any]],
+def detail(view: PipelineView, checks: Sequence[RecordedCheck], dead: Sequence[Mapping[str, Any]],
            *, airflow: str, back: str, now: float) -> str:
     """One pipeline: its breaches, its partitions, the lag per partition over time, its
     dead letters by reason with a replay link each, and its DAGs."""
@@ -259,11 +243,10 @@ def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[s
         f'<p class="breach" data-rule="{escape(b.rule)}">{escape(b.message)}</p>'
         for b in view.result.breaches))
     parts = "".join(
-        f'<tr><td>{r["partition"]}</td><td>{_number(r["stored_offset"])}</td>'
-        f'<td>{_number(r["high"])}</td><td class="{_state(view, LAG_RULES)}">'
-        f'{_number(max(0, r["lag"]))}</td><td>{_number(r["group_lag"])}</td>'
-        f'<td>{_ago(now - view.oldest_unread[r["partition"]]) if r["lag"] > 0 and r["partition"] in view.oldest_unread else "&ndash;"}</td></tr>'  # noqa: E501
-        for r in view.lag_rows or ())
+        f'<tr><td>{r.partition}</td><td>{_number(r.stored_offset)}</td>'
+        f'<td>{_number(r.high)}</td><td class="{_state(view, "lag")}">'
+        f'{_number(max(0, r.lag))}</td><td>{_number(r.group_lag)}</td>'
+        f'<td>{_oldest(view, r, now)}</td></tr>' for r in view.lag_rows or ())
     if view.lag_rows is None:
         parts = f'<tr><td colspan="6" class="unknown">{escape(view.lag_error or "")}</td></tr>'
     letter_rows = "".join(
@@ -289,6 +272,11 @@ def detail(view: PipelineView, checks: Sequence[Check], dead: Sequence[Mapping[s
         "<th>status</th><th>letters</th><th>last failed</th><th>replay</th></tr>"
         f"{letter_rows}</table>")
     return _document(f"{name}: Kafka ingest", body)
+
+
+def _oldest(view: PipelineView, row: LagRow, now: float) -> str:
+    since = view.oldest_unread.get(row.partition)
+    return "&ndash;" if row.lag <= 0 or since is None else _ago(now - since)
 
 
 def replay_conf(reason: str) -> dict[str, Any]:

@@ -1,190 +1,36 @@
-"""What an operator asks: how far behind is each pipeline, and what happened lately.
+"""What an operator asks: how is each pipeline doing, and what happened lately.
 
-``kafka-ingest lag`` and ``kafka-ingest status`` call these and only read;
+``kafka-ingest status`` calls these and only reads (the lag: :mod:`kafka_ingest.ops.lag`);
 :func:`check_pipeline` (the monitor DAG's check) also records the check in
-``monitor_checks``, the memory of the lag-growth rule.
+``monitor_checks``, the memory of the lag-growth rule. What they read is asked through
+:mod:`kafka_ingest.db.observations`.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg import sql
-
 from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database, OffsetsRepository, translate_errors
-from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, TopicMissing
+from kafka_ingest.db import Database
+from kafka_ingest.db.observations import (
+    LedgerLooks,
+    LetterLooks,
+    MonitorChecksRepository,
+    newest_gap,
+)
+from kafka_ingest.errors import IngestError
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import group_offsets, topic_partitions, watermarks
+from kafka_ingest.ops.lag import LagRow, lag, lags
 from kafka_ingest.ops.monitor import CheckResult, Figures, check
-
-log = logging.getLogger(__name__)
-
-
-def lag(pipeline: Pipeline, clients: KafkaClients, db: Database) -> list[dict[str, Any]]:
-    """Per partition: stored offset, Kafka group offset, watermarks and both lags.
-
-    ``lag`` is the truth, from the stored offset (Postgres is the source of truth): the
-    high watermark minus the stored offset, or minus the low watermark when nothing is
-    stored yet. ``group_lag`` is what lag tools (``kafka-consumer-groups``, Burrow) see,
-    from the consumer group's committed offset (``None`` when the group has none). They
-    differ after a kill between the database commit and the Kafka commit, until the next
-    live run re-syncs the group to the stored offset.
-    """
-    found = lags([pipeline], clients, db)[pipeline.name]
-    if isinstance(found, IngestError):
-        raise found
-    return found
-
-
-def lags(pipelines: Sequence[Pipeline], clients: KafkaClients, db: Database, *,
-         timeout_s: float | None = None) -> dict[str, list[dict[str, Any]] | IngestError]:
-    """:func:`lag` of several pipelines of one cluster and database (see
-    :class:`LagReader`), with clients and a connection of their own, closed after."""
-    with LagReader(clients, db, timeout_s=timeout_s) as reader:
-        return reader.read(pipelines)
-
-
-class LagReader:
-    """Reads the lag of many pipelines of one cluster and one database, again and again
-    (the lag trigger's loop), over one consumer, one admin client and one Postgres
-    connection kept between reads: per read, one metadata request, the watermarks, one
-    admin request per consumer group and one query.
-
-    :meth:`read` gives, per pipeline, its rows (as :func:`lag`'s) or the error that kept
-    them from being known (a missing topic), so one pipeline's trouble does not hide the
-    others'; a cluster or database out of reach raises, and the clients and connection are
-    made anew at the next read. Every request waits ``timeout_s`` at most (default: the
-    config's ``socket.timeout.ms``).
-    """
-
-    def __init__(self, clients: KafkaClients, db: Database, *,
-                 timeout_s: float | None = None) -> None:
-        self.clients, self.db = clients, db
-        self.timeout_s = timeout_s or clients.request_timeout_s
-        self._consumer: Any = None
-        self._admin: Any = None
-        self._conn: Any = None
-        #: A read and a close never overlap (the trigger closes from another thread).
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> LagReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        consumer, conn = self._consumer, self._conn
-        self._consumer = self._admin = self._conn = None
-        if consumer is not None:
-            consumer.close()
-        if conn is not None:
-            conn.close()
-
-    def read(self, pipelines: Sequence[Pipeline], *, group: bool = True
-             ) -> dict[str, list[dict[str, Any]] | IngestError]:
-        """``group=False``: leave the consumer groups' offsets out (``group_offset`` and
-        ``group_lag`` None), one admin request per pipeline fewer (the lag trigger's
-        reads, which judge by the stored offsets only)."""
-        with self._lock:
-            try:
-                return self._read(pipelines, group)
-            except BaseException:
-                self._close()  # whatever broke, the next read starts afresh
-                raise
-
-    def _read(self, pipelines: Sequence[Pipeline], group: bool
-              ) -> dict[str, list[dict[str, Any]] | IngestError]:
-        wait_s = self.timeout_s
-        if self._consumer is None:
-            self._consumer = self.clients.consumer("kafka-ingest.lag")
-            self._admin = self.clients.admin()
-        self._consumer.poll(0)  # serve its queued events (it is kept between reads)
-        out: dict[str, list[dict[str, Any]] | IngestError] = {}
-        marks: dict[str, dict[int, tuple[int, int]]] = {}
-        topics = topic_partitions(self._consumer, timeout_s=wait_s)
-        for p in pipelines:
-            if p.topic not in topics:
-                out[p.name] = TopicMissing(p.topic)
-                continue
-            marks[p.name] = watermarks(self._consumer, p.topic, topics[p.topic],
-                                       timeout_s=wait_s)
-        live = [p for p in pipelines if p.name in marks]
-        try:
-            groups = group_offsets(self._admin, [(p.group_id, p.topic, list(marks[p.name]))
-                                                 for p in live if group], timeout_s=wait_s)
-        except (KafkaRefused, KafkaUnavailable) as exc:  # group lag unknown, lag still known
-            log.warning("consumer group offsets not read: %s", exc)
-            groups = {}
-        if self._conn is None:
-            self._conn = self.db.connect(autocommit=True)
-        with translate_errors("stored offsets"):
-            stored = OffsetsRepository(self._conn).of_pipelines([(p.name, p.topic)
-                                                                 for p in live])
-        for p in live:
-            rows: list[dict[str, Any]] = []
-            out[p.name] = rows
-            committed = groups.get((p.group_id, p.topic), {})
-            for part, (low, high) in sorted(marks[p.name].items()):
-                s, g = stored.get((p.name, p.topic, part)), committed.get(part)
-                rows.append({"pipeline": p.name, "topic": p.topic, "partition": part,
-                             "stored_offset": s, "group_offset": g, "low": low,
-                             "high": high, "lag": high - (s if s is not None else low),
-                             "group_lag": high - g if g is not None else None})
-        return out
 
 
 def status_rows(conn: Any, pipeline: str | None, *,
                 limit: int = 10) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The last ``limit`` committed chunks (newest first: one pipeline's from the end of
-    its index, all pipelines' from the end of the ledger) and the dead letters by class
-    and status."""
-    where, order = (sql.SQL("WHERE pipeline = %s"), sql.SQL("committed_at DESC, id DESC")) \
-        if pipeline else (sql.SQL(""), sql.SQL("id DESC"))
-    args = [pipeline] if pipeline else []
-    runs = _rows(conn, sql.SQL(
-        "SELECT pipeline, mode, partition, start_offset, end_offset, read, inserted,"
-        " duplicates, stale, dead_lettered, known_dead, tombstones,"
-        " round(seconds::numeric, 3) AS seconds,"
-        " committed_at FROM ingest_runs {} ORDER BY {} LIMIT %s").format(where, order),
-        [*args, limit])
-    return runs, dead_letter_counts(conn, pipeline)
-
-
-def dead_letter_counts(conn: Any, pipeline: str | None) -> list[dict[str, Any]]:
-    """The dead letters (of one pipeline, or all) by pipeline, status and error class:
-    how many, and the newest failure (``kafka-ingest status``, the pipelines page).
-
-    The counts are ``dead_letter_totals`` (kept by triggers as letters come, change and
-    go; recovered letters the retention deleted still count), so no recovered letter is
-    read; the newest failure of a parked class is its letters' own (one probe of
-    ``dead_letters_parked_idx`` per class), of a recovered class the totals' record."""
-    where = sql.SQL("WHERE pipeline = %s" if pipeline else "")
-    return _rows(conn, sql.SQL(
-        "SELECT c.pipeline, c.status, c.error_class, c.n,"
-        " CASE WHEN c.status = 'parked' THEN (SELECT max(d.last_failed_at) FROM dead_letters d"
-        "   WHERE d.pipeline = c.pipeline AND d.status = 'parked'"
-        "   AND d.error_class = c.error_class) ELSE c.last END AS last"
-        " FROM (SELECT pipeline, status, error_class, sum(letters)::bigint AS n,"
-        "   max(last_failed_at) AS last FROM dead_letter_totals {}"
-        "   GROUP BY 1, 2, 3 HAVING sum(letters) > 0) AS c"
-        " ORDER BY 1, 2, 4 DESC").format(where),
-        [pipeline] if pipeline else [])
-
-
-def _rows(conn: Any, query: sql.Composable, args: list[Any]) -> list[dict[str, Any]]:
-    cur = conn.execute(query, args)
-    cols = [d.name for d in cur.description]
-    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+    """The last ``limit`` committed chunks, newest first, with every counter, and the dead
+    letters by class and status (``kafka-ingest status``'s tables)."""
+    return LedgerLooks(conn).recent(pipeline, limit=limit), LetterLooks(conn).counts(pipeline)
 
 
 # --------------------------------------------------------------------------- on-call view
@@ -232,7 +78,7 @@ def pipeline_status(pipeline: Pipeline, clients: KafkaClients | None,
     failure that leaves a row: a failed run rolls back everything it did, so its error is
     in the Airflow task log, not in this database.
     """
-    rows: list[dict[str, Any]] | None = None
+    rows: list[LagRow] | None = None
     lag_note = "not known: no Kafka settings"
     if clients is not None:
         try:
@@ -241,24 +87,10 @@ def pipeline_status(pipeline: Pipeline, clients: KafkaClients | None,
             lag_note = f"not known: {exc}"
     with db.session() as conn:
         result = check(pipeline, rows, conn, record_check=False)
-        latest = {key: next(iter(_rows(conn, query, [pipeline.name])), None)
-                  for key, query in _LATEST.items()}
+        latest = {"live": LedgerLooks(conn).newest_live_chunk(pipeline.name),
+                  "gap": newest_gap(conn, pipeline.name),
+                  "alert": MonitorChecksRepository(conn).newest_alert(pipeline.name)}
     return _status_lines(pipeline, result, latest, lag_note)
-
-
-_LATEST: dict[str, sql.Composable] = {
-    "live": sql.SQL(  # the newest live chunk of each partition is kept with its totals
-        "SELECT last_run_id AS run_id, topic, partition, last_start_offset AS start_offset,"
-        " last_end_offset AS end_offset, last_committed_at AS committed_at"
-        " FROM ingest_totals WHERE pipeline = %s AND mode = 'live'"
-        " ORDER BY last_committed_at DESC, last_id DESC LIMIT 1"),
-    "gap": sql.SQL(
-        "SELECT topic, partition, from_offset, to_offset, run_id, detected_at"
-        " FROM offset_gaps WHERE pipeline = %s ORDER BY id DESC LIMIT 1"),
-    "alert": sql.SQL(
-        "SELECT checked_at, breaches FROM monitor_checks"
-        " WHERE pipeline = %s AND cardinality(breaches) > 0 ORDER BY id DESC LIMIT 1"),
-}
 
 
 def _when(ts: datetime, now: datetime) -> str:

@@ -1,7 +1,7 @@
 """When an ``on_data`` pipeline should run: the lag trigger's decision, without Airflow.
 
 The trigger (``plugins/kafka_ingest_triggers.py``) reads every watched pipeline's lag
-with one :class:`kafka_ingest.ops.status.LagReader` per cluster and database, and hands
+with one :class:`kafka_ingest.ops.lag.LagReader` per cluster and database, and hands
 each reading to the pipeline's :class:`LagWatch`, which says whether to start a run:
 
 - **armed**: fire when the lag reaches ``min_batch`` messages, or when it has stayed
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka_ingest.config import OnData
+from kafka_ingest.ops.lag import LagRow
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,12 @@ class LagWatch:
     def armed(self) -> bool:
         return self.fired_at is None
 
-    def observe(self, now: float, rows: Sequence[Mapping[str, Any]]) -> Fire | None:
-        """One reading of the pipeline's lag rows (:func:`kafka_ingest.ops.status.lag`'s);
+    def observe(self, now: float, rows: Sequence[LagRow]) -> Fire | None:
+        """One reading of the pipeline's lag rows (:func:`kafka_ingest.ops.lag.lag`'s);
         a :class:`Fire` when a run should start now."""
         if not self.armed and not self._rearm(now, rows):
             return None
-        lagging = {int(r["partition"]): int(r["lag"]) for r in rows if int(r["lag"]) > 0}
+        lagging = {r.partition: r.lag for r in rows if r.lag > 0}
         total = sum(lagging.values())
         if not total:
             self.lag_since = None
@@ -82,18 +83,16 @@ class LagWatch:
         else:
             return None
         self.fired_at, self.lag_since = now, None
-        self.run_ends = {
-            int(r["partition"]): min(int(r["high"]),
-                                     int(r["high"]) - int(r["lag"]) + self.max_records)
-            for r in rows if int(r["partition"]) in lagging}
+        self.run_ends = {r.partition: min(r.high, r.high - r.lag + self.max_records)
+                         for r in rows if r.partition in lagging}
         return Fire(reason, total, lagging, waited)
 
-    def _rearm(self, now: float, rows: Sequence[Mapping[str, Any]]) -> bool:
+    def _rearm(self, now: float, rows: Sequence[LagRow]) -> bool:
         """Whether the fired watch is armed again: the run reached its end on every
         partition that lagged when it fired, or ``rearm_seconds`` passed without."""
         assert self.fired_at is not None  # noqa: S101 (only called while fired)
-        stored = {int(r["partition"]): r["stored_offset"] for r in rows}
-        moved = all((s := stored.get(p)) is not None and int(s) >= end
+        stored = {r.partition: r.stored_offset for r in rows}
+        moved = all((s := stored.get(p)) is not None and s >= end
                     for p, end in self.run_ends.items())
         if moved:
             self.fired_at, self.run_ends = None, {}
