@@ -38,10 +38,13 @@ from pydantic.fields import FieldInfo
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.contracts.declared import ContractSpec
+from kafka_ingest.ops import metrics, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = Path("docs/configuration.md")
 DEVELOPMENT = Path("docs/development.md")
+RUNBOOK = Path("docs/runbook.md")
+OPERATIONS = Path("docs/operations.md")
 #: The folders of the code map, in the order a newcomer reads them.
 CODE_FOLDERS = ("dags", "plugins", "include/kafka_ingest", "include/kafka_ingest_dev",
                 "benchmarks", "scripts")
@@ -365,11 +368,30 @@ def _splice(text: str, part: str, where: Path) -> str:
     return f"{head}{BEGIN}\n{part}{END}{tail}"
 
 
+def _block(text: str, block: str, begin: str, end: str, where: Path) -> str:
+    """``text`` with the block from its ``begin`` line to its ``end`` line (a block that
+    carries its own markers) replaced by ``block``."""
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"{where}: needs one {begin!r} and one {end!r} line")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end + "\n", 1)
+    return f"{head}{block}{tail}"
+
+
 def generated(root: Path = ROOT) -> dict[Path, str]:
-    """Each file with a generated part, as it must read (relative path -> text)."""
-    development = (root / DEVELOPMENT).read_text(encoding="utf-8")
+    """Each file with a generated part, as it must read (relative path -> text): the
+    configuration reference, the code map, the alert rules' runbook sections
+    (:data:`kafka_ingest.ops.rules.RULES`) and the chunk counters
+    (:class:`kafka_ingest.records.ChunkCounts`)."""
+    def read(path: Path) -> str:
+        return (root / path).read_text(encoding="utf-8")
+
     return {CONFIGURATION: config_reference(),
-            DEVELOPMENT: _splice(development, code_map(root), DEVELOPMENT)}
+            DEVELOPMENT: _splice(read(DEVELOPMENT), code_map(root), DEVELOPMENT),
+            RUNBOOK: _block(read(RUNBOOK), rules.runbook(), rules.DOCS_BEGIN, rules.DOCS_END,
+                            RUNBOOK),
+            OPERATIONS: _block(read(OPERATIONS), metrics.counters_table(),
+                               metrics.COUNTERS_BEGIN, metrics.COUNTERS_END, OPERATIONS)}
 
 
 def stale(root: Path = ROOT) -> list[Path]:
