@@ -59,7 +59,7 @@ from project_rows import check_project, child_project
 from kafka_ingest.decode.formats import open_decoder
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import partitions_of, watermarks
+from kafka_ingest.kafka.metadata import partitions_of, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings
 
 AVRO_PATH = "kafka-ingest (avro), DAG path, same events Avro-encoded"

@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def prepare(args: argparse.Namespace, clients: KafkaClients, dsn: str, tag: str,
             topics: tuple[str, str]) -> Bench:
     """Produce the sample once; every path reads this same data."""
-    from kafka_ingest.kafka.reader import partitions_of, watermarks
+    from kafka_ingest.kafka.metadata import partitions_of, watermarks
     from kafka_ingest_dev.samples import produce_sample
 
     source, dlq = topics

@@ -43,7 +43,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import partitions_of, read_range, watermarks
+from kafka_ingest.kafka.metadata import partitions_of, watermarks
+from kafka_ingest.kafka.reader import read_range
 from kafka_ingest_dev.procs import free_ports
 from peers.common import PeerData, fetch_once, produce_topic, run_mvn, sink_timeout, warm_count
 

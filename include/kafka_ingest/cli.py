@@ -65,7 +65,7 @@ from kafka_ingest.errors import (
     TriggerParamsError,
 )
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE, KafkaClients
-from kafka_ingest.kafka.reader import partitions_of, watermarks
+from kafka_ingest.kafka.metadata import partitions_of, watermarks
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest.kafka.topics import create_pipeline_topics
 from kafka_ingest.ops import alert_rules

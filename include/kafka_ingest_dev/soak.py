@@ -392,7 +392,7 @@ def _read_positions(clients: Any, topic: str) -> dict[tuple[int, int], Record]:
     """Every record of ``topic`` by (partition, offset): its value and headers."""
     from confluent_kafka import TopicPartition
 
-    from kafka_ingest.kafka.reader import watermarks
+    from kafka_ingest.kafka.metadata import watermarks
 
     consumer = clients.consumer(f"soak-check-{uuid.uuid4().hex[:6]}")
     try:
@@ -415,7 +415,7 @@ def check(pipeline: Any, clients: Any, dsn: str, expected: Expected) -> dict[str
     """The invariants, exactly; each difference counted."""
     import psycopg
 
-    from kafka_ingest.kafka.reader import watermarks
+    from kafka_ingest.kafka.metadata import watermarks
 
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT event_id, source_partition, source_offset FROM "

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from kafka_ingest.kafka.reader import committed_offsets
+from kafka_ingest.kafka.metadata import committed_offsets
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from kafka_ingest.engine.replay import (
     replay_range,
     summarize_replay,
 )
-from kafka_ingest.kafka.reader import watermarks
+from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.requests import (
     LiveRun,
     OffsetWindow,

@@ -49,7 +49,7 @@ from kafka_ingest.decode.formats import open_registry
 from kafka_ingest.decode.schemas import check_subject
 from kafka_ingest.errors import KafkaRefused, KafkaUnavailable, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import (
+from kafka_ingest.kafka.metadata import (
     committed_offsets,
     offsets_for_time,
     partitions_of,

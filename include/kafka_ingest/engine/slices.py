@@ -73,7 +73,8 @@ from kafka_ingest.db import (
 )
 from kafka_ingest.errors import OffsetOutOfRange, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import Chunk, read_range, watermarks
+from kafka_ingest.kafka.metadata import watermarks
+from kafka_ingest.kafka.reader import Chunk, read_range
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.records import ChunkCounts, Source
 

@@ -20,7 +20,7 @@ from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database, OffsetsRepository, translate_errors
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, TopicMissing
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import group_offsets, topic_partitions, watermarks
+from kafka_ingest.kafka.metadata import group_offsets, topic_partitions, watermarks
 
 log = logging.getLogger(__name__)
 

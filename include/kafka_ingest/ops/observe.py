@@ -33,7 +33,7 @@ from kafka_ingest.db import Database
 from kafka_ingest.db.observations import LedgerLooks, LetterLooks
 from kafka_ingest.errors import IngestError, KafkaRefused, KafkaUnavailable, SettingsError
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.reader import first_timestamps
+from kafka_ingest.kafka.metadata import first_timestamps
 from kafka_ingest.ops.lag import LagRow, lags
 from kafka_ingest.ops.monitor import CheckResult, check
 from kafka_ingest.records import ChunkCounts
