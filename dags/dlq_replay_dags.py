@@ -19,13 +19,12 @@ from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import ReplayForm, ReplayRequest, replay_request
-from kafka_ingest_hook import (
+from kafka_ingest_hook import pipeline_clients, postgres_database
+from kafka_ingest_tasks import (
     dag_default_args,
     emit_metrics,
     fail_without_retry,
     form_params,
-    pipeline_clients,
-    postgres_database,
     slice_task_args,
     table_updated_task,
 )

@@ -33,13 +33,12 @@ from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import IngestForm, RangeRequest, ingest_request
-from kafka_ingest_hook import (
+from kafka_ingest_hook import pipeline_clients, postgres_database
+from kafka_ingest_tasks import (
     dag_default_args,
     emit_metrics,
     fail_without_retry,
     form_params,
-    pipeline_clients,
-    postgres_database,
     slice_task_args,
     table_updated_task,
 )

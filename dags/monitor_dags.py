@@ -30,14 +30,9 @@ from kafka_ingest.errors import IngestError
 from kafka_ingest.ops.monitor import monitor_groups
 from kafka_ingest.ops.retention import prune
 from kafka_ingest.ops.status import check_pipelines
-from kafka_ingest_hook import (
-    KafkaIngestHook,
-    alert_on_checks,
-    dag_default_args,
-    emit_metrics,
-    fail_without_retry,
-    postgres_database,
-)
+from kafka_ingest_alerts import alert_on_checks
+from kafka_ingest_hook import KafkaIngestHook, postgres_database
+from kafka_ingest_tasks import dag_default_args, emit_metrics, fail_without_retry
 
 MONITOR_SCHEDULE = "*/5 * * * *"
 #: A check stuck longer than the schedule's interval is failed (and retried).

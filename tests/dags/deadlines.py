@@ -84,14 +84,14 @@ def run_deadline_s(pipeline: Pipeline, settings: Mapping[str, str], *, slices: i
                                                         retries) as a slice
 
     ``execution_timeout`` and the retries come from the DAG's ``default_args``
-    (:func:`kafka_ingest_hook.dag_default_args`), so DAG tests give their pipelines a
+    (:func:`kafka_ingest_tasks.dag_default_args`), so DAG tests give their pipelines a
     short ``task_timeout_minutes``. The Celery test's kill (20 s heartbeat time-out checked
     every 2 s, retries 2, 10 s delay doubling, 1 min time-out, a queued task requeued after
     30 s checked every 5): max(22 + (20 + 60) + (40 + 60), 30 + 5 + 60 + (20 + 60) +
     (40 + 60)) + 3 x (60 + (20 + 60) + (40 + 60)) + 60 = 1,055 s. Only a broken run waits
     that long; a healthy one ends when it ends.
     """
-    from kafka_ingest_hook import dag_default_args, slice_task_args
+    from kafka_ingest_tasks import dag_default_args, slice_task_args
 
     args = dag_default_args(pipeline)
     timeout = args["execution_timeout"].total_seconds()

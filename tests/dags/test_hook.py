@@ -60,7 +60,7 @@ def test_a_run_that_only_deleted_rows_updates_the_tables_asset() -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from kafka_ingest.config import load_pipelines
-    from kafka_ingest_hook import table_updated_task
+    from kafka_ingest_tasks import table_updated_task
 
     task = table_updated_task(load_pipelines()["account_balances"])
     assert task.function({"inserted": 0, "deleted": 4, "tombstones": 4}) == 4
@@ -74,7 +74,7 @@ def test_every_counter_of_a_runs_summary_goes_to_airflows_metrics(
     from airflow.sdk.observability.stats import Stats
 
     from kafka_ingest.records import COUNTERS
-    from kafka_ingest_hook import emit_metrics
+    from kafka_ingest_tasks import emit_metrics
 
     sent: dict[str, float] = {}
     monkeypatch.setattr(Stats, "gauge", lambda name, value, **_: sent.update({name: value}))

@@ -124,7 +124,7 @@ def test_a_failing_notifier_is_logged_and_never_hides_the_breach(
         caplog: pytest.LogCaptureFixture) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from kafka_ingest_hook import alert_on_breaches
+    from kafka_ingest_alerts import alert_on_breaches
 
     notes = tmp_path / "notes.txt"
     monkeypatch.setenv(FILE_VARIABLE, str(notes))
@@ -161,7 +161,7 @@ def test_a_failing_notifier_is_logged_and_never_hides_the_breach(
 
 
 def test_no_breach_no_notifier_no_failure(webhook: Any) -> None:
-    from kafka_ingest_hook import alert_on_breaches
+    from kafka_ingest_alerts import alert_on_breaches
 
     pipeline = _pipeline([f"http://127.0.0.1:{webhook.server_address[1]}/ok"])
     alert_on_breaches(pipeline, (), {})

@@ -9,7 +9,7 @@ their totals, ``ingest_totals`` and ``dead_letter_totals``, and the monitor's ow
 checks in ``monitor_checks``; each read bounded by the window or an index, never by the
 history) and :func:`evaluate` is pure: figures in, breaches out. :func:`check` does both
 and records the check, because lag growth needs memory across checks. Notifying and
-failing the Airflow task are the monitor DAG's business (``plugins/kafka_ingest_hook.py``);
+failing the Airflow task are the monitor DAG's business (``plugins/kafka_ingest_alerts.py``);
 :func:`post_webhook` lives here because it is plain HTTP.
 """
 
