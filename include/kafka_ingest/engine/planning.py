@@ -21,12 +21,11 @@ deleted and created again, and reading on from the old topic's offsets would ski
 one's records; cursors stored before topic ids were kept are adopted by the topic there now.
 
 A cursor run that moves cursors (live ingest, an unfiltered replay that is not a dry run)
-also re-syncs the consumer group: for every partition of the topic,
-planned or not, whose group offset differs from the stored offset, the stored offset is
-committed to the group (Postgres is the source of truth). A kill between a chunk's
-database commit and its Kafka commit would otherwise leave the group behind for good
-when the next run plans nothing for that partition. A partition with no stored offset is
-never committed.
+also re-syncs the consumer group: for every partition of the topic, planned or not, whose
+group offset differs from the stored offset, the stored offset is committed to the group
+(Postgres is the source of truth). A kill between a chunk's database commit and its Kafka
+commit would otherwise leave the group behind for good when the next run plans nothing
+for that partition. A partition with no stored offset is never committed.
 """
 
 from __future__ import annotations
