@@ -23,7 +23,7 @@ produced. No call is scripted or expected.
 
 Every fake appends to one shared ``events`` list, so a test can check the order of what
 happened across them (:class:`Events` answers the usual questions about it). The engine
-runs a chunk's transaction in a writer thread while the main thread reads and validates
+runs a chunk's transaction in a thread of its own while the main thread reads and validates
 the next chunk: list appends are atomic, so the list is a true order of events, but only
 per-chunk orderings are deterministic, not the global interleaving. The events:
 

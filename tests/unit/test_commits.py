@@ -1,12 +1,13 @@
 """The group committer (``kafka_ingest.kafka.commits.GroupCommitter``): background, bounded,
 newest-wins commits to a consumer group, never a reason to fail or to hang.
 
-Most tests commit through :class:`~fakes.FakeConsumer` (whose commits can fail) or
-:class:`_HeldConsumer`, which behaves as librdkafka does with a silent coordinator: a
-synchronous commit that does not return until released, and a ``close()`` that would wait
-forever while a commit is pending (librdkafka #3740; here it records the violation
-instead of hanging the test). The last tests use real librdkafka clients of a broker that
-does not exist.
+Its rules (:class:`~kafka_ingest.kafka.commits.CommitState`) are tested first, with plain
+values: no thread, no client, no clock. Then the owner around them: most tests commit
+through :class:`~fakes.FakeConsumer` (whose commits can fail) or :class:`_HeldConsumer`,
+which behaves as librdkafka does with a silent coordinator: a synchronous commit that
+does not return until released, and a ``close()`` that would wait forever while a commit
+is pending (librdkafka #3740; here it records the violation instead of hanging the test).
+The last tests use real librdkafka clients of a broker that does not exist.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +24,7 @@ from fakes import FakeConsumer
 
 from kafka_ingest.kafka import commits
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.commits import GroupCommitter
+from kafka_ingest.kafka.commits import CommitState, GroupCommitter, Idle, Owner, Settlement
 from tests.interrupts import TaskTimeout, task_timeout_after
 
 TOPIC = "orders"
@@ -41,6 +43,130 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def committer_of(consumer: Any, *, timeout_s: float = 5.0, **kwargs: Any) -> GroupCommitter:
     return GroupCommitter(lambda: consumer, GROUP, timeout_s=timeout_s, **kwargs)
+
+
+# --------------------------------------------------------------------------- the rules
+
+A, B = (TOPIC, 3), (TOPIC, 4)
+RAISES = "raises"  # an expected answer: the event is refused (RuntimeError)
+
+Step = Callable[[CommitState], Any]  # an event, or a question: what it answers
+
+
+def post(position: tuple[str, int], offset: int) -> Step:
+    return lambda state: state.post(position, offset)
+
+
+def settle(landed: bool) -> Step:
+    return lambda state: state.settle(landed=landed)
+
+
+def take(state: CommitState) -> Any:
+    return state.next_batch()
+
+
+def retry(state: CommitState) -> bool:
+    return state.retry()
+
+
+def close(state: CommitState) -> None:
+    state.close()
+
+
+def stop(state: CommitState) -> Settlement:
+    return state.stop_waiting()
+
+
+def done(state: CommitState) -> bool:
+    return state.done
+
+
+def fail(state: CommitState) -> None:
+    state.failed(ValueError("a bug"))
+
+
+#: name -> [(event, the answer expected)], in order, on a new CommitState.
+CASES: dict[str, list[tuple[Step, Any]]] = {
+    "nothing posted: the thread waits, the owner need not": [
+        (take, Idle.WAIT), (done, True)],
+    "a post is the next batch, settled when it landed": [
+        (post(A, 10), True), (done, False), (take, {A: 10}), (done, False),
+        (settle(True), None), (done, True), (take, Idle.WAIT)],
+    "newest wins: posts during a commit are coalesced into the next batch": [
+        (post(A, 10), True), (take, {A: 10}), (post(A, 20), True), (post(A, 30), True),
+        (post(B, 7), True), (settle(True), None), (take, {A: 30, B: 7})],
+    "one batch at a time": [
+        (post(A, 10), True), (take, {A: 10}), (post(A, 20), True), (take, RAISES)],
+    "nothing to settle without a batch on its way": [
+        (post(A, 10), True), (settle(True), RAISES)],
+    "an offset tried to the end is not tried again": [
+        (post(A, 10), True), (take, {A: 10}), (settle(False), None), (post(A, 10), True),
+        (take, Idle.WAIT), (done, True)],
+    "an answered error is retried while nothing newer came": [
+        (post(A, 10), True), (take, {A: 10}), (retry, True)],
+    "not once a newer offset was posted (the next batch carries it)": [
+        (post(A, 10), True), (post(B, 5), True), (take, {A: 10, B: 5}), (post(A, 11), True),
+        (retry, False)],
+    "closed with nothing pending: the thread stops": [
+        (close, None), (take, Idle.STOP), (done, True)],
+    "closed with offsets pending: they are committed, then the thread stops": [
+        (post(A, 10), True), (close, None), (done, False), (take, {A: 10}), (retry, True),
+        (settle(True), None), (done, True), (take, Idle.STOP)],
+    "nothing can be posted once closed": [
+        (close, None), (post(A, 10), RAISES)],
+    "the owner left: what is on its way is unanswered, never retried, tried once more": [
+        (post(A, 10), True), (take, {A: 10}), (post(A, 20), True), (close, None),
+        (stop, Settlement(behind={A: 20}, unanswered={A: 20})), (retry, False),
+        (settle(False), None), (take, {A: 20}), (retry, False), (settle(True), None),
+        (take, Idle.STOP)],
+    "the owner learns what the group lacks": [
+        (post(A, 10), True), (post(B, 5), True), (take, {A: 10, B: 5}),
+        (settle(True), None), (post(A, 20), True), (take, {A: 20}), (settle(False), None),
+        (close, None), (done, True), (stop, Settlement(behind={A: 20}, unanswered={}))],
+    "a failed thread: posts dropped, nothing waited for, the thread stops": [
+        (post(A, 10), True), (take, {A: 10}), (fail, None), (done, True),
+        (post(A, 11), False), (take, Idle.STOP), (close, None),
+        (stop, Settlement(behind={A: 10}, unanswered={}))],
+    "a failed and closed committer still refuses posts": [
+        (fail, None), (close, None), (post(A, 10), RAISES)],
+}
+
+
+@pytest.mark.parametrize("steps", list(CASES.values()), ids=list(CASES))
+def test_the_committers_rules(steps: list[tuple[Step, Any]]) -> None:
+    state = CommitState()
+    for i, (step, expected) in enumerate(steps):
+        if expected == RAISES:
+            with pytest.raises(RuntimeError):
+                step(state)
+        else:
+            assert step(state) == expected, f"step {i}"
+
+
+def test_the_owner_is_posting_then_waiting_then_gone() -> None:
+    state = CommitState()
+    assert state.owner is Owner.POSTING
+    state.close()
+    assert state.owner is Owner.WAITING
+    state.stop_waiting()
+    assert state.owner is Owner.LEFT
+    state.close()  # a second close (leaving the block after close()) changes nothing
+    assert state.owner is Owner.LEFT
+
+
+def test_landed_offsets_are_the_acknowledged_ones_only() -> None:
+    state = CommitState()
+    state.post(A, 10)
+    state.next_batch()
+    state.settle(landed=True)
+    state.post(A, 20)
+    state.next_batch()
+    state.settle(landed=False)
+    assert state.landed() == {A: 10}
+    assert state.pending() == {} and state.behind() == {A: 20}
+
+
+# --------------------------------------------------------------------------- the owner
 
 
 class _HeldConsumer:

@@ -13,6 +13,7 @@ from kafka_ingest.ranges import (
     Mode,
     OffsetRange,
     PartitionState,
+    moves_cursor,
     plan_between,
     plan_explicit,
     plan_live,
@@ -115,12 +116,12 @@ MARKS = {0: (0, 100), 1: (50, 80)}
 def test_explicit_ranges_are_checked_and_sorted() -> None:
     ranges = plan_explicit(T, {1: (50, 80), 0: (10, 20)}, MARKS)
     assert spans(ranges) == [(0, 10, 20), (1, 50, 80)]
-    assert all(r.mode is Mode.BACKFILL and r.advance_cursor is False for r in ranges)
+    assert all(r.mode is Mode.BACKFILL and r.from_cursor is False for r in ranges)
 
 
-def test_explicit_replay_mode_and_cursor_flag_pass_through() -> None:
-    [r] = plan_explicit(T, {0: (0, 5)}, MARKS, mode=Mode.REPLAY, advance_cursor=True)
-    assert (r.mode, r.advance_cursor) == (Mode.REPLAY, True)
+def test_explicit_replay_mode_passes_through() -> None:
+    [r] = plan_explicit(T, {0: (0, 5)}, MARKS, mode=Mode.REPLAY)
+    assert (r.mode, r.from_cursor) == (Mode.REPLAY, False)
 
 
 def test_explicit_empty_range_makes_no_range() -> None:
@@ -159,12 +160,12 @@ def test_trigger_params_error_is_a_value_error() -> None:
 def test_between_two_offset_maps() -> None:
     ranges = plan_between(T, {2: 40, 0: 10, 1: 30}, {0: 25, 1: 30, 2: 41})
     assert spans(ranges) == [(0, 10, 25), (2, 40, 41)]  # partition 1 is empty
-    assert all(r.mode is Mode.BACKFILL and not r.advance_cursor for r in ranges)
+    assert all(r.mode is Mode.BACKFILL and r.from_cursor is False for r in ranges)
 
 
 def test_between_with_replay_mode() -> None:
-    [r] = plan_between(T, {0: 1}, {0: 2}, mode=Mode.REPLAY, advance_cursor=True)
-    assert (r.mode, r.advance_cursor) == (Mode.REPLAY, True)
+    [r] = plan_between(T, {0: 1}, {0: 2}, mode=Mode.REPLAY)
+    assert (r.mode, r.from_cursor) == (Mode.REPLAY, False)
 
 
 # --------------------------------------------------------------------------- OffsetRange
@@ -172,7 +173,7 @@ def test_between_with_replay_mode() -> None:
 
 @pytest.mark.parametrize("mode", list(Mode))
 def test_offset_range_round_trips_through_a_json_dict(mode: Mode) -> None:
-    original = OffsetRange(T, 3, 100, 250, mode, advance_cursor=False)
+    original = OffsetRange(T, 3, 100, 250, mode, from_cursor=False)
     data = json.loads(json.dumps(original.to_dict()))  # what XCom stores
     assert data["mode"] == str(mode)
     assert OffsetRange.from_dict(data) == original
@@ -180,4 +181,65 @@ def test_offset_range_round_trips_through_a_json_dict(mode: Mode) -> None:
 
 def test_offset_range_from_dict_defaults_to_live() -> None:
     r = OffsetRange.from_dict({"topic": T, "partition": 0, "start": 1, "end": 3})
-    assert (r.mode, r.advance_cursor, r.size) == (Mode.LIVE, True, 2)
+    assert (r.mode, r.from_cursor, r.size) == (Mode.LIVE, True, 2)
+
+
+@pytest.mark.parametrize(("legacy", "from_cursor"), [(True, True), (False, False)])
+def test_a_range_planned_by_the_release_before_still_reads(legacy: bool,
+                                                           from_cursor: bool) -> None:
+    # A run in flight across an upgrade: its mapped tasks get their range from XCom as the
+    # release before wrote it, with the flag "advance_cursor" (True only for cursor ranges).
+    data = {"topic": T, "partition": 0, "start": 1, "end": 3, "mode": "replay",
+            "advance_cursor": legacy}
+    assert OffsetRange.from_dict(data) == OffsetRange(T, 0, 1, 3, Mode.REPLAY,
+                                                      from_cursor=from_cursor)
+
+
+# --------------------------------------------------------------------------- moves_cursor
+
+
+def _cursor_range(mode: Mode) -> OffsetRange:
+    [r], _ = plan_live(T, [PartitionState(0, 0, 10, 2)], max_records=100,
+                       start_policy=StartPolicy.EARLIEST, on_gap=OnOffsetGap.FAIL, mode=mode)
+    return r
+
+
+def _offsets_window(mode: Mode) -> OffsetRange:
+    [r] = plan_explicit(T, {0: (2, 5)}, MARKS, mode=mode)
+    return r
+
+
+def _time_window(mode: Mode) -> OffsetRange:
+    [r] = plan_between(T, {0: 2}, {0: 5}, mode=mode)
+    return r
+
+
+@pytest.mark.parametrize(
+    ("rng", "dry_run", "filtered", "moves"),
+    [
+        pytest.param(_cursor_range(Mode.LIVE), False, False, True, id="live ingest"),
+        pytest.param(OffsetRange(T, 0, 2, 5), False, False, True, id="a live range by hand"),
+        pytest.param(_offsets_window(Mode.BACKFILL), False, False, False,
+                     id="backfill by offsets"),
+        pytest.param(_time_window(Mode.BACKFILL), False, False, False, id="backfill by times"),
+        pytest.param(_cursor_range(Mode.REPLAY), False, False, True,
+                     id="replay from the replay cursor"),
+        pytest.param(_offsets_window(Mode.REPLAY), False, False, False,
+                     id="replay of offsets"),
+        pytest.param(_time_window(Mode.REPLAY), False, False, False, id="replay of times"),
+        pytest.param(_cursor_range(Mode.REPLAY), False, True, False,
+                     id="filtered replay from the cursor"),
+        pytest.param(_cursor_range(Mode.REPLAY), True, False, False,
+                     id="dry-run replay from the cursor"),
+        pytest.param(_cursor_range(Mode.REPLAY), True, True, False,
+                     id="dry-run filtered replay"),
+        pytest.param(_offsets_window(Mode.REPLAY), True, False, False,
+                     id="dry-run replay of offsets"),
+    ],
+)
+def test_which_slices_move_their_cursor(rng: OffsetRange, dry_run: bool, filtered: bool,
+                                        moves: bool) -> None:
+    # The one place that decides; the planner and the slice engine both ask it (their own
+    # tables: test_planning_and_the_engine_ask_the_same_rule, test_slices).
+    assert moves_cursor(from_cursor=bool(rng.from_cursor), dry_run=dry_run,
+                        filtered=filtered) is moves

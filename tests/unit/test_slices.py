@@ -6,7 +6,7 @@ bookkeeping run here; only Kafka's clients and the Postgres session are fakes
 database, runs a slice, and checks what ended up committed, stored and produced, and in
 which order (from the one ``events`` list all fakes append to).
 
-The engine reads and validates chunk k+1 while chunk k's transaction runs in a writer
+The engine reads and validates chunk k+1 while chunk k's transaction runs in a transaction
 thread, and the group commits run in a committer thread of their own (newest wins: an
 offset posted while another is on its way may be coalesced into the next commit), so
 orderings are asserted per chunk, never as one global interleaving.
@@ -23,6 +23,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,9 +33,10 @@ from fakes import Event, Events, FakeClients, FakeConsumer, FakeDatabase, FakePr
 
 from kafka_ingest.config import DlqHeaderStyle, Pipeline
 from kafka_ingest.contracts.columns import millis_to_pg
-from kafka_ingest.engine import ingest, slices
-from kafka_ingest.engine.ingest import ingest_range
-from kafka_ingest.engine.replay import replay_range
+from kafka_ingest.engine import ingest, slices, stages, tuning
+from kafka_ingest.engine.ingest import ingest_range, ingest_target
+from kafka_ingest.engine.planning import PlanTarget
+from kafka_ingest.engine.replay import replay_range, replay_target
 from kafka_ingest.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -46,6 +48,7 @@ from kafka_ingest.errors import (
 from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, headers_for, parse_dlq_message
 from kafka_ingest.ranges import Mode, OffsetRange
 from kafka_ingest.records import row_source
+from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from tests.interrupts import TaskTimeout, task_timeout_on_sigalrm
 
 PARTITION = 2
@@ -194,7 +197,7 @@ def test_a_live_slice_commits_each_chunk_to_postgres_then_to_kafka(pipeline: Pip
 def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waiting(
         pipeline: Pipeline, stage: str) -> None:
     # Airflow's execution_timeout raises in the main thread, wherever it is: here while
-    # chunk 2's transaction is at ``stage`` in the writer thread (the main thread is then
+    # chunk 2's transaction is at ``stage`` in the transaction thread (the main thread is then
     # preparing chunk 3, handing it over or waiting), with the group commit of chunk 1
     # unanswered. The slice must end within the group's time-out, leave no thread of its
     # own waiting, release its lock and connection, and never close the consumer whose
@@ -219,7 +222,7 @@ def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waitin
     assert took < w.clients.commit_timeout_s + 5.0
     assert w.db.held_locks() == {}
     assert w.consumer.closed and w.db.sessions[0].closed
-    assert not any(t.name.startswith("sink-") for t in threading.enumerate())
+    assert not any(t.name.startswith("transaction-") for t in threading.enumerate())
     (held,) = w.clients.commit_consumers
     deadline = time.monotonic() + 10
     while not held.closed and time.monotonic() < deadline:
@@ -227,35 +230,57 @@ def test_an_interrupt_in_the_main_thread_ends_the_slice_with_nothing_left_waitin
     assert held.closed and not held.closed_while_pending
 
 
-def test_an_interrupt_while_the_slice_waits_for_its_writer_never_unlocks_under_a_transaction(
+def test_an_interrupt_while_the_slice_waits_for_its_transaction_never_unlocks_under_it(
         pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     # Preparing chunk 3 fails while chunk 2's transaction is still running; the slice then
     # waits for that transaction before releasing its lock and connection, and an
     # interrupt in that wait (Airflow's time-out) must not cut it short: unlocking or
     # closing the connection under a running transaction frees the partition too early.
-    commit_started = threading.Event()
+    # Chunk 2's COMMIT is held until the slice waits for it, then the interrupt comes, and
+    # the COMMIT goes on once the slice waits again (each step seen, none slept for).
     main = threading.main_thread().ident
     assert main is not None
+    commit_started, prepare_failed = threading.Event(), threading.Event()
+    waiting, waiting_again = threading.Event(), threading.Event()
+    real_wait = stages.wait
 
-    def slow_commit() -> None:  # chunk 2's COMMIT, interrupted while the slice waits for it
+    def watched_wait(futures: Any, timeout: float | None = None) -> Any:
+        if not prepare_failed.is_set():
+            return real_wait(futures, timeout=timeout)
+        # The slice is leaving: it waits for the transaction. (Waited for in short slices
+        # here: a signal that lands just before a blocking wait is handled only when it
+        # returns.)
+        (waiting_again if waiting.is_set() else waiting).set()
+        deadline = time.monotonic() + (timeout or 10.0)
+        while True:
+            done = real_wait(futures, timeout=0.01)
+            if not done.not_done or time.monotonic() > deadline:
+                return done
+
+    seen: dict[str, bool] = {}
+
+    def held_commit() -> None:  # chunk 2's COMMIT
         commit_started.set()
-        time.sleep(0.3)  # the main thread has failed its prepare and waits in the writer
+        seen["the slice waits"] = waiting.wait(10)
         signal.pthread_kill(main, signal.SIGALRM)
-        time.sleep(0.3)
+        seen["and waits on after the interrupt"] = waiting_again.wait(10)
 
     w = World(pipeline)
-    w.db.inject(2, "commit", slow_commit)
+    w.db.inject(2, "commit", held_commit)
     real_prepare = ingest.IngestWriter.prepare
 
     def failing_prepare(self: Any, chunk: Any, encoder: Any) -> Any:
         if chunk.start == 6:
             assert commit_started.wait(10)
+            prepare_failed.set()
             raise RuntimeError("prepare failed")
         return real_prepare(self, chunk, encoder)
 
     monkeypatch.setattr(ingest.IngestWriter, "prepare", failing_prepare)
+    monkeypatch.setattr(stages, "wait", watched_wait)
     with task_timeout_on_sigalrm(), pytest.raises(TaskTimeout):
         w.ingest()
+    assert seen == {"the slice waits": True, "and waits on after the interrupt": True}
     committed = w.events.index(("db_commit", 2, 3, 6))
     assert committed < w.events.index(("unlock", "telemetry_metrics", PARTITION))
     assert committed < w.events.index(("session_close",))
@@ -414,6 +439,82 @@ def test_a_backfill_takes_no_lock_and_never_touches_the_cursor_or_the_group(
     assert (report.moves_cursor, report.read, report.inserted) == (False, 10, 9)
     live.close()
     assert w.db.held_locks() == {}
+
+
+# --------------------------------------------------------------------------- the cursor rule
+
+
+def replay_world(pipeline: Pipeline) -> World:
+    """A DLQ partition of four letters ingest parked (source offsets 0-3, all valid now),
+    its replay cursor at 0."""
+    records = [dlq_record(pipeline, i, i, metric(i)) for i in range(4)]
+    w = World(pipeline, records, topic=pipeline.dlq_topic, partition=0, with_producer=False)
+    w.db.set_offset(pipeline.name, pipeline.dlq_topic, 0, 0)
+    seed_dead_letters(w.db, pipeline, records, recovered=[])
+    return w
+
+
+FILTERED = ReplayFilters(error_classes=frozenset({"contract_violation"}))
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode", "from_cursor", "options", "moves"),
+    [
+        pytest.param("ingest", Mode.LIVE, True, {}, True, id="live ingest"),
+        pytest.param("ingest", Mode.BACKFILL, False, {}, False, id="backfill"),
+        pytest.param("replay", Mode.REPLAY, True, {}, True, id="replay from the cursor"),
+        pytest.param("replay", Mode.REPLAY, False, {}, False, id="replay of a window"),
+        pytest.param("replay", Mode.REPLAY, True, {"filters": FILTERED}, False,
+                     id="filtered replay from the cursor"),
+        pytest.param("replay", Mode.REPLAY, True, {"dry_run": True}, False,
+                     id="dry-run replay from the cursor"),
+    ],
+)
+def test_a_slice_owns_and_moves_its_cursor_exactly_when_the_rule_says(
+        pipeline: Pipeline, kind: str, mode: Mode, from_cursor: bool, options: dict[str, Any],
+        moves: bool) -> None:
+    # ranges.moves_cursor decides (its table: test_ranges.py); the engine follows it: a
+    # slice that moves its cursor locks it, reads it, advances it chunk by chunk and tells
+    # the group; one that does not does none of these.
+    if kind == "ingest":
+        w = World(pipeline)
+        rng = OffsetRange(w.topic, w.partition, 0, N, mode, from_cursor=from_cursor)
+        report = ingest_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID)
+    else:
+        w = replay_world(pipeline)
+        rng = OffsetRange(w.topic, w.partition, 0, 4, mode, from_cursor=from_cursor)
+        report = replay_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID, **options)
+    assert report.moves_cursor is moves
+    assert report.read == rng.size
+    assert bool(w.ev.of("lock")) is moves
+    assert bool(w.ev.of("cursor")) is moves
+    assert bool(w.ev.of("advance")) is moves
+    assert bool(w.clients.group_commits()) is moves
+    assert w.stored() == (rng.end if moves else 0)
+    assert w.db.held_locks() == {}
+
+
+@pytest.mark.parametrize(
+    ("target", "moves", "writes"),
+    [
+        pytest.param(ingest_target, True, True, id="ingest"),
+        pytest.param(lambda p: replay_target(p, ReplayRequest(LiveRun())), True, True,
+                     id="replay"),
+        pytest.param(lambda p: replay_target(p, ReplayRequest(LiveRun(), filters=FILTERED)),
+                     False, True, id="filtered replay"),
+        pytest.param(lambda p: replay_target(p, ReplayRequest(LiveRun(), dry_run=True)),
+                     False, False, id="dry-run replay"),
+    ],
+)
+def test_the_planner_asks_the_same_rule(pipeline: Pipeline,
+                                        target: Callable[[Pipeline], PlanTarget],
+                                        moves: bool, writes: bool) -> None:
+    # The planner re-syncs the group and logs "moves the cursor" for cursor ranges that
+    # move; window ranges never do; a dry run initialises no cursor and records no gap.
+    planned = target(pipeline)
+    assert planned.moves_cursor(from_cursor=True) is moves
+    assert planned.moves_cursor(from_cursor=False) is False
+    assert planned.writes is writes
 
 
 # --------------------------------------------------------------------------- 3. failure, resume
@@ -670,7 +771,7 @@ def test_a_dry_run_replay_counts_every_outcome_and_commits_nothing(
     seeded = dict(w.db.dead_letters)
     before = len(w.events)
 
-    rng = OffsetRange(pipeline.dlq_topic, 0, 0, 6, Mode.REPLAY, advance_cursor=True)
+    rng = OffsetRange(pipeline.dlq_topic, 0, 0, 6, Mode.REPLAY, from_cursor=True)
     report = replay_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID, dry_run=True)
 
     assert report.outcomes == {"recovered": 1, "still_parked": 1, "already_recovered": 1,
@@ -760,7 +861,7 @@ def test_a_letter_twice_in_the_dlq_counts_the_same_in_a_dry_run_and_a_real_one(
                   with_producer=False)
         w.db.set_offset(pipeline.name, pipeline.dlq_topic, 0, 0)
         seed_dead_letters(w.db, pipeline, records[:3], recovered=[])
-        rng = OffsetRange(pipeline.dlq_topic, 0, 0, 4, Mode.REPLAY, advance_cursor=True)
+        rng = OffsetRange(pipeline.dlq_topic, 0, 0, 4, Mode.REPLAY, from_cursor=True)
         report = replay_range(pipeline, rng, w.clients, w.db, run_id=RUN_ID, dry_run=dry_run)
         assert report.chunks == 2  # chunk_size 3: the copy is in the second chunk
         return report.outcomes
@@ -820,8 +921,8 @@ def test_a_live_slice_re_reading_a_known_poison_pill_dead_letters_it_again(
 
 def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(
         pipeline: Pipeline) -> None:
-    # The writer thread must get the GIL back quickly from the validating main thread
-    # (slices.SWITCH_INTERVAL_S); the process's own setting is back once the slice ends,
+    # The transaction thread must get the GIL back quickly from the validating main thread
+    # (tuning.SWITCH_INTERVAL_S); the process's own setting is back once the slice ends,
     # also when it fails.
     import sys
 
@@ -830,7 +931,7 @@ def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(
     w = World(pipeline)
     w.db.inject(1, "upsert", lambda: seen.append(sys.getswitchinterval()))
     w.ingest()
-    assert seen == [min(before, slices.SWITCH_INTERVAL_S)]
+    assert seen == [min(before, tuning.SWITCH_INTERVAL_S)]
     assert sys.getswitchinterval() == before
     w.db.inject(5, "upsert", RuntimeError("boom"))
     w.db.set_offset(pipeline.name, pipeline.topic, PARTITION, 0)
@@ -841,7 +942,7 @@ def test_a_slice_shortens_the_thread_switch_interval_only_while_it_runs(
 
 def test_a_slice_freezes_the_heap_and_collects_young_objects_less_often_only_while_it_runs(
         pipeline: Pipeline) -> None:
-    # The collector's first threshold is slices.GC_YOUNG_THRESHOLD while a slice runs, and
+    # The collector's first threshold is tuning.GC_YOUNG_THRESHOLD while a slice runs, and
     # what was in the heap before it is frozen out of the collections; both are as they
     # were once the slice ends, also when it fails.
     import gc
@@ -852,7 +953,7 @@ def test_a_slice_freezes_the_heap_and_collects_young_objects_less_often_only_whi
     w.db.inject(1, "upsert", lambda: seen.append((gc.get_threshold(), gc.get_freeze_count())))
     w.ingest()
     [(threshold, count)] = seen
-    assert threshold == (max(before[0], slices.GC_YOUNG_THRESHOLD), *before[1:])
+    assert threshold == (max(before[0], tuning.GC_YOUNG_THRESHOLD), *before[1:])
     assert count > frozen
     assert (gc.get_threshold(), gc.get_freeze_count()) == (before, frozen)
     w.db.inject(5, "upsert", RuntimeError("boom"))

@@ -11,7 +11,8 @@ Ingest and replay plan the same way over different topics; what differs is a
 - an :class:`~kafka_ingest.requests.OffsetWindow` is checked against the watermarks;
 - a :class:`~kafka_ingest.requests.TimeWindow` is mapped with ``offsets_for_times``.
 
-Only cursor ranges may move the cursor. Empty ranges make no task.
+Only cursor ranges may move the cursor (:func:`~kafka_ingest.ranges.moves_cursor` says which
+do). Empty ranges make no task.
 
 Every plan learns which incarnation of the topic it reads (Kafka's topic id, numbered in
 ``topic_incarnations``: see :class:`~kafka_ingest.records.Source`). A cursor stored for
@@ -19,13 +20,12 @@ another topic id is refused (:class:`~kafka_ingest.errors.TopicRecreated`): the 
 deleted and created again, and reading on from the old topic's offsets would skip the new
 one's records; cursors stored before topic ids were kept are adopted by the topic there now.
 
-A cursor run that moves cursors and writes (live ingest, an unfiltered replay that is
-not a dry run) also re-syncs the consumer group: for every partition of the topic,
-planned or not, whose group offset differs from the stored offset, the stored offset is
-committed to the group (Postgres is the source of truth). A kill between a chunk's
-database commit and its Kafka commit would otherwise leave the group behind for good
-when the next run plans nothing for that partition. A partition with no stored offset is
-never committed.
+A cursor run that moves cursors (live ingest, an unfiltered replay that is not a dry run)
+also re-syncs the consumer group: for every partition of the topic, planned or not, whose
+group offset differs from the stored offset, the stored offset is committed to the group
+(Postgres is the source of truth). A kill between a chunk's database commit and its Kafka
+commit would otherwise leave the group behind for good when the next run plans nothing
+for that partition. A partition with no stored offset is never committed.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from kafka_ingest.ranges import (
     Mode,
     OffsetRange,
     PartitionState,
+    moves_cursor,
     plan_between,
     plan_explicit,
     plan_live,
@@ -84,12 +85,22 @@ class PlanTarget:
     window_mode: Mode
     start_policy: StartPolicy
     on_gap: OnOffsetGap
-    #: Cursor ranges move the cursor (not a dry run, not a filtered replay).
-    moves_cursor: bool = True
-    #: Planning may initialise cursors and record gaps (not a dry run).
-    writes: bool = True
+    #: A dry run: planning initialises no cursor and records no gap.
+    dry_run: bool = False
+    #: The run acts on some records of its ranges only (a replay with filters).
+    filtered: bool = False
     #: Other topics that must exist before anything is read (topic, role).
     must_exist: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def writes(self) -> bool:
+        """Whether planning may initialise cursors and record gaps (not a dry run)."""
+        return not self.dry_run
+
+    def moves_cursor(self, *, from_cursor: bool) -> bool:
+        """Whether this run's ranges (planned from the cursor, or not) move their cursor."""
+        return moves_cursor(from_cursor=from_cursor, dry_run=self.dry_run,
+                            filtered=self.filtered)
 
 
 def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients: KafkaClients,
@@ -102,7 +113,7 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
         if pinned:
             log.info("run %s already planned; reusing its %d range(s)", run_id, len(pinned))
             return [OffsetRange(p.topic, p.partition, p.start, p.end, Mode(p.mode),
-                                cursor and target.moves_cursor) for p in pinned if p.end > p.start]
+                                from_cursor=cursor) for p in pinned if p.end > p.start]
         # Before any data moves: a contract that cannot read what the producers write fails
         # the run here, then a table that does not match the contract.
         with open_registry(pipeline, clients.registry) as registry:
@@ -125,9 +136,10 @@ def plan(pipeline: Pipeline, target: PlanTarget, request: RangeRequest, clients:
         with clients.committer(target.group_id) as group:
             for partition, offset in sorted(behind.items()):
                 group.post(target.topic, partition, offset)
+    moves = target.moves_cursor(from_cursor=cursor)
     for r in ranges:
         log.info("planned %s[%d] [%d, %d) %s%s: %d messages", r.topic, r.partition, r.start,
-                 r.end, r.mode, " (moves the cursor)" if r.moves_cursor else "", r.size)
+                 r.end, r.mode, " (moves the cursor)" if moves else "", r.size)
     return ranges
 
 
@@ -197,8 +209,6 @@ def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: An
                              max_records=pipeline.max_records_per_partition,
                              start_policy=target.start_policy, on_gap=target.on_gap,
                              mode=target.cursor_mode)
-    if not target.moves_cursor:
-        ranges = [replace(r, advance_cursor=False) for r in ranges]
     for gap in gaps:
         log.error("GAP %s[%d]: offsets [%d, %d) were deleted by retention before they were "
                   "read; skipping them as configured%s", target.topic, gap.partition,
@@ -220,9 +230,9 @@ def _plan_cursor(pipeline: Pipeline, target: PlanTarget, conn: Any, consumer: An
 def _group_offsets(consumer: Any, target: PlanTarget,
                    partitions: list[int]) -> dict[int, int | None] | None:
     """The group's committed offsets, when this plan re-syncs the group (a cursor run that
-    moves cursors and writes); ``None`` when it does not, or they cannot be read (lag is a
-    report: never a reason to fail a run)."""
-    if not (target.moves_cursor and target.writes):
+    moves cursors); ``None`` when it does not, or they cannot be read (lag is a report:
+    never a reason to fail a run)."""
+    if not target.moves_cursor(from_cursor=True):
         return None
     try:
         return committed_offsets(consumer, target.topic, partitions)

@@ -78,8 +78,7 @@ def replay_target(pipeline: Pipeline, request: ReplayRequest) -> PlanTarget:
         plan_name=replay_key(pipeline), topic=pipeline.dlq_topic, role="dead-letter topic",
         group_id=replay_group(pipeline), cursor_mode=Mode.REPLAY, window_mode=Mode.REPLAY,
         start_policy=StartPolicy.EARLIEST, on_gap=OnOffsetGap.SKIP,
-        moves_cursor=not (request.dry_run or request.filters.active),
-        writes=not request.dry_run,
+        dry_run=request.dry_run, filtered=request.filters.active,
     )
 
 
@@ -273,19 +272,15 @@ def _letter_of(pipeline: Pipeline, msg: Any) -> tuple[DeadLetter | None, str]:
 def replay_range(pipeline: Pipeline, rng: OffsetRange, clients: KafkaClients, db: Database,
                  *, run_id: str, dry_run: bool = False,
                  filters: ReplayFilters | None = None) -> SliceReport:
-    """Replay one DLQ partition slice, chunk by chunk, under the replay's advisory lock."""
+    """Replay one DLQ partition slice, chunk by chunk; one that moves the replay cursor
+    holds the replay's advisory lock (see :func:`~kafka_ingest.ranges.moves_cursor`)."""
     filters = filters or ReplayFilters()
-    if filters.active:  # targeted: moving the cursor would skip the filtered-out letters
-        rng = replace(rng, advance_cursor=False)
     spec = SliceSpec(pipeline=pipeline, run_id=run_id, lock_name=replay_key(pipeline),
-                     group_id=replay_group(pipeline), commits=not dry_run)
-    report = SliceReport(pipeline.name, rng.topic, rng.partition, rng.start, rng.end,
-                         str(rng.mode), dry_run=dry_run,
-                         moves_cursor=rng.moves_cursor and not dry_run,
-                         outcomes=dict.fromkeys(OUTCOMES, 0))
+                     group_id=replay_group(pipeline), dry_run=dry_run,
+                     filtered=filters.active, outcomes=OUTCOMES)
     with open_decoder(pipeline, clients.registry) as decoder:
         return run_slice(spec, ReplayWriter(pipeline, filters, dry_run, decoder), rng,
-                         clients, db, report=report)
+                         clients, db)
 
 
 def run_replay(pipeline: Pipeline, request: ReplayRequest, clients: KafkaClients,

@@ -1,44 +1,62 @@
 """The one slice engine: live ingest, backfills and DLQ replay all run their slices here.
 
 A slice is one partition's range ``[start, end)`` of one run. What differs between ingest
-and replay is passed in: a :class:`SliceSpec` (names, the group, whether it commits) and a
-:class:`ChunkWriter` (what a chunk's transaction writes). The steps (DESIGN §3):
+and replay is passed in: a :class:`SliceSpec` (names, the group, a dry run, filters) and a
+:class:`ChunkWriter` (what a chunk's transaction writes). Whether the slice moves its
+cursor is decided by :func:`~kafka_ingest.ranges.moves_cursor`, from the range and the spec
+(DESIGN §3). :func:`run_slice` opens what the slice needs, each part by a named owner,
+closed in reverse even on error:
 
-1. **lock**: a slice that moves its cursor holds the (name, partition) advisory lock of
-   its session for the whole slice: it owns the cursor. A slice that does not (a backfill,
-   a dry run) takes no lock: it moves nothing another run could fence, and its upserts are
-   idempotent, so it runs beside live slices without waiting for them or holding them up;
-2. **resume**: a cursor-moving slice starts where its stored cursor is now, so a retry or
-   a cleared task finishes exactly its pinned slice; a cursor moved back behind the slice
-   (a reset by hand, or commits a failover lost) is followed back: the slice reads from
-   there, at most ``max_records_per_partition`` of it. Every slice first learns which
-   incarnation of its topic it reads (:class:`~kafka_ingest.records.Source`); a cursor
-   stored for a topic deleted and created again since is refused
-   (:class:`~kafka_ingest.errors.TopicRecreated`);
-3. **read** chunk by chunk (bounded by offsets and bytes) and **prepare** each chunk
-   (decode, validate, encode the rows for ``COPY``: CPU only);
-4. **one transaction per chunk** in the writer thread: what the :class:`ChunkWriter`
-   writes (rows, dead letters produced and their delivery reports checked), the cursor
-   moved by compare-and-set (exactly one row, or roll back: the fence against a zombie
-   run), the audit row, COMMIT (a dry run rolls back instead);
-5. after the COMMIT, the chunk's offset is **posted to the consumer group** for lag
-   tools (:mod:`kafka_ingest.kafka.commits`: in the background, newest wins, never a reason
-   to fail or to wait; the stored offset is the truth).
+1. **tuning** (:func:`~kafka_ingest.engine.tuning.for_a_slice`): the switch interval and
+   the garbage collector, restored after;
+2. **ports** (:func:`_open_ports`): the slice's consumer, its producer (the DLQ: when its
+   writer needs one) and its database session; and which incarnation of its topic it
+   reads (:class:`~kafka_ingest.records.Source`);
+3. **the cursor** (:func:`_claim_cursor`), for a slice that moves it: the (name,
+   partition) advisory lock of its session for the whole slice (it owns the cursor), the
+   resume point (:func:`resume_from_cursor`: where the stored cursor is now, so a retry or
+   a cleared task finishes exactly its pinned slice; a cursor moved back is followed
+   back; a cursor of a topic since re-created is refused), and the group committer its
+   offsets are posted to (:mod:`kafka_ingest.kafka.commits`). A slice that moves no
+   cursor (a backfill, a filtered replay, a dry run) takes no lock: it moves nothing
+   another run could fence, and its upserts are idempotent, so it runs beside live
+   slices without waiting for them or holding them up;
+4. **the reader** of its range, chunk by chunk (bounded by offsets and bytes).
 
-Three threads, each started and joined by :func:`run_slice`, for chunks 1, 2, 3::
+Each chunk then goes through four stages (:class:`_SliceStages`), overlapped as
+:mod:`kafka_ingest.engine.stages` draws it:
 
-    main       read+prepare 1 | read+prepare 2  | read+prepare 3  |
-    writer                    | txn 1 .. COMMIT | txn 2 .. COMMIT | txn 3 .. COMMIT |
-    committer                                   | group <- end 1  | group <- end 2  | <- end 3
+- **read** the chunk;
+- **prepare** it in the slice's thread (decode, validate, encode the rows for ``COPY``:
+  CPU only), beside the transaction of the chunk before;
+- **transact**: one transaction in the transaction thread: what the :class:`ChunkWriter`
+  writes (rows, dead letters produced and their delivery reports checked), the cursor
+  moved by compare-and-set (exactly one row, or roll back: the fence against a zombie
+  run), the audit row, COMMIT (a dry run rolls back instead);
+- **post**, after the COMMIT: the chunk's counts into the report, and its end offset to
+  the consumer group for lag tools (in the background, newest wins, never a reason to
+  fail or to wait; the stored offset is the truth).
 
-The rules, each tested with fakes in ``tests/unit/test_slices.py``:
+Three threads, each started and joined within :func:`run_slice`, for chunks 1, 2, 3 (a
+``|`` is a hand-off: the transaction before has ended, the next one starts)::
 
-- one transaction at a time, in chunk order: chunk k+1 goes to the writer only once
-  chunk k's COMMIT is in, so at most two chunks are in memory (one written, one prepared);
+    slice        read+prepare 1 | read+prepare 2 | post 1, read+prepare 3 | post 2        | post 3
+    transaction                 | txn 1 . COMMIT | txn 2 ......... COMMIT | txn 3 . COMMIT |
+    committer                                    | group <- end 1         | group <- end 2 | <- 3
+
+The rules, each tested with fakes in ``tests/unit/test_slices.py`` (and the overlap's with
+plain stages in ``tests/unit/test_stages.py``):
+
+- one transaction at a time, in chunk order: chunk k+1 goes to the transaction thread
+  only once chunk k's COMMIT is in, so at most two chunks are in memory (one written,
+  one prepared);
 - preparing chunk k+1 overlaps chunk k's transaction (Postgres works in its own process);
 - an offset goes to the group only after its chunk's COMMIT; the group commit overlaps
   everything and holds nothing up; the slice's last wait for it is bounded by
   ``socket.timeout.ms``, and one still unanswered then is left to the committer's thread;
+- the lock is taken before the cursor is read and anything consumed, and released only
+  after the group's last wait, and never under a running transaction (an interrupt, even
+  twice, waits for the transaction in flight first);
 - every other wait is bounded by the time-outs of what it waits for: a transaction by
   the Postgres reply time-out of each request and the DLQ's ``message.timeout.ms``.
 
@@ -49,18 +67,14 @@ absorbs it; its dead letters may reach the DLQ topic again, with the same letter
 
 from __future__ import annotations
 
-import gc
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import (
@@ -71,18 +85,22 @@ from kafka_ingest.db import (
     UnitOfWork,
     translate_errors,
 )
+from kafka_ingest.engine import tuning
+from kafka_ingest.engine.stages import run_stages
 from kafka_ingest.errors import OffsetOutOfRange, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.kafka.reader import Chunk, read_range
-from kafka_ingest.ranges import OffsetRange
+from kafka_ingest.ranges import OffsetRange, moves_cursor
 from kafka_ingest.records import ChunkCounts, Source
 
 log = logging.getLogger(__name__)
 
 #: Test seam: called with a stage name at each step of a chunk (the crash-safety tests
-#: kill the process there). Stages: "validated", "upserted", "dlq_produced",
-#: "db_committed", "kafka_committed".
+#: kill the process there): "validated" (the end of prepare), "upserted" and
+#: "dlq_produced" (inside transact, by the writer), "db_committed" (after the COMMIT, the
+#: end of transact), "kafka_committed" (in the committer's thread, after a group commit).
 CHUNK_HOOK: Callable[[str], None] | None = None
 
 
@@ -105,7 +123,8 @@ P = TypeVar("P")
 
 
 class ChunkWriter(Protocol[P]):
-    """What a kind of slice does with a chunk: the only part ingest and replay differ in."""
+    """What a kind of slice does with a chunk (a strategy, run by the slice's stages): the
+    only part ingest and replay differ in."""
 
     @property
     def needs_producer(self) -> bool:
@@ -113,8 +132,8 @@ class ChunkWriter(Protocol[P]):
         ...
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> P:
-        """Decode, validate and encode for ``COPY`` (CPU only, no I/O): runs beside the
-        writer thread."""
+        """Decode, validate and encode for ``COPY`` (CPU only, no I/O): runs in the slice's
+        thread, beside the transaction of the chunk before."""
         ...
 
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: P, producer: Any,
@@ -134,8 +153,17 @@ class SliceSpec:
     lock_name: str
     #: The consumer group the cursor is committed to, for lag tools.
     group_id: str
-    #: False: a dry run; every transaction rolls back, nothing is committed anywhere.
-    commits: bool = True
+    #: A dry run: every transaction rolls back, nothing is committed anywhere.
+    dry_run: bool = False
+    #: The writer acts on some records of the range only (a replay with filters).
+    filtered: bool = False
+    #: Outcomes every report carries, even at zero (replay's).
+    outcomes: tuple[str, ...] = ()
+
+    def moves_cursor(self, rng: OffsetRange) -> bool:
+        """Whether the slice of ``rng`` moves its cursor (:func:`moves_cursor`)."""
+        return moves_cursor(from_cursor=bool(rng.from_cursor), dry_run=self.dry_run,
+                            filtered=self.filtered)
 
 
 @dataclass
@@ -184,114 +212,111 @@ class SliceReport(ChunkCounts):
 
 
 def run_slice(spec: SliceSpec, writer: ChunkWriter[P], rng: OffsetRange,
-              clients: KafkaClients, db: Database, *,
-              report: SliceReport | None = None) -> SliceReport:
+              clients: KafkaClients, db: Database) -> SliceReport:
     """Run one partition slice, chunk by chunk; see the module docstring for the steps."""
-    pipeline = spec.pipeline
-    moves = rng.moves_cursor and spec.commits
-    report = report or SliceReport(pipeline.name, rng.topic, rng.partition, rng.start,
-                                   rng.end, str(rng.mode), dry_run=not spec.commits,
-                                   moves_cursor=moves)
-    with ExitStack() as owned:  # what the slice opens, closed in reverse, even on error
+    moves = spec.moves_cursor(rng)
+    report = SliceReport(spec.pipeline.name, rng.topic, rng.partition, rng.start, rng.end,
+                         str(rng.mode), dry_run=spec.dry_run, moves_cursor=moves,
+                         outcomes=dict.fromkeys(spec.outcomes, 0))
+    with ExitStack() as owned:  # closed in reverse, even on error
         # Postgres down or restarted mid-slice is transient (Airflow retries), not a raw
         # psycopg error: in the steps and in the clean-up alike.
         owned.enter_context(translate_errors(str(rng.mode)))
-        owned.enter_context(_switch_interval(SWITCH_INTERVAL_S))
-        owned.enter_context(_young_collections(GC_YOUNG_THRESHOLD))
-        consumer = owned.enter_context(closing(clients.consumer(spec.group_id)))
-        producer = clients.producer() if writer.needs_producer else None
-        if producer is not None:
-            owned.callback(producer.flush, 5)
-        session = owned.enter_context(closing(db.open_slice()))
-        encoder = session.copy_encoder(pipeline)
-        topic_id = clients.topic_id(rng.topic)
-        source = Source(rng.topic, topic_id, session.incarnation(rng.topic, topic_id))
-        start, end, group = rng.start, rng.end, None
-        if moves:
-            session.lock(spec.lock_name, rng.partition)
-            owned.callback(session.unlock, spec.lock_name, rng.partition)
-            start, end = resume_from_cursor(session, pipeline, rng, source)
-            group = owned.enter_context(clients.committer(
-                spec.group_id, on_commit=partial(at, "kafka_committed")))
-            if start != rng.start:
-                # An earlier attempt committed up to here; its group commit may not have
-                # followed (a kill between the two): tell the group now.
-                report.resumed_from = start
-                group.post(rng.topic, rng.partition, start)
+        owned.enter_context(tuning.for_a_slice())
+        ports = owned.enter_context(_open_ports(spec, writer, rng, clients, db))
+        claim = owned.enter_context(_claim_cursor(spec, rng, ports, clients, report)
+                                    if moves else _no_claim(rng))
         chunks = owned.enter_context(closing(read_range(
-            consumer, rng.topic, rng.partition, start, end,
-            chunk_size=pipeline.chunk_size, max_chunk_bytes=pipeline.max_chunk_bytes)))
-        transaction = _Transaction(spec, writer, rng, session, producer, moves, source)
-
-        def committed(done: _Committed | None) -> None:
-            if done is not None:
-                report.add_chunk(done.result, done.seconds)
-                if group is not None:
-                    group.post(done.chunk.topic, done.chunk.partition, done.chunk.end)
-
-        with _Writer(rng.partition) as sink:
-            for chunk in chunks:
-                t0 = time.monotonic()
-                prepared = writer.prepare(chunk, encoder)
-                at("validated")
-                committed(sink.hand_over(chunk, partial(
-                    transaction, chunk, prepared, time.monotonic() - t0)))
-            committed(sink.finish())
-        report.lag_after = _lag_after(consumer, rng.topic, rng.partition, end)
+            ports.consumer, rng.topic, rng.partition, claim.start, claim.end,
+            chunk_size=spec.pipeline.chunk_size, max_chunk_bytes=spec.pipeline.max_chunk_bytes)))
+        stages = _SliceStages(spec, writer, str(rng.mode), moves, ports, report, claim.group)
+        run_stages(chunks, stages, name=f"transaction-{rng.partition}")
+        report.lag_after = _lag_after(ports.consumer, rng.topic, rng.partition, claim.end)
     log.info(report.log_line())
     return report
 
 
-#: The interpreter's thread switch interval while a slice runs (Python's default: 5 ms).
-#: The main thread validates (CPU, holding the GIL) while the writer thread's transaction
-#: comes back from Postgres a few dozen times a chunk (each block of the COPY, each
-#: statement) and needs the GIL for a moment each time: at 5 ms it waits up to that long
-#: every time, and a chunk's transaction took 165 ms instead of 125 (200k events, 20k a
-#: chunk, measured here); at 0.5 ms the writer is back at once and validation loses
-#: nothing measurable.
-SWITCH_INTERVAL_S = 0.0005
+#: How long the slice's producer may take to deliver what is still queued when the slice
+#: ends (every dead letter's delivery was awaited in its chunk already).
+PRODUCER_FLUSH_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Ports:
+    """What a slice talks to, opened and closed by :func:`_open_ports`."""
+
+    consumer: Any
+    #: The DLQ producer; None when the writer needs none.
+    producer: Any
+    session: SliceSession
+    #: Encodes the rows of the session's target table for ``COPY``.
+    encoder: CopyEncoder
+    #: The incarnation of the topic the slice reads.
+    source: Source
 
 
 @contextmanager
-def _switch_interval(seconds: float) -> Iterator[None]:
-    """``sys.setswitchinterval(seconds)`` for the block, the previous one restored after."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, seconds))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
+def _open_ports(spec: SliceSpec, writer: ChunkWriter[Any], rng: OffsetRange,
+                clients: KafkaClients, db: Database) -> Iterator[_Ports]:
+    """Open the slice's consumer, its producer (when its writer needs one) and its database
+    session (with its ``COPY`` encoder, made from the target table as it is now), and learn
+    which incarnation of its topic it reads; the session is closed, the producer flushed
+    (bounded) and the consumer closed after the block, in that order."""
+    with ExitStack() as opened:
+        consumer = opened.enter_context(closing(clients.consumer(spec.group_id)))
+        producer = clients.producer() if writer.needs_producer else None
+        if producer is not None:
+            opened.callback(producer.flush, PRODUCER_FLUSH_S)
+        session = opened.enter_context(closing(db.open_slice()))
+        encoder = session.copy_encoder(spec.pipeline)
+        topic_id = clients.topic_id(rng.topic)
+        source = Source(rng.topic, topic_id, session.incarnation(rng.topic, topic_id))
+        yield _Ports(consumer, producer, session, encoder, source)
 
 
-#: The cyclic garbage collector's first threshold while a slice runs (Python's default:
-#: 700). A chunk allocates a few objects per message (the message, the validated event,
-#: its row) and keeps them until its transaction is in, so at 700 the collector ran
-#: hundreds of times a chunk, each time over young objects that were all alive, and its
-#: older generations over the whole heap (an Airflow task's is large). What was in the
-#: heap before the slice is frozen out of the collections, and the collector runs once
-#: every 100,000 allocations: per 1M events, the slice process's CPU went from 7.5 s to
-#: 5.7 s, the same as with the collector off (``benchmarks/bench_ingest.py --events
-#: 1000000 --only project``). Reference cycles are still collected.
-GC_YOUNG_THRESHOLD = 100_000
+@dataclass(frozen=True)
+class _Claim:
+    """What a slice reads, and the group its offsets are posted to (None: it moves no
+    cursor)."""
+
+    start: int
+    end: int
+    group: GroupCommitter | None
 
 
 @contextmanager
-def _young_collections(threshold: int) -> Iterator[None]:
-    """Freeze the heap out of the collections and raise the first collection threshold to
-    ``threshold`` for the block; the previous thresholds restored and the heap unfrozen
-    after. A process that froze its heap before (Airflow's LocalExecutor forks its task
-    processes frozen) is left as it was: only the threshold is raised, since freezing
-    more there could never be undone for the objects frozen after its own freeze."""
-    previous, frozen = gc.get_threshold(), gc.get_freeze_count()
-    if not frozen:
-        gc.freeze()
-    gc.set_threshold(max(previous[0], threshold), *previous[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*previous)
-        if not frozen:
-            gc.unfreeze()
+def _claim_cursor(spec: SliceSpec, rng: OffsetRange, ports: _Ports, clients: KafkaClients,
+                  report: SliceReport) -> Iterator[_Claim]:
+    """Own the cursor of a slice that moves it: lock it for the block, resume from it, and
+    open the group committer its offsets are posted to. After the block: the group's last
+    wait (bounded by ``socket.timeout.ms``), then the lock released."""
+    with ExitStack() as held:
+        ports.session.lock(spec.lock_name, rng.partition)
+        held.callback(ports.session.unlock, spec.lock_name, rng.partition)
+        start, end = resume_from_cursor(ports.session, spec.pipeline, rng, ports.source)
+        group = held.enter_context(clients.committer(
+            spec.group_id, on_commit=partial(at, "kafka_committed")))
+        if start != rng.start:
+            # An earlier attempt committed up to here; its group commit may not have
+            # followed (a kill between the two): tell the group now.
+            report.resumed_from = start
+            group.post(rng.topic, rng.partition, start)
+        yield _Claim(start, end, group)
+
+
+@contextmanager
+def _no_claim(rng: OffsetRange) -> Iterator[_Claim]:
+    """A slice that moves no cursor: its whole range, no lock, no group."""
+    yield _Claim(rng.start, rng.end, None)
+
+
+@dataclass(frozen=True)
+class _Prepared(Generic[P]):
+    """A chunk, prepared by its writer."""
+
+    chunk: Chunk
+    prepared: P
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -303,98 +328,54 @@ class _Committed:
     seconds: float
 
 
-class _Writer:
-    """The slice's one writer thread: chunk transactions one at a time, in order.
-
-    :meth:`hand_over` first waits for the transaction in flight (its COMMIT), then starts
-    the next one, so the caller prepares chunk k+1 while chunk k is written. Leaving the
-    block waits for the transaction in flight, bounded by its own time-outs.
-    """
-
-    #: How often a long wait for a transaction says that it is still waiting.
-    NAG_S = 60.0
-
-    def __init__(self, partition: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{partition}")
-        self._in_flight: tuple[Chunk, Future[tuple[ChunkResult, float]]] | None = None
-
-    def hand_over(self, chunk: Chunk,
-                  job: Callable[[], tuple[ChunkResult, float]]) -> _Committed | None:
-        """Wait for the transaction in flight, start ``job`` (``chunk``'s); return the one
-        that finished."""
-        done = self.finish()
-        self._in_flight = (chunk, self._pool.submit(job))
-        return done
-
-    def finish(self) -> _Committed | None:
-        """Wait for the transaction in flight, if any, and return it."""
-        if self._in_flight is None:
-            return None
-        chunk, future = self._in_flight
-        self._wait(chunk, future)
-        self._in_flight = None
-        result, seconds = future.result()
-        return _Committed(chunk, result, seconds)
-
-    def _wait(self, chunk: Chunk, future: Future[tuple[ChunkResult, float]]) -> None:
-        while not wait([future], timeout=self.NAG_S).done:
-            log.warning("%s[%d]: still waiting for the transaction of chunk [%d, %d)",
-                        chunk.topic, chunk.partition, chunk.start, chunk.end)
-
-    def __enter__(self) -> _Writer:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        # The transaction in flight is waited for even through an interrupt (Airflow's
-        # time-out raising here, twice): the slice's lock and connection are released
-        # after this block, never under a transaction still running. The wait is bounded
-        # by the transaction's own time-outs; the first interrupt is raised after it. (It
-        # waits on the future: a thread join cut short by an exception marks a thread that
-        # still runs as stopped, in Python 3.11, so joining again would not wait.)
-        interrupted: BaseException | None = None
-        while self._in_flight is not None:
-            try:
-                self._wait(*self._in_flight)
-                self._in_flight = None
-            except BaseException as caught:
-                interrupted = interrupted or caught
-        self._pool.shutdown(wait=interrupted is None)
-        if interrupted is not None:
-            raise interrupted
-
-
 @dataclass(frozen=True)
-class _Transaction:
-    """One chunk's transaction, run in the writer thread."""
+class _SliceStages(Generic[P]):
+    """The stages of one slice's chunks (:class:`~kafka_ingest.engine.stages.Stages`),
+    bound to what :func:`run_slice` opened for it."""
 
     spec: SliceSpec
-    writer: ChunkWriter[Any]
-    rng: OffsetRange
-    session: SliceSession
-    producer: Any
+    writer: ChunkWriter[P]
+    mode: str
     moves: bool
-    source: Source
+    ports: _Ports
+    report: SliceReport
+    group: GroupCommitter | None
 
-    def __call__(self, chunk: Chunk, prepared: Any,
-                 prepare_s: float) -> tuple[ChunkResult, float]:
+    def prepare(self, chunk: Chunk) -> _Prepared[P]:
         t0 = time.monotonic()
-        spec = self.spec
-        with self.session.unit_of_work(spec.pipeline) as uow:
-            result = self.writer.write(uow, chunk, prepared, self.producer, self.source)
-            seconds = prepare_s + time.monotonic() - t0
-            if not spec.commits:
-                return result, seconds  # a dry run: the unit of work rolls back
+        prepared = self.writer.prepare(chunk, self.ports.encoder)
+        at("validated")
+        return _Prepared(chunk, prepared, time.monotonic() - t0)
+
+    def transact(self, job: _Prepared[P]) -> _Committed:
+        """The chunk's transaction, in the transaction thread."""
+        t0 = time.monotonic()
+        spec, chunk = self.spec, job.chunk
+        with self.ports.session.unit_of_work(spec.pipeline) as uow:
+            result = self.writer.write(uow, chunk, job.prepared, self.ports.producer,
+                                       self.ports.source)
+            seconds = job.seconds + time.monotonic() - t0
+            if spec.dry_run:
+                return _Committed(chunk, result, seconds)  # the unit of work rolls back
             if self.moves:
                 uow.offsets.advance(spec.pipeline.name, chunk.topic, chunk.partition,
                                     chunk.start, chunk.end)
             uow.runs.add(RunRecord(
-                pipeline=spec.pipeline.name, run_id=spec.run_id, mode=str(self.rng.mode),
+                pipeline=spec.pipeline.name, run_id=spec.run_id, mode=self.mode,
                 topic=chunk.topic, partition=chunk.partition, start_offset=chunk.start,
                 end_offset=chunk.end, counts=result.counts, seconds=seconds))
             uow.commit(partition=chunk.partition, start=chunk.start, end=chunk.end)
         at("db_committed")
-        return result, seconds
+        return _Committed(chunk, result, seconds)
+
+    def post(self, done: _Committed) -> None:
+        self.report.add_chunk(done.result, done.seconds)
+        if self.group is not None:
+            self.group.post(done.chunk.topic, done.chunk.partition, done.chunk.end)
+
+    def describe(self, job: _Prepared[P]) -> str:
+        c = job.chunk
+        return f"{c.topic}[{c.partition}] chunk [{c.start}, {c.end})"
 
 
 def resume_from_cursor(session: SliceSession, pipeline: Pipeline, rng: OffsetRange,
