@@ -71,7 +71,7 @@ def write_order(pipeline: Pipeline) -> Order:
 class CopyEncoder:
     """Rows -> the binary ``COPY`` payload of a chunk (:func:`write_order`), without I/O.
 
-    The slice engine encodes chunk k+1 in its reading thread while the writer thread runs
+    The slice engine encodes chunk k+1 in its reading thread while the transaction thread runs
     chunk k's transaction, so the writer only sends bytes. The encoder adapts values with
     its connection's adapters (a cursor of its own, never executed) and makes its dumpers
     when created, before any transaction of the slice uses the connection. ``shape``: the
