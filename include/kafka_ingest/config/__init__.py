@@ -1,0 +1,100 @@
+"""Pipeline definitions: one YAML entry per pipeline (topic -> contract -> table).
+
+The file is ``include/pipelines.yaml`` unless ``KAFKA_INGEST_PIPELINES`` names another.
+Loading validates everything at once: an unknown key, a wrong type or a contract that is
+not registered raises ``ValueError`` naming the pipeline and the key, before any DAG or
+run is built from it.
+
+- :mod:`~kafka_ingest.config.modes`: the choices a pipeline makes by name, the name patterns;
+- :mod:`~kafka_ingest.config.sections`: the sections of an entry, each a strict model;
+- :mod:`~kafka_ingest.config.pipeline`: one pipeline, validated whole;
+- :mod:`~kafka_ingest.config.loading`: the file, and the checks across pipelines.
+"""
+
+from kafka_ingest.config.loading import (
+    DEFAULT_PIPELINES_FILE,
+    airflow_pools,
+    declared_contracts,
+    get_pipeline,
+    load_declared_contracts,
+    load_pipelines,
+    parse_pipelines,
+    pipelines_file,
+    pool_import_document,
+    shared_tables,
+)
+from kafka_ingest.config.modes import (
+    DEFAULT_POOL,
+    DEFAULT_POOL_SLOTS,
+    DOTTED_PATTERN,
+    LOG_ORDER,
+    NAME_PATTERN,
+    POOL_PATTERN,
+    TOPIC_PATTERN,
+    DlqHeaderStyle,
+    Format,
+    KeyFormat,
+    KeyType,
+    OnOffsetGap,
+    OnTombstone,
+    StartPolicy,
+    SubjectStrategy,
+    UpsertMode,
+)
+from kafka_ingest.config.pipeline import (
+    Pipeline,
+)
+from kafka_ingest.config.sections import (
+    ON_DATA,
+    Alerts,
+    ContractRef,
+    HeaderColumn,
+    NotifierClass,
+    OnData,
+    Partitioning,
+    RecordKey,
+    Retention,
+    SchemaRegistry,
+    Upsert,
+)
+
+__all__ = [
+    "DEFAULT_PIPELINES_FILE",
+    "DEFAULT_POOL",
+    "DEFAULT_POOL_SLOTS",
+    "DOTTED_PATTERN",
+    "LOG_ORDER",
+    "NAME_PATTERN",
+    "ON_DATA",
+    "POOL_PATTERN",
+    "TOPIC_PATTERN",
+    "Alerts",
+    "ContractRef",
+    "DlqHeaderStyle",
+    "Format",
+    "HeaderColumn",
+    "KeyFormat",
+    "KeyType",
+    "NotifierClass",
+    "OnData",
+    "OnOffsetGap",
+    "OnTombstone",
+    "Partitioning",
+    "Pipeline",
+    "RecordKey",
+    "Retention",
+    "SchemaRegistry",
+    "StartPolicy",
+    "SubjectStrategy",
+    "Upsert",
+    "UpsertMode",
+    "airflow_pools",
+    "declared_contracts",
+    "get_pipeline",
+    "load_declared_contracts",
+    "load_pipelines",
+    "parse_pipelines",
+    "pipelines_file",
+    "pool_import_document",
+    "shared_tables",
+]

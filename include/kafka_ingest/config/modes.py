@@ -1,0 +1,97 @@
+"""The choices a pipeline makes by name (string enums), and the patterns its names follow.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+DOTTED_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+POOL_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,255}$"
+#: Airflow's own pool, used when a pipeline names none.
+DEFAULT_POOL = "default_pool"
+#: The size of a pipeline's pool when no pipeline naming it says ``pool_slots``.
+DEFAULT_POOL_SLOTS = 8
+
+
+class StartPolicy(StrEnum):
+    """Where a partition with no stored offset starts."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class OnOffsetGap(StrEnum):
+    """What to do when retention deleted offsets that were never ingested."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class OnTombstone(StrEnum):
+    """What to do with a record whose value is null. ``delete``: the record key's row is
+    deleted (``latest`` pipelines keyed by the record key, in log order)."""
+
+    SKIP = "skip"
+    DEAD_LETTER = "dead_letter"
+    DELETE = "delete"
+
+
+class KeyFormat(StrEnum):
+    """How the record key is read: UTF-8 text, JSON (a string or integer, or one ``field``
+    of a JSON object), or ``registry``: the pipeline's registry format (Avro, Protobuf or
+    JSON Schema in the wire format: a primitive, or one ``field`` of a record)."""
+
+    STRING = "string"
+    JSON = "json"
+    REGISTRY = "registry"
+
+
+class KeyType(StrEnum):
+    """The record key's column: ``text`` (``character varying(max_length)``) or ``bigint``
+    (read from JSON or the registry format)."""
+
+    TEXT = "text"
+    BIGINT = "bigint"
+
+
+#: The order of a pipeline's log: ``upsert.order_by`` may name it instead of a field.
+LOG_ORDER = "source_offset"
+
+
+class Format(StrEnum):
+    """How a record's value is encoded. ``avro``, ``protobuf`` and ``json_schema`` are the
+    Confluent wire format (magic byte 0, a 4-byte schema id, the payload) with the writer's
+    schema in a schema registry."""
+
+    JSON = "json"
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
+    JSON_SCHEMA = "json_schema"
+
+
+class SubjectStrategy(StrEnum):
+    """The registry subject a topic's schemas are under: ``topic``: ``<topic>-value``
+    (TopicNameStrategy, the default); ``record``: the record's full name
+    (RecordNameStrategy); ``topic_record``: ``<topic>-<record>``."""
+
+    TOPIC = "topic"
+    RECORD = "record"
+    TOPIC_RECORD = "topic_record"
+
+
+class UpsertMode(StrEnum):
+    """``append``: events are immutable, ``ON CONFLICT (event_id) DO NOTHING``.
+    ``latest``: keep the newest event per key (by event timestamp, then source offset)."""
+
+    APPEND = "append"
+    LATEST = "latest"
+
+
+class DlqHeaderStyle(StrEnum):
+    """Header names of dead letters: ours, Kafka Connect's ``__connect.errors.*``, or both."""
+
+    NATIVE = "native"
+    CONNECT = "connect"
+    BOTH = "both"

@@ -1,0 +1,334 @@
+"""One pipeline: its entry in the pipelines file, validated whole (its sections, its
+contract, and how they fit together), and what follows from it (columns, keys, names).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Annotated, Any
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from kafka_ingest.config.modes import (
+    LOG_ORDER,
+    NAME_PATTERN,
+    POOL_PATTERN,
+    TOPIC_PATTERN,
+    DlqHeaderStyle,
+    Format,
+    KeyFormat,
+    OnOffsetGap,
+    OnTombstone,
+    StartPolicy,
+    UpsertMode,
+)
+from kafka_ingest.config.sections import (
+    ON_DATA,
+    Alerts,
+    ContractRef,
+    HeaderColumn,
+    OnData,
+    Partitioning,
+    RecordKey,
+    Retention,
+    SchemaRegistry,
+    Strict,
+    Upsert,
+    header_column,
+)
+from kafka_ingest.contracts import Contract, get_contract
+from kafka_ingest.contracts.columns import Column, contract_columns, refuse_system_column
+from kafka_ingest.contracts.declared import (
+    RESERVED_COLUMNS,
+    declared_model,
+)
+
+
+class Pipeline(Strict):
+    """One pipeline. Field names are the YAML keys."""
+
+    #: The pipeline's name: its key under ``pipelines`` (set from it). DAG ids, locks,
+    #: the bookkeeping rows and the default consumer group are named after it.
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    #: The source topic.
+    topic: Annotated[str, Field(pattern=TOPIC_PATTERN)]
+    #: The contract every record is validated with.
+    contract: ContractRef
+    #: The target table (made by ``kafka-ingest schema apply`` or ``migrate`` from the
+    #: contract, or by ``auto_create``).
+    table: Annotated[str, Field(pattern=NAME_PATTERN)]
+    #: The dead-letter topic (another topic than ``topic``; it must exist before a run:
+    #: ``kafka-ingest topics create`` makes both).
+    dlq_topic: Annotated[str, Field(pattern=TOPIC_PATTERN)]
+    #: A cron expression, ``on_data`` (see :class:`OnData`), or None (manual runs only).
+    schedule: str | None = "*/5 * * * *"
+    #: When a ``schedule: on_data`` pipeline runs (only for that schedule).
+    on_data: OnData = OnData()
+    #: The DLQ-replay DAG's schedule: a cron expression, or None (manual runs only).
+    replay_schedule: str | None = None
+    #: The most one live run (or one replay from its cursor) reads of a partition; a
+    #: backfill's window is read whole.
+    max_records_per_partition: Annotated[int, Field(ge=1, le=100_000_000)] = 200_000
+    #: Messages per chunk: one chunk is one Postgres transaction (bounds memory).
+    chunk_size: Annotated[int, Field(ge=1, le=500_000)] = 20_000
+    #: A chunk also ends once its keys and values pass this many bytes (bounds memory).
+    max_chunk_bytes: Annotated[int, Field(ge=1, le=2**40)] = 64 * 2**20
+    #: Where a partition with no stored offset starts (applied once, then the stored
+    #: offset rules).
+    start_policy: StartPolicy = StartPolicy.EARLIEST
+    #: Retention deleted offsets that were never ingested: fail the run, or skip them,
+    #: recorded in ``offset_gaps`` and logged as an error.
+    on_offset_gap: OnOffsetGap = OnOffsetGap.FAIL
+    #: Records whose value is null: skip them (counted), dead-letter them, or ``delete``
+    #: the record key's row (``latest`` pipelines keyed by the record key, in log order).
+    on_tombstone: OnTombstone = OnTombstone.SKIP
+    #: How values are encoded; the registry formats need ``schema_registry``.
+    format: Format = Format.JSON
+    #: The registry of a registry format's writer schemas (``{}`` takes the defaults).
+    schema_registry: SchemaRegistry | None = None
+    #: The record key as a column.
+    record_key: RecordKey | None = None
+    #: Headers as columns: header name -> column (``{trace-id: trace_id}``) or its
+    #: settings (``{trace-id: {column: trace_id, max_length: 64, required: true}}``).
+    headers: dict[Annotated[str, Field(min_length=1, max_length=255)], HeaderColumn] = {}
+    #: The target table partitioned by range of a timestamp column.
+    partition_by: Partitioning | None = None
+    #: At plan time, create a missing table / add the columns a new optional field needs
+    #: (the role running the pipeline must be allowed to; ``kafka-ingest schema apply``
+    #: does it as the migrating role instead).
+    auto_create: bool = False
+    #: At plan time, add the columns of new optional fields to the table (as
+    #: ``auto_create``, for an existing table).
+    auto_evolve: bool = False
+    #: A record value larger than this is dead-lettered as ``too_large``.
+    max_message_bytes: Annotated[int, Field(ge=1, le=50_000_000)] = 262_144
+    #: The header names of the records produced to the dead-letter topic.
+    dlq_header_style: DlqHeaderStyle = DlqHeaderStyle.BOTH
+    #: How rows are written: once per event, or the latest version per key.
+    upsert: Upsert = Upsert()
+    #: The Kafka consumer group stored offsets are copied to, for lag tools (None:
+    #: ``kafka-ingest.<name>``).
+    consumer_group: str | None = None
+    #: The Airflow connection of the Kafka cluster (its extra is the librdkafka config).
+    kafka_conn_id: str = "kafka_default"
+    #: The Airflow connection of the Postgres database (every libpq keyword of its extra
+    #: is kept).
+    postgres_conn_id: str = "postgres_default"
+    #: The owner of the pipeline's DAG tasks.
+    owner: str = "data-platform"
+    #: Where the table lives, for the Airflow Asset URI (lineage); not used to connect.
+    asset_host: str = "localhost:5432"
+    #: The database named in the Airflow Asset URI (lineage); not used to connect.
+    asset_database: str = "kafka_ingest"
+    #: Airflow's retries of a failed task (transient errors only; backing off from 10 s
+    #: to 10 min); a permanent error fails at once.
+    retries: Annotated[int, Field(ge=0, le=20)] = 3
+    #: A task running longer than this is failed by Airflow (and retried): a backstop for
+    #: anything hung that no time-out of Kafka's or Postgres' caught.
+    task_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = 60
+    #: The Airflow pool of the mapped ingest and replay tasks (None: ``default_pool``). A
+    #: pool shared by pipelines bounds their Postgres writers together, across DAG runs.
+    pool: Annotated[str, Field(pattern=POOL_PATTERN)] | None = None
+    #: The size of ``pool``, as the local stack (and ``kafka-ingest pools``) creates it;
+    #: None: ``DEFAULT_POOL_SLOTS``. Not Airflow's per-task ``pool_slots``: each slice
+    #: takes one slot.
+    pool_slots: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    #: Slices of one DAG run running at once (``max_active_tis_per_dagrun`` of the mapped
+    #: task): each holds a Kafka consumer and a Postgres connection for its whole length,
+    #: so a 64-partition topic does not open 64 writers at once.
+    max_parallel_partitions: Annotated[int, Field(ge=1, le=1024)] = 8
+    #: The monitor DAG's rules and notifiers for this pipeline.
+    alerts: Alerts = Alerts()
+    #: How long the monitor DAG keeps this pipeline's bookkeeping.
+    retention: Retention = Retention()
+    #: The partitions ``kafka-ingest topics create`` makes the source and dead-letter
+    #: topics with.
+    partitions: Annotated[int, Field(ge=1, le=100_000)] = 3
+    #: The replication factor ``kafka-ingest topics create`` gives both topics.
+    replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
+    #: Topic settings for both, e.g. ``{min.insync.replicas: "2"}``.
+    topic_config: dict[str, str] = {}
+    #: Settings for the source topic only, over ``topic_config`` (e.g. ``cleanup.policy:
+    #: compact`` for a state topic: a compacted dead-letter topic would lose letters).
+    source_topic_config: dict[str, str] = {}
+
+    _model: type[Contract] = PrivateAttr()
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: header_column(v) for k, v in value.items()}
+        return value
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """A declared contract travels as its declaration (``run --workers`` pickles the
+        pipeline into other processes, where its model class does not exist by name)."""
+        state = super().__getstate__()
+        model = self._model
+        if model.DECLARATION is not None:
+            private = dict(state["__pydantic_private__"])
+            private["_model"] = (model.EVENT_TYPE, model.VERSION, model.DECLARATION)
+            state["__pydantic_private__"] = private
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        declared = state["__pydantic_private__"]["_model"]
+        if isinstance(declared, tuple):
+            private = dict(state["__pydantic_private__"])
+            private["_model"] = declared_model(*declared)
+            state = {**state, "__pydantic_private__": private}
+        super().__setstate__(state)
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> Pipeline:
+        declared = (info.context or {}).get("contracts")
+        self._model = get_contract(self.contract.event_type, self.contract.version, declared)
+        if self.dlq_topic == self.topic:
+            raise ValueError("dlq_topic must differ from topic")
+        self._check_columns()
+        if self.upsert.mode is UpsertMode.LATEST:
+            self._check_latest_columns()
+        self._check_tombstones()
+        self._check_log_order()
+        self._check_partitioning()
+        if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
+                and self.format is Format.JSON):
+            raise ValueError("record_key.format 'registry' reads the key in the pipeline's "
+                             "registry format: set format to avro, protobuf or json_schema")
+        if self.format is not Format.JSON and self.schema_registry is None:
+            raise ValueError(f"format {self.format.value!r} reads writer schemas from a schema "
+                             "registry: set schema_registry (at least {} for the defaults)")
+        if self.pool_slots is not None and self.pool is None:
+            raise ValueError("pool_slots is the size of the pipeline's pool: set pool too")
+        if self.on_data != OnData() and not self.event_driven:  # set, but never used
+            raise ValueError(f"on_data is for `schedule: {ON_DATA}`; this pipeline's schedule "
+                             f"is {self.schedule!r}")
+        self._check_retention()
+        return self
+
+    def _check_retention(self) -> None:
+        days = self.retention.ingest_runs_days
+        if days is not None and days * 24 * 60 < self.alerts.window_minutes:
+            raise ValueError(f"retention.ingest_runs_days ({days}) must cover "
+                             f"alerts.window_minutes ({self.alerts.window_minutes}): the DLQ "
+                             "rate is read from the chunks of that window")
+
+    @property
+    def event_driven(self) -> bool:
+        """Whether the lag trigger starts this pipeline's runs (``schedule: on_data``)."""
+        return self.schedule == ON_DATA
+
+    def _check_columns(self) -> None:
+        seen = set(self.contract_column_names)
+        for name in self.contract_column_names:  # declared: checked as they load; Python: here
+            refuse_system_column(name, f"contract {self.model.key()}", "rename the field")
+        for column in self.message_columns:
+            if column.name in seen or column.name in RESERVED_COLUMNS:
+                raise ValueError(f"column {column.name!r} (from the record key or a header) "
+                                 "is already a column of the contract or of every table")
+            refuse_system_column(column.name, "the record key or a header",
+                                 "choose another column name")
+            seen.add(column.name)
+
+    def _check_latest_columns(self) -> None:
+        """The entity key and the ordering column must exist and never be null: a null
+        compares as unknown, so the newest version of an entity could not be told."""
+        key_column = self.record_key.column if self.record_key else None
+        for role, column in (("key", self.upsert.key), ("order_by", self.upsert.order_by)):
+            if (role, column) in (("key", key_column), ("order_by", LOG_ORDER)):
+                continue
+            if column not in self.contract_column_names:
+                choices = [*self.contract_column_names,
+                           *([key_column] if role == "key" and key_column else []),
+                           *([LOG_ORDER] if role == "order_by" else [])]
+                raise ValueError(f"upsert.{role} {column!r} is not a column of the contract "
+                                 f"({', '.join(choices)})")
+            field = self.model.model_fields.get(column or "")
+            if field is None or not field.is_required():
+                raise ValueError(f"upsert.{role} {column!r} must be a required field of the "
+                                 "contract (it may not be missing or null)")
+
+    def _check_log_order(self) -> None:
+        """Offsets order a key's records only within one partition, which is where the
+        producer's partitioner keeps a key: the record key's, not a payload field's."""
+        if self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER:
+            return
+        if self.record_key is None or self.upsert.key != self.record_key.column:
+            raise ValueError(f"upsert.order_by {LOG_ORDER!r} (the log's order) needs upsert.key "
+                             "to be the record key's column (record_key.column): offsets "
+                             "order a key's records only within the one partition its record "
+                             "key sends it to")
+
+    def _check_tombstones(self) -> None:
+        if self.on_tombstone is not OnTombstone.DELETE:
+            return
+        if (self.upsert.mode is not UpsertMode.LATEST or self.record_key is None
+                or self.upsert.key != self.record_key.column):
+            raise ValueError("on_tombstone 'delete' needs upsert.mode 'latest' keyed by the "
+                             "record key (record_key.column = upsert.key): a tombstone "
+                             "carries nothing but its key")
+        if self.upsert.order_by != LOG_ORDER:
+            raise ValueError(f"on_tombstone 'delete' needs upsert.order_by {LOG_ORDER!r}: a "
+                             "tombstone has no event time, so an update and a delete of a "
+                             "key can only be ordered by their place in the log")
+
+    def _check_partitioning(self) -> None:
+        if self.partition_by is None:
+            return
+        if self.upsert.mode is UpsertMode.LATEST:
+            raise ValueError("partition_by is for append pipelines: a latest-state table "
+                             "would have to move a key's row between partitions")
+        column = next((c for c in self.sink_columns if c.name == self.partition_by.column),
+                      None)
+        if column is None or column.ddl != "timestamp with time zone" or column.nullable:
+            raise ValueError(f"partition_by.column {self.partition_by.column!r} must be a "
+                             "required timestamptz field of the contract")
+
+    @property
+    def model(self) -> type[Contract]:
+        return self._model
+
+    @property
+    def contract_column_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.model.SINK_COLUMNS)
+
+    @property
+    def message_columns(self) -> tuple[Column, ...]:
+        """The columns filled from the record key and headers, in row order (after the
+        contract's)."""
+        key = (self.record_key.as_column(),) if self.record_key else ()
+        return (*key, *(h.as_column() for h in self.headers.values()))
+
+    @cached_property
+    def sink_columns(self) -> tuple[Column, ...]:
+        """The columns a row fills, in row order (the provenance columns follow)."""
+        return (*contract_columns(self.model), *self.message_columns)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.sink_columns)
+
+    @property
+    def conflict_columns(self) -> tuple[str, ...]:
+        """The target table's primary key: what ``ON CONFLICT`` names."""
+        if self.upsert.mode is UpsertMode.LATEST:
+            return (self.upsert.key or "",)
+        if self.partition_by is not None:
+            return ("event_id", self.partition_by.column)
+        return ("event_id",)
+
+    @property
+    def asset_uri(self) -> str:
+        return f"postgres://{self.asset_host}/{self.asset_database}/public/{self.table}"
+
+    @property
+    def group_id(self) -> str:
+        """The Kafka consumer group offsets are committed to (for lag tools)."""
+        return self.consumer_group or f"kafka-ingest.{self.name}"
