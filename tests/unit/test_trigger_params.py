@@ -158,9 +158,9 @@ def test_filters_match(filters: ReplayFilters, candidate: DeadLetter, matches: b
 def test_filters_from_params() -> None:
     params = {"error_classes": ["too_large", "undecodable"], "source_partition": 3,
               "event_id": "e-1", "dry_run": True}
-    filters = ReplayFilters.from_params(params)
+    filters = replay_request(params, now=NOW).filters
     assert filters == ReplayFilters(frozenset({"too_large", "undecodable"}), 3, "e-1")
-    assert filters.active and not ReplayFilters.from_params({}).active
+    assert filters.active and not replay_request({}, now=NOW).filters.active
     assert set(KNOWN_ERROR_CLASSES) >= {"unknown_version", "contract_violation", "data_error"}
 
 
