@@ -15,11 +15,14 @@ itself holds. A tombstone log order cannot place (its key's row or marker came f
 another partition or topic) is returned for the DLQ, like a row.
 
 A deleting chunk's transaction holds its source partitions' keys until it ends
-(:func:`~kafka_ingest.db.locks.hold_keys`): its rows and its markers are two tables.
+(:func:`~kafka_ingest.db.locks.hold_keys`): its rows and its markers are two tables. A
+tombstone left missing because another partition's transaction wrote its key between the
+statements is decided again, as a row is (:mod:`~kafka_ingest.db.writers.latest`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -35,12 +38,16 @@ from kafka_ingest.db.writers.latest import (
     LOG_MARKER_JOIN,
     LOG_MARKER_STALE,
     LOG_MARKER_UNORDERABLE,
+    RACE_ATTEMPTS,
     LatestWriter,
+    Raced,
     unorderable,
     where,
 )
 from kafka_ingest.errors import DataError
 from kafka_ingest.records import Source, Tombstone
+
+log = logging.getLogger(__name__)
 
 #: A key written again after its deletion keeps no marker: the row is newer.
 CLEAR_MARKERS = """
@@ -146,6 +153,22 @@ class DeletingWriter(LatestWriter):
             return DeleteResult(0)
         if source is None:
             raise TypeError("deletes need the tombstones' source (topic and incarnation)")
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            try:
+                with self.conn.transaction():  # a savepoint: a race rolls back to here
+                    return self._delete_once(tombstones, source,
+                                             last=attempt == RACE_ATTEMPTS)
+            except Raced:
+                log.info("%s: a version of a key of this chunk's tombstones was committed "
+                         "from another partition meanwhile; deciding them again",
+                         self.pipeline.name)
+        raise AssertionError("the last attempt reports what it found")  # pragma: no cover
+
+    def _delete_once(self, tombstones: Sequence[Tombstone], source: Source, *,
+                     last: bool) -> DeleteResult:
+        """The tombstones' statements; :class:`Raced` (unless ``last``) when one is left
+        missing: another partition's transaction wrote its key between them (see
+        :mod:`~kafka_ingest.db.writers.latest`)."""
         params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
                                   **_tombstone_params(tombstones)}
         bad = {}
@@ -162,6 +185,8 @@ class DeletingWriter(LatestWriter):
         deleted = self.conn.execute(self._delete_older, params).rowcount
         self.conn.execute(self._mark_deleted, params)
         missing = self._scalar(self._deletes_missing, params)
+        if missing and not last:
+            raise Raced
         return DeleteResult(deleted, missing, rejected)
 
 

@@ -212,7 +212,7 @@ NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
               "marker_holds": ""}
 
 
-class _Raced(Exception):
+class Raced(Exception):
     """A chunk's statements decided from different tables: decide it again."""
 
 
@@ -265,7 +265,7 @@ class LatestWriter(TableWriter):
                 with self.conn.transaction():  # a savepoint: a race rolls back to here
                     return self._write_staged(rows, source, params,
                                               last=attempt == RACE_ATTEMPTS)
-            except _Raced:
+            except Raced:
                 log.info("%s: a version of a key of this chunk was committed from another "
                          "partition meanwhile; deciding the chunk again", self.pipeline.name)
         raise AssertionError("the last attempt reports what it found")  # pragma: no cover
@@ -273,7 +273,7 @@ class LatestWriter(TableWriter):
     def _write_staged(self, rows: list[Row], source: Source, params: dict[str, Any], *,
                       last: bool) -> UpsertResult:
         """Classify the staged rows, write them, and check the outcome; raise
-        :class:`_Raced` (unless ``last``) when another transaction changed the table
+        :class:`Raced` (unless ``last``) when another transaction changed the table
         between these statements (see the module doc)."""
         verdicts: Counter[str] = Counter(dict.fromkeys(LATEST_VERDICTS, 0))
         for verdict, n in self.conn.execute(self._verdicts, params):
@@ -287,7 +287,7 @@ class LatestWriter(TableWriter):
                                                "skip_p": [s.partition for s in skipped],
                                                "skip_o": [s.offset for s in skipped]})
         if not last and (missing or len(rejected) != verdicts["unorderable"]):
-            raise _Raced
+            raise Raced
         lost = verdicts["write"] - inserted  # see the module doc
         return UpsertResult(inserted, verdicts["copy"] + verdicts["stored"],
                             verdicts["stale"] + verdicts["superseded"] + lost, rejected,
@@ -309,5 +309,5 @@ class LatestWriter(TableWriter):
         return rejected
 
 
-__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "unorderable",
-           "where"]
+__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
+           "unorderable", "where"]
