@@ -432,3 +432,39 @@ def test_a_tombstone_whose_key_another_partition_writes_meanwhile_is_unorderable
     finally:
         first.close()
         second.close()
+
+
+def test_a_letter_of_the_old_incarnation_replayed_beside_the_new_ones_delete_stays_deleted(
+        balances: Pipeline, db: Database, pg_dsn: str) -> None:
+    # The topic was re-created (incarnation INC) with another partitioning, so a key's
+    # records of the old incarnation (INC - 1) sit in another partition than its new
+    # ones: orderable, by the incarnation. A replay of an old letter of the key (partition
+    # 1) beside the live chunk deleting the key in the new incarnation (partition 0),
+    # each holding the keys as it does (the replay: every partition's): the key must end
+    # deleted, the new incarnation's tombstone being newer than every record of the old.
+    live, replay = db.connect(), db.connect()
+    wait_s = db.reply_timeout_s or 60.0
+
+    def replay_the_old_letter() -> Any:
+        with UnitOfWork(replay, balances) as other:
+            other.rows.serialize([1], every=True)  # as ReplayWriter._load does
+            up = other.rows.upsert([staged(balances, "k", 1, 60)],
+                                   source=Source(T, None, INC - 1))
+            other.commit()
+            return up
+
+    try:
+        with UnitOfWork(live, balances) as uow, ThreadPoolExecutor(1) as pool:
+            uow.rows.serialize([0])  # as IngestWriter.write does
+            gone = uow.rows.delete([tombstone("k", 0, 3)], source=Source(T, None, INC))
+            later = pool.submit(replay_the_old_letter)
+            _until_blocked_or_done(later, pg_dsn, wait_s)
+            uow.commit()
+            up = later.result(wait_s)
+        assert (gone.missing, up.missing) == (0, 0)
+        assert _table(live, balances) == {}, (up, gone, _markers(live, balances))
+        assert _markers(live, balances) == {"k": (T, INC, 0, 3)}
+        assert (up.inserted, up.stale) == (0, 1), up
+    finally:
+        live.close()
+        replay.close()

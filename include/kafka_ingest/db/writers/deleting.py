@@ -14,8 +14,10 @@ is safe. Markers cost one small row per deleted key: the key space the compacted
 itself holds. A tombstone log order cannot place (its key's row or marker came from
 another partition or topic) is returned for the DLQ, like a row.
 
-A deleting chunk's transaction holds its source partitions' keys until it ends
-(:func:`~kafka_ingest.db.locks.hold_keys`): its rows and its markers are two tables. A
+A deleting chunk's transaction holds its source partitions' keys until it ends (a
+replay's, every partition's: an old incarnation's letters sit in other partitions than the
+new one writes their keys in; :func:`~kafka_ingest.db.locks.hold_keys`): its rows and its
+markers are two tables. A
 tombstone left missing because another partition's transaction wrote its key between the
 statements is decided again, as a row is (:mod:`~kafka_ingest.db.writers.latest`).
 """
@@ -134,11 +136,11 @@ class DeletingWriter(LatestWriter):
     def _marker(self) -> sql.Identifier:
         return sql.Identifier(str(marker_table(self.pipeline)))
 
-    def serialize(self, partitions: Iterable[int]) -> None:
-        """The chunk's transaction holds its source partitions' keys until it ends: taken
-        before any write."""
+    def serialize(self, partitions: Iterable[int], *, every: bool = False) -> None:
+        """The chunk's transaction holds its source partitions' keys (or every
+        partition's) until it ends: taken before any write."""
         hold_keys(self.conn, f"{self.pipeline.table}:keys", partitions,
-                  timeout_s=self.lock_timeout_s)
+                  timeout_s=self.lock_timeout_s, every=every)
 
     def _after_insert(self, inserted: int) -> None:
         if inserted:  # a newer version of a deleted key is back
