@@ -388,41 +388,58 @@ def cmd_reset_offsets(args: argparse.Namespace) -> int:
     lock = f"{pipeline.name}:replay" if args.dlq else pipeline.name
     clients = kafka_clients()
     wait_s = clients.request_timeout_s  # a cluster out of reach fails after its time-out
+    db = database()
     consumer = clients.consumer(pipeline.group_id)
     try:
         parts = partitions_of(consumer, topic, timeout_s=wait_s)
-        chosen = parts if args.all else [args.partition]
-        if args.partition is not None and args.partition not in parts:
+        gone = _vanished(db, pipeline.name, topic, parts, args.partition)
+        chosen = parts if args.all else [p for p in [args.partition] if p not in gone]
+        if args.partition is not None and args.partition not in [*parts, *gone]:
             raise ValueError(f"partition {args.partition} does not exist in {topic!r} "
                              f"(partitions: {', '.join(map(str, parts))})")
         marks = watermarks(consumer, topic, chosen, timeout_s=wait_s)
     finally:
         consumer.close()
     topic_id = clients.topic_id(topic)
-    targets = {p: _reset_target(args.to, *marks[p]) for p in chosen}
+    targets: dict[int, int | None] = {p: _reset_target(args.to, *marks[p]) for p in chosen}
     for partition, target in targets.items():
         low, high = marks[partition]
-        if not low <= target <= high:
+        if target is not None and not low <= target <= high:
             raise ValueError(f"offset {target} is outside [{low}, {high}] of "
                              f"{topic}[{partition}]")
+    # a stored offset of a partition the topic no longer has (re-created with fewer) goes
+    targets.update(dict.fromkeys(gone))
     if not args.yes:
         for partition, target in targets.items():
-            print(f"would set {pipeline.name} {topic}[{partition}] to {target}")
+            print(f"would {'set' if target is not None else 'remove'} {pipeline.name} "
+                  f"{topic}[{partition}]{f' to {target}' if target is not None else ''}"
+                  f"{'' if target is not None else ' (the topic has no such partition)'}")
         print("add --yes to do it")
         return 1
-    db = database()
     with db.session() as conn:
         for partition, target in targets.items():
             lock_partition(conn, lock, partition, timeout_s=db.lock_timeout_s)
             try:
-                before = OffsetsRepository(conn).reset(pipeline.name, topic, partition,
-                                                       target, topic_id)
+                offsets = OffsetsRepository(conn)
+                before = (offsets.reset(pipeline.name, topic, partition, target, topic_id)
+                          if target is not None
+                          else offsets.remove(pipeline.name, topic, partition))
                 IncarnationsRepository(conn).of(topic, topic_id)
                 conn.commit()
             finally:
                 unlock_partition(conn, lock, partition)
-            print(f"{pipeline.name} {topic}[{partition}]: {before} -> {target}")
+            print(f"{pipeline.name} {topic}[{partition}]: {before} -> "
+                  f"{target if target is not None else 'removed (no such partition now)'}")
     return 0
+
+
+def _vanished(db: Any, pipeline: str, topic: str, parts: Sequence[int],
+              partition: int | None) -> list[int]:
+    """The partitions with a stored offset that the topic no longer has (deleted and created
+    again with fewer): all of them, or ``partition`` if it is one."""
+    with db.session() as conn:
+        stored = OffsetsRepository(conn).topic_ids(pipeline, topic)
+    return sorted(p for p in stored if p not in parts and partition in (None, p))
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:

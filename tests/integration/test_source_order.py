@@ -191,3 +191,34 @@ def test_a_key_in_a_second_partition_is_dead_lettered_not_guessed(
     assert [(p, o, c) for p, o, c, _ in letters] == [(1, 0, "unorderable"),
                                                       (1, 1, "unorderable")]
     assert "partition 0" in letters[0][3], letters[0][3]
+
+
+def test_a_topic_recreated_with_fewer_partitions_runs_again_after_the_advised_reset(
+        make_pipeline: Any, clients: Any, pg_dsn: str, stack_env: dict[str, str],
+        tmp_path: Path) -> None:
+    # The old topic had two partitions, the new one has one: the cursor of partition 1
+    # belongs to a partition that no longer exists. The reset the refusal advises must be
+    # enough to run again (partition 1 cannot be named: the topic has no such partition).
+    pipeline = make_pipeline("account_balances", partitions=2, chunk_size=64,
+                             auto_create=True)
+    env = {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
+           "KAFKA_INGEST_PG_DSN": pg_dsn,
+           "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+    produce(clients, pipeline.topic, [(b"acct-0", balance(0, "1.00"))], partition=0)
+    produce(clients, pipeline.topic, [(b"acct-1", balance(1, "1.00"))], partition=1)
+    assert run_ok(env, pipeline.name)["inserted"] == 2
+
+    delete_topic(clients, pipeline.topic)
+    ensure_topics(clients, {pipeline.topic: 1})
+    produce(clients, pipeline.topic, [(b"acct-0", balance(0, "2.00"))])
+    refused = cli(env, "run", pipeline.name)
+    assert refused.returncode != 0 and "re-created" in refused.stderr, refused.stderr
+    advised = refused.stderr.split("`kafka-ingest ")[1].split("`")[0].split()
+    assert advised[:2] == ["reset-offsets", pipeline.name], refused.stderr
+
+    reset = cli(env, *advised)
+    assert reset.returncode == 0, reset.stderr
+    again = cli(env, "run", pipeline.name)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["inserted"] == 1
+    assert rows(pg_dsn, pipeline.table)["acct-0"] == ("2.00", 0, 0)

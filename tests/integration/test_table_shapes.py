@@ -6,6 +6,7 @@ use, a marker table that lost its key), and names made from 63-character tables.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import psycopg
@@ -13,7 +14,9 @@ import pytest
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db.tables import marker_table, plan_tables
+from kafka_ingest.engine.backfill import run_backfill
 from kafka_ingest.errors import SchemaDrift
+from kafka_ingest.requests import OffsetWindow
 from tests.integration.test_declared_tables import apply, declared, deleting, produce, run
 
 pytestmark = pytest.mark.integration
@@ -202,3 +205,36 @@ def test_a_deleting_pipeline_on_a_63_character_table_gets_a_marker_table_of_its_
         assert conn.execute(f'SELECT account FROM "{marker_table(one)}"').fetchall() == [
             ("a",)]
         assert conn.execute(f'SELECT count(*) FROM "{marker_table(two)}"').fetchone() == (0,)
+
+
+def test_markers_kept_under_the_name_postgres_cut_stay_in_force_after_the_upgrade(
+        topics: Any, clients: Any, db: Any, pg_dsn: str) -> None:
+    # Before derived names, the marker table of a table of 53 to 62 characters was
+    # "<table>_tombstones" as Postgres cut it to 63 bytes. Its markers must keep their
+    # keys deleted under the new name: a backfill of a deleted key's older record must
+    # not bring the row back.
+    name = "account_balances_of_every_customer_in_every_region_ab"
+    legacy = f"{name}_tombstones".encode()[:63].decode()
+    pipeline = deleting(topics, table=name)
+    assert marker_table(pipeline) != legacy
+    apply(pg_dsn, pipeline)
+    produce(clients, pipeline.topic, [(b"a", b'{"event_id": "e1", "amount": 1}', None),
+                                      (b"a", None, None)])
+    done = run(pipeline, clients, db)
+    assert (done["inserted"], done["deleted"]) == (1, 1), done
+    with psycopg.connect(pg_dsn) as conn:  # the database as the version before left it
+        conn.execute(f'ALTER TABLE "{marker_table(pipeline)}" RENAME TO "{legacy}"')
+    assert apply(pg_dsn, pipeline) == [  # the upgrade: `kafka-ingest schema apply`
+        f'ALTER TABLE "{legacy}" RENAME TO "{marker_table(pipeline)}"']
+    again = run_backfill(pipeline, OffsetWindow(partitions={0: (0, 1)}), clients, db,
+                         run_id=f"backfill__{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(pg_dsn) as conn:
+        resurrected = conn.execute(f'SELECT account FROM "{name}"').fetchall()
+    assert resurrected == [], again
+
+    # A marker table made beside the old one (a schema apply before this was known):
+    # the old one's markers are not in force, which the plan refuses, naming both.
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f'CREATE TABLE "{legacy}" (LIKE "{marker_table(pipeline)}")')
+    with pytest.raises(SchemaDrift, match=f"{legacy} holds deletion markers"):
+        run(pipeline, clients, db)

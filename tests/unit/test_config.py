@@ -247,6 +247,8 @@ def test_two_sizes_for_one_pool_is_an_error_naming_both_pipelines() -> None:
 
 
 LATEST = {"upsert": {"mode": "latest", "key": "device_id"}}
+DELETING = {"record_key": {"column": "entity"}, "on_tombstone": "delete",
+            "upsert": {"mode": "latest", "key": "entity", "order_by": "source_offset"}}
 
 
 @pytest.mark.parametrize(("a", "b"), [
@@ -254,6 +256,10 @@ LATEST = {"upsert": {"mode": "latest", "key": "device_id"}}
     ({**LATEST, "table": "state"}, {**LATEST, "table": "state", "topic": "other-in"}),
     # an append and a latest pipeline: one keeps every event, the other one per key
     ({"table": "state"}, {**LATEST, "table": "state"}),
+    # the same topic and upsert, but only one deletes on tombstones: the other, knowing
+    # nothing of the deletion markers, would write a deleted key's older version back
+    ({**DELETING, "table": "state"},
+     {**DELETING, "table": "state", "on_tombstone": "skip"}),
 ])
 def test_a_latest_table_written_from_two_topics_or_two_ways_is_refused(
         a: dict[str, Any], b: dict[str, Any]) -> None:

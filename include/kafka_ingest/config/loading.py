@@ -16,7 +16,13 @@ from pydantic import (
     ValidationError,
 )
 
-from kafka_ingest.config.modes import DEFAULT_POOL, DEFAULT_POOL_SLOTS, NAME_PATTERN, UpsertMode
+from kafka_ingest.config.modes import (
+    DEFAULT_POOL,
+    DEFAULT_POOL_SLOTS,
+    NAME_PATTERN,
+    OnTombstone,
+    UpsertMode,
+)
 from kafka_ingest.config.pipeline import Pipeline
 from kafka_ingest.config.sections import format_error
 from kafka_ingest.contracts import REGISTRY, Contract
@@ -123,21 +129,27 @@ def parse_pipelines(document: Any, *, source: str = "<pipelines>") -> dict[str, 
 
 def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
     """A ``latest`` table keeps one version per key, ordered within its topic: pipelines
-    writing it must read the same topic with the same upsert (append pipelines may share a
-    table across topics: ``event_id`` decides). Raise ``ValueError`` otherwise."""
+    writing it must read the same topic with the same upsert and the same tombstone rule
+    (a pipeline that does not delete never reads the deletion markers, so it would write a
+    deleted key's older version back); append pipelines may share a table across topics
+    (``event_id`` decides). Raise ``ValueError`` otherwise."""
     by_table: dict[str, list[Pipeline]] = {}
     for pipeline in pipelines.values():
         by_table.setdefault(pipeline.table, []).append(pipeline)
     for table, writers in sorted(by_table.items()):
         if len(writers) < 2 or all(p.upsert.mode is UpsertMode.APPEND for p in writers):
             continue
-        if len({(p.topic, p.upsert) for p in writers}) > 1:
-            names = ", ".join(sorted(f"{p.name} ({p.topic}, {p.upsert.mode.value})"
-                                     for p in writers))
+        if len({(p.topic, p.upsert, p.on_tombstone is OnTombstone.DELETE)
+                for p in writers}) > 1:
+            names = ", ".join(sorted(
+                f"{p.name} ({p.topic}, {p.upsert.mode.value}"
+                f"{', deletes' if p.on_tombstone is OnTombstone.DELETE else ''})"
+                for p in writers))
             raise ValueError(
                 f"pipelines {names} all write table {table!r}: a latest table keeps one "
                 "version per key, and records of two topics (or two ways of choosing the "
-                "newest) cannot be ordered against each other; give each its own table")
+                "newest, or of honouring a deletion) cannot be ordered against each other; "
+                "give each its own table")
 
 
 def pipelines_file() -> Path:

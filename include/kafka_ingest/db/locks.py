@@ -48,7 +48,7 @@ def unlock_partition(conn: psycopg.Connection[Any], name: str, partition: int) -
 
 
 def hold_keys(conn: psycopg.Connection[Any], name: str, partitions: Iterable[int],
-              *, timeout_s: float) -> None:
+              *, timeout_s: float, every: bool = False) -> None:
     """Take the transaction advisory locks of (``name``, partition) for each partition, in
     order (no deadlock), waiting up to ``timeout_s`` each; held until the transaction ends.
 
@@ -59,19 +59,29 @@ def hold_keys(conn: psycopg.Connection[Any], name: str, partitions: Iterable[int
     beside it) could each miss the other's row or marker. Held, they run one after the
     other; a backfill waits at most one live chunk. Failing to get one in time is
     transient.
+
+    Before them, each takes (``name``, -1) shared; ``every`` takes it exclusive instead,
+    holding the keys of every partition: for a transaction whose keys may sit in other
+    partitions than the chunks beside it write them in, yet be ordered against them (a
+    replay: the letters of an older incarnation of a topic created again with other
+    partitions; orderable, by the incarnation, wherever they sit).
     """
-    wanted = sorted(set(partitions))
-    if not wanted:
+    given = sorted(set(partitions))
+    if not given:
         return
+    wanted = [] if every else given
     row = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
     before = str(row[0]) if row else "0"
     try:
         conn.execute("SELECT set_config('lock_timeout', %s, true)",
                      (f"{int(timeout_s * 1000)}",))
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), -1)" if every
+                     else "SELECT pg_advisory_xact_lock_shared(hashtext(%s), -1)", (name,))
         for partition in wanted:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (name, partition))
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
     except psycopg.errors.LockNotAvailable as exc:
+        held = "every partition" if every else str(wanted)
         raise DatabaseUnavailable(
-            "advisory lock", f"the keys of {name}{wanted} are being written by another "
+            "advisory lock", f"the keys of {name} ({held}) are being written by another "
             f"transaction for over {timeout_s}s") from exc

@@ -104,6 +104,15 @@ class OffsetsRepository:
         )
         return before
 
+    def remove(self, pipeline: str, topic: str, partition: int) -> int | None:
+        """Forget the stored offset of a partition the topic no longer has (it was deleted
+        and created again with fewer); return the previous value. Should the partition
+        come back, it starts as a new partition does (the start policy)."""
+        row = self.conn.execute(
+            "DELETE FROM ingest_offsets WHERE pipeline = %s AND topic = %s AND partition = %s"
+            " RETURNING next_offset", (pipeline, topic, partition)).fetchone()
+        return int(row[0]) if row else None
+
     def advance(self, pipeline: str, topic: str, partition: int, expected: int, new: int) -> None:
         """Compare-and-set: exactly one row moves from ``expected`` to ``new``, or fence."""
         cur = self.conn.execute(

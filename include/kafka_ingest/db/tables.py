@@ -8,7 +8,8 @@ table). ``latest`` tables also say which incarnation of the topic each row came 
 (``source_incarnation``, see :class:`~kafka_ingest.records.Source`); pipelines that delete
 on tombstones get a marker table beside theirs. Names made from the table's (the marker
 table's, the staging table's) fit Postgres' 63 bytes: past it, a hash of the whole name
-keeps them apart (:func:`derived_name`).
+keeps them apart (:func:`derived_name`); a marker table kept under the name Postgres cut
+before is renamed, so its markers stay in force.
 
 The planner only ever adds: ``CREATE TABLE`` for a missing table, ``ADD COLUMN`` for a
 column the contract gained (nullable: a new field is optional). It never drops a column,
@@ -282,14 +283,46 @@ def plan_tables(conn: psycopg.Connection[Any], pipeline: Pipeline) -> TablePlan:
         plan.drift += _rule_drift(pipeline.table, _rules(conn, pipeline.table))
     marker = marker_statement(pipeline)
     if marker is not None:
-        markers = actual_columns(conn, marker.table)
-        if markers is None:
-            plan.changes.append(marker)
-        else:
-            _compare_markers(plan, pipeline, marker.table, markers)
-            plan.drift += _key_drift(conn, pipeline, table=marker.table,
-                                     key=(pipeline.upsert.key or "",))
+        _plan_markers(conn, plan, pipeline, marker)
     return plan
+
+
+def _plan_markers(conn: psycopg.Connection[Any], plan: TablePlan, pipeline: Pipeline,
+                  marker: Change) -> None:
+    """The marker table: made, or checked; one kept under the name Postgres cut (before
+    names were derived) is renamed, and checked as it will be, so its markers stay in
+    force."""
+    legacy = _legacy_markers(conn, pipeline, marker.table)
+    markers = actual_columns(conn, marker.table)
+    if markers is not None and legacy is not None:
+        plan.drift.append(
+            f"{legacy} holds deletion markers of {pipeline.table} under the name Postgres "
+            f"cut to 63 bytes, which are not in force beside {marker.table}: move its rows "
+            f"into {marker.table} (of a key in both, keep the later tombstone's), then DROP "
+            f"TABLE {legacy}")
+    if markers is None and legacy is not None:
+        plan.changes.append(Change(
+            marker.table, f"the marker table is {legacy}, the name Postgres cut to 63 bytes",
+            f"ALTER TABLE {_quote(legacy)} RENAME TO {_quote(marker.table)}"))
+        markers = actual_columns(conn, legacy)
+    if markers is None:
+        plan.changes.append(marker)
+        return
+    _compare_markers(plan, pipeline, marker.table, markers)
+    plan.drift += _key_drift(conn, pipeline, table=legacy or marker.table,
+                             key=(pipeline.upsert.key or "",))
+
+
+def _legacy_markers(conn: psycopg.Connection[Any], pipeline: Pipeline,
+                    derived: str) -> str | None:
+    """The marker table under the name it had before names were derived (``<table>_
+    tombstones`` as Postgres cut it to 63 bytes), when that is another name and a table
+    has it."""
+    cut = f"{pipeline.table}{MARKER_SUFFIX}".encode()[:MAX_IDENTIFIER].decode(errors="ignore")
+    if cut in (pipeline.table, derived):
+        return None
+    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_quote(cut),)).fetchone()
+    return cut if found and found[0] else None
 
 
 def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn]) -> None:

@@ -89,9 +89,11 @@ class TableWriter:
         rolled back, is gone)."""
         self._stage_ready = False
 
-    def serialize(self, partitions: Iterable[int]) -> None:
+    def serialize(self, partitions: Iterable[int], *, every: bool = False) -> None:
         """Take what the chunk's transaction holds until it ends, before any write
-        (nothing, but for deleting tables)."""
+        (nothing, but for deleting tables): the keys of ``partitions``, or of every
+        partition (a replay, whose letters' keys the chunks beside it may write from other
+        partitions, see :func:`~kafka_ingest.db.locks.hold_keys`)."""
 
     def upsert(self, rows: Sequence[Row], *, source: Source | None = None,
                encoded: bytes | None = None) -> UpsertResult:

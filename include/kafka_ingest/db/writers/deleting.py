@@ -14,12 +14,17 @@ is safe. Markers cost one small row per deleted key: the key space the compacted
 itself holds. A tombstone log order cannot place (its key's row or marker came from
 another partition or topic) is returned for the DLQ, like a row.
 
-A deleting chunk's transaction holds its source partitions' keys until it ends
-(:func:`~kafka_ingest.db.locks.hold_keys`): its rows and its markers are two tables.
+A deleting chunk's transaction holds its source partitions' keys until it ends (a
+replay's, every partition's: an old incarnation's letters sit in other partitions than the
+new one writes their keys in; :func:`~kafka_ingest.db.locks.hold_keys`): its rows and its
+markers are two tables. A
+tombstone left missing because another partition's transaction wrote its key between the
+statements is decided again, as a row is (:mod:`~kafka_ingest.db.writers.latest`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -35,12 +40,16 @@ from kafka_ingest.db.writers.latest import (
     LOG_MARKER_JOIN,
     LOG_MARKER_STALE,
     LOG_MARKER_UNORDERABLE,
+    RACE_ATTEMPTS,
     LatestWriter,
+    Raced,
     unorderable,
     where,
 )
 from kafka_ingest.errors import DataError
 from kafka_ingest.records import Source, Tombstone
+
+log = logging.getLogger(__name__)
 
 #: A key written again after its deletion keeps no marker: the row is newer.
 CLEAR_MARKERS = """
@@ -127,11 +136,11 @@ class DeletingWriter(LatestWriter):
     def _marker(self) -> sql.Identifier:
         return sql.Identifier(str(marker_table(self.pipeline)))
 
-    def serialize(self, partitions: Iterable[int]) -> None:
-        """The chunk's transaction holds its source partitions' keys until it ends: taken
-        before any write."""
+    def serialize(self, partitions: Iterable[int], *, every: bool = False) -> None:
+        """The chunk's transaction holds its source partitions' keys (or every
+        partition's) until it ends: taken before any write."""
         hold_keys(self.conn, f"{self.pipeline.table}:keys", partitions,
-                  timeout_s=self.lock_timeout_s)
+                  timeout_s=self.lock_timeout_s, every=every)
 
     def _after_insert(self, inserted: int) -> None:
         if inserted:  # a newer version of a deleted key is back
@@ -146,6 +155,22 @@ class DeletingWriter(LatestWriter):
             return DeleteResult(0)
         if source is None:
             raise TypeError("deletes need the tombstones' source (topic and incarnation)")
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            try:
+                with self.conn.transaction():  # a savepoint: a race rolls back to here
+                    return self._delete_once(tombstones, source,
+                                             last=attempt == RACE_ATTEMPTS)
+            except Raced:
+                log.info("%s: a version of a key of this chunk's tombstones was committed "
+                         "from another partition meanwhile; deciding them again",
+                         self.pipeline.name)
+        raise AssertionError("the last attempt reports what it found")  # pragma: no cover
+
+    def _delete_once(self, tombstones: Sequence[Tombstone], source: Source, *,
+                     last: bool) -> DeleteResult:
+        """The tombstones' statements; :class:`Raced` (unless ``last``) when one is left
+        missing: another partition's transaction wrote its key between them (see
+        :mod:`~kafka_ingest.db.writers.latest`)."""
         params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
                                   **_tombstone_params(tombstones)}
         bad = {}
@@ -162,6 +187,8 @@ class DeletingWriter(LatestWriter):
         deleted = self.conn.execute(self._delete_older, params).rowcount
         self.conn.execute(self._mark_deleted, params)
         missing = self._scalar(self._deletes_missing, params)
+        if missing and not last:
+            raise Raced
         return DeleteResult(deleted, missing, rejected)
 
 

@@ -15,7 +15,13 @@ never applied in a guessed order nor counted stale.
 
 The counts are the classification's (``inserted`` the INSERT's row count): a version the
 classification wrote that the INSERT did not lost to a newer one committed meanwhile
-(stale), which the outcome check proves (it counts the row missing otherwise).
+(stale), which the outcome check proves (it counts the row missing otherwise). Each
+statement decides from its own snapshot: when the outcome check finds a row missing (or
+the unorderable rows listed are not the ones counted), a transaction of another partition
+committed a version of the key meanwhile (its first records reached two partitions at
+once), so the chunk is decided again from the table as it is now (in a savepoint, up to
+:data:`RACE_ATTEMPTS` times), where that record is unorderable; a row still missing then
+is reported.
 
 The statements are named templates, formatted once per slice. Placeholders: {t} the
 table, {s} the staging table, {m} the marker table (:mod:`~kafka_ingest.db.writers.deleting`),
@@ -27,6 +33,7 @@ a chunk, or one group of a replay's letters).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -40,6 +47,8 @@ from kafka_ingest.db.writers.base import TableWriter, UpsertResult
 from kafka_ingest.errors import DataError, Unorderable
 from kafka_ingest.records import Row, Source, row_source
 
+log = logging.getLogger(__name__)
+
 #: What each staged row of a latest chunk becomes, in this order of precedence:
 #: ``copy``: the same record twice in the chunk; ``unorderable``: log order cannot place
 #: it against another version of its key (dead-lettered); ``stored``: the stored version
@@ -47,6 +56,10 @@ from kafka_ingest.records import Row, Source, row_source
 #: least as new; ``superseded``: a newer version of its key is in the chunk; ``write``:
 #: the newest version of its key, newer than the stored one.
 LATEST_VERDICTS = ("copy", "unorderable", "stored", "stale", "superseded", "write")
+
+#: How many times a chunk's rows are classified and written when a concurrent transaction
+#: changed what the classification decided from (see the module doc).
+RACE_ATTEMPTS = 3
 
 #: Log order: the staged rows with their copies, the newest place per key, whether the
 #: key came from two partitions, and the key's stored row and marker (one probe each by
@@ -199,6 +212,10 @@ NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
               "marker_holds": ""}
 
 
+class Raced(Exception):
+    """A chunk's statements decided from different tables: decide it again."""
+
+
 class LatestWriter(TableWriter):
     """A latest table's writer (see the module doc)."""
 
@@ -243,6 +260,21 @@ class LatestWriter(TableWriter):
                             "incarnation)")
         self._stage(rows, encoded)
         params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation}
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            try:
+                with self.conn.transaction():  # a savepoint: a race rolls back to here
+                    return self._write_staged(rows, source, params,
+                                              last=attempt == RACE_ATTEMPTS)
+            except Raced:
+                log.info("%s: a version of a key of this chunk was committed from another "
+                         "partition meanwhile; deciding the chunk again", self.pipeline.name)
+        raise AssertionError("the last attempt reports what it found")  # pragma: no cover
+
+    def _write_staged(self, rows: list[Row], source: Source, params: dict[str, Any], *,
+                      last: bool) -> UpsertResult:
+        """Classify the staged rows, write them, and check the outcome; raise
+        :class:`Raced` (unless ``last``) when another transaction changed the table
+        between these statements (see the module doc)."""
         verdicts: Counter[str] = Counter(dict.fromkeys(LATEST_VERDICTS, 0))
         for verdict, n in self.conn.execute(self._verdicts, params):
             verdicts[verdict] = int(n)
@@ -254,6 +286,8 @@ class LatestWriter(TableWriter):
         missing = self._scalar(self._missing, {**params,
                                                "skip_p": [s.partition for s in skipped],
                                                "skip_o": [s.offset for s in skipped]})
+        if not last and (missing or len(rejected) != verdicts["unorderable"]):
+            raise Raced
         lost = verdicts["write"] - inserted  # see the module doc
         return UpsertResult(inserted, verdicts["copy"] + verdicts["stored"],
                             verdicts["stale"] + verdicts["superseded"] + lost, rejected,
@@ -275,4 +309,5 @@ class LatestWriter(TableWriter):
         return rejected
 
 
-__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "LatestWriter", "unorderable", "where"]
+__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
+           "unorderable", "where"]
