@@ -293,7 +293,8 @@ def _avro_stages(chunk: Any, pipeline: Any, decoder: Any, spent: dict[str, float
     decoded = _Decoded(read, good)
     dicts = [decoded[v] for v in good]
     spent["avro_validate"] += _cpu(lambda: _drain(validate, dicts))[0]
-    predecoded = SimpleNamespace(read=decoded.__getitem__, python=True)
+    predecoded = SimpleNamespace(read=decoded.__getitem__, python=True,
+                                 explained=decoder.explained)
     spent["avro_predecoded"] += _cpu(
         lambda: validate_chunk(chunk.messages, pipeline, predecoded))[0]  # type: ignore[arg-type]
     spent["avro_total"] += _cpu(lambda: validate_chunk(chunk.messages, pipeline, decoder))[0]
