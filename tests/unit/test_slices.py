@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
@@ -233,15 +236,30 @@ def test_an_interrupt_while_the_slice_waits_for_its_writer_never_unlocks_under_a
     # waits for that transaction before releasing its lock and connection, and an
     # interrupt in that wait (Airflow's time-out) must not cut it short: unlocking or
     # closing the connection under a running transaction frees the partition too early.
+    # Chunk 2's COMMIT goes on only once the main thread is seen waiting for it, both
+    # before the interrupt and after it (or has released the partition: the fault).
     commit_started = threading.Event()
-    main = threading.main_thread().ident
-    assert main is not None
+    main = threading.main_thread()
+    assert main.ident is not None
+    interrupted: list[Any] = []  # the main thread's frames when the interrupt came
+
+    def interrupt(signum: int, frame: Any) -> None:
+        interrupted.extend(_frames(frame))
+        raise TaskTimeout("Timeout, PID: 1")
+
+    def released() -> bool:
+        return ("unlock", "telemetry_metrics", PARTITION) in w.events \
+            or ("session_close",) in w.events
 
     def slow_commit() -> None:  # chunk 2's COMMIT, interrupted while the slice waits for it
         commit_started.set()
-        time.sleep(0.3)  # the main thread has failed its prepare and waits in the writer
-        signal.pthread_kill(main, signal.SIGALRM)
-        time.sleep(0.3)
+        transaction = _work_item_future()
+        _poll("the main thread to wait for the transaction after its prepare failed",
+              lambda: _waits_for(main, transaction, besides=()))
+        signal.pthread_kill(main.ident, signal.SIGALRM)  # type: ignore[arg-type]
+        _poll("the interrupt, then the main thread to wait for the transaction again",
+              lambda: bool(interrupted) and (
+                  _waits_for(main, transaction, besides=interrupted) or released()))
 
     w = World(pipeline)
     w.db.inject(2, "commit", slow_commit)
@@ -254,12 +272,60 @@ def test_an_interrupt_while_the_slice_waits_for_its_writer_never_unlocks_under_a
         return real_prepare(self, chunk, encoder)
 
     monkeypatch.setattr(ingest.IngestWriter, "prepare", failing_prepare)
-    with task_timeout_on_sigalrm(), pytest.raises(TaskTimeout):
-        w.ingest()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(TaskTimeout):
+            w.ingest()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
     committed = w.events.index(("db_commit", 2, 3, 6))
     assert committed < w.events.index(("unlock", "telemetry_metrics", PARTITION))
     assert committed < w.events.index(("session_close",))
     assert w.stored() == 6
+
+
+def _frames(frame: Any) -> list[Any]:
+    """A stack from ``frame`` out, innermost first (the frame objects: the list keeps them,
+    so a frame made later is never taken for one of these)."""
+    found = []
+    while frame is not None:
+        found.append(frame)
+        frame = frame.f_back
+    return found
+
+
+def _stack(thread: threading.Thread) -> list[Any]:
+    return _frames(sys._current_frames().get(thread.ident))  # type: ignore[arg-type]
+
+
+def _work_item_future() -> Future[Any]:
+    """The future of the thread pool's work item this thread runs (the writer's: the
+    chunk's transaction, which the slice waits for)."""
+    for frame in _stack(threading.current_thread()):
+        future = getattr(frame.f_locals.get("self"), "future", None)
+        if isinstance(future, Future):
+            return future
+    raise AssertionError("the transaction runs in no thread pool's work item")
+
+
+def _waits_for(thread: threading.Thread, future: Future[Any], *, besides: Sequence[Any]) -> bool:
+    """``thread`` is blocked (in ``threading``, under every condition, event and future)
+    with ``future`` among the locals of its stack, in a wait it entered anew: none of its
+    frames in ``threading`` is one of ``besides`` (the frames of a wait an interrupt cut
+    short)."""
+    stack = _stack(thread)
+    waiting = [f for f in stack if f.f_code.co_filename == threading.__file__]
+    if not waiting or any(f is old for f in waiting for old in besides):
+        return False
+    return any(value is future or (isinstance(value, list | tuple | set) and future in value)
+               for f in stack for value in f.f_locals.values())
+
+
+def _poll(what: str, done: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.001)
 
 
 # --------------------------------------------------------------------------- 2. the lock
