@@ -20,8 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Records the session's burners (its children running the burner) and whether each used a
-#: core; with HANG set, then waits to be interrupted or killed.
+#: Records the session's burners (its children running the burner): how much CPU each has
+#: used and its state, once each has used some and is seen running (polled, with a
+#: deadline; past it, as they are); with HANG set, then waits to be interrupted or killed.
 INNER = '''
 import os, time
 from pathlib import Path
@@ -33,10 +34,16 @@ def test_records_the_burners():
     burners = [c for c in psutil.Process().children()
                if "PR_SET_PDEATHSIG" in " ".join(c.cmdline())]
     before = {c.pid: sum(c.cpu_times()[:2]) for c in burners}
-    time.sleep(1)
-    busy = {c.pid: sum(c.cpu_times()[:2]) - before[c.pid] for c in burners}
+    deadline = time.monotonic() + 60
+    while True:
+        used = {c.pid: sum(c.cpu_times()[:2]) - before[c.pid] for c in burners}
+        states = {c.pid: c.status() for c in burners}
+        burning = all(u > 0 and states[p] == psutil.STATUS_RUNNING for p, u in used.items())
+        if burning or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     Path(os.environ["BURNERS_FILE"]).write_text(
-        " ".join(f"{pid}:{used:.2f}" for pid, used in busy.items()) + "\\n")
+        " ".join(f"{pid}:{u:.2f}:{states[pid]}" for pid, u in used.items()) + "\\n")
     if os.environ.get("HANG"):
         time.sleep(120)
 '''
@@ -72,11 +79,13 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _recorded(path: Path) -> dict[int, float]:
+def _recorded(path: Path) -> dict[int, tuple[float, str]]:
+    """The inner session's burners: pid -> (CPU seconds used, process state)."""
     text = path.read_text() if path.is_file() else ""
     if not text.endswith("\n"):
         return {}
-    return {int(pid): float(used) for pid, used in (w.split(":") for w in text.split())}
+    return {int(pid): (float(used), state)
+            for pid, used, state in (w.split(":") for w in text.split())}
 
 
 def _is_burner(process: psutil.Process) -> bool:
@@ -97,11 +106,14 @@ def _gone(pid: int) -> bool:
 ])
 def test_the_burner_burns_and_never_outlives_the_session(tmp_path: Path, end: str) -> None:
     inner, path = _session(tmp_path, "1", hang=end != "finished")
-    burners: dict[int, float] = {}
+    burners: dict[int, tuple[float, str]] = {}
     try:
-        burners = _wait("the inner session's report", lambda: _recorded(path))
+        burners = _wait("the inner session's report", lambda: _recorded(path), 90)
         assert len(burners) == 1
-        assert all(used > 0.2 for used in burners.values()), burners  # CPU s in 1 s
+        # it burns: it used CPU, and a busy loop is always running (or runnable), never
+        # sleeping
+        assert all(used > 0 and state == psutil.STATUS_RUNNING
+                   for used, state in burners.values()), burners
         if end == "ctrl-c":
             inner.send_signal(signal.SIGINT)
         elif end == "sigkill":
