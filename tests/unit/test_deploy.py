@@ -1,6 +1,12 @@
-"""The deployment files, checked statically (no Kubernetes, no Docker here): the Helm values
-parse and hold the keys the README relies on, the image carries the project's three
-folders, and docker-compose.yml stays valid with its `celery` profile."""
+"""The deployment files against the project they deploy (no Kubernetes, no Docker here).
+
+Each setting of ``deploy/Dockerfile``, ``deploy/helm/values.yaml`` and
+``docker-compose.yml`` that names something of the project names what the project has: the
+Airflow and package versions pinned in ``requirements.txt``, the folders and the pipelines
+file the code is found in, the connections the pipelines use by default, the CLI command
+the scheduler runs, the registry's API and the versions the local stack runs. A change on
+one side that the other misses fails here.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,40 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
+
+from kafka_ingest.cli import build_parser
+from kafka_ingest.config import DEFAULT_PIPELINES_FILE, Pipeline, SchemaRegistry
+from kafka_ingest_dev import apicurio, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
+REQUIREMENTS = ROOT / "requirements.txt"
 
 
 def _values() -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load(VALUES.read_text())
     return values
+
+
+def _compose() -> dict[str, Any]:
+    compose: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return compose
+
+
+def _normal(name: str) -> str:
+    """A package's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins() -> dict[str, str]:
+    """``requirements.txt``: package -> pinned version."""
+    return {_normal(name): version for name, version in
+            re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", REQUIREMENTS.read_text(), re.M)}
 
 
 def _instructions(name: str) -> list[str]:
@@ -29,77 +57,108 @@ def _instructions(name: str) -> list[str]:
             if line.split(None, 1)[:1] == [name]]
 
 
-def test_the_values_run_our_image_of_airflow_3_3_2_on_celery() -> None:
-    values = _values()
-    assert values["executor"] == "CeleryExecutor"
-    assert values["airflowVersion"] == "3.3.2"
-    assert values["defaultAirflowRepository"] and values["defaultAirflowTag"]
-    assert values["workers"]["replicas"] >= 2
-    assert values["config"]["celery"]["worker_concurrency"] >= 1
-    for component in ("apiServer", "dagProcessor", "triggerer", "scheduler"):
-        assert component in values, component
-    # the KubernetesExecutor variant is there, commented out
-    assert re.search(r"^# executor: KubernetesExecutor$", VALUES.read_text(), re.M)
-    # the DAGs come with the image: no git-sync, no DAG volume
-    assert values["dags"]["gitSync"]["enabled"] is False
-    assert values["dags"]["persistence"]["enabled"] is False
+def _image_env() -> dict[str, str]:
+    return dict(pair.split("=", 1) for env in _instructions("ENV") for pair in env.split())
 
 
-def test_connections_come_from_kubernetes_secrets_not_values() -> None:
+def _copies() -> dict[str, str]:
+    """The Dockerfile's COPY instructions: source -> destination."""
+    return {c.split()[-2]: c.split()[-1] for c in _instructions("COPY")}
+
+
+def test_every_deployment_runs_the_pinned_airflow() -> None:
+    airflow = _pins()["apache-airflow"]
+    assert _instructions("FROM") == [f"apache/airflow:{airflow}"]
+    assert _values()["airflowVersion"] == airflow
+    images = {s["image"] for s in _compose()["services"].values()
+              if s["image"].startswith("apache/airflow:")}
+    assert images == {f"apache/airflow:{airflow}"}
+
+
+def test_the_image_installs_the_pins_and_finds_the_dags_plugins_and_package() -> None:
+    copies, env = _copies(), _image_env()
+    assert copies["requirements.txt"].endswith("/requirements.txt")
+    assert any("pip install" in r and copies["requirements.txt"] in r
+               for r in _instructions("RUN"))
+    # Airflow's folders and the package's: each copy's source holds what Airflow imports
+    assert {"dags/", "plugins/", "include/"} <= copies.keys()
+    assert list((ROOT / "dags").glob("*_dags.py")) and list((ROOT / "plugins").glob("*.py"))
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == copies["dags/"].rstrip("/")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == copies["plugins/"].rstrip("/")
+    assert env["PYTHONPATH"] == copies["include/"].rstrip("/")
+    assert (ROOT / "include" / "kafka_ingest" / "__init__.py").is_file()
+    # the shipped pipelines file, where the include/ copy puts it
+    shipped = DEFAULT_PIPELINES_FILE.relative_to(ROOT / "include").as_posix()
+    assert env["KAFKA_INGEST_PIPELINES"] == f"{copies['include/'].rstrip('/')}/{shipped}"
+
+
+def test_compose_installs_the_same_pins_into_the_official_image() -> None:
+    # the compose file runs the official image with the project's runtime pins on top:
+    # each must be the version requirements.txt pins
+    extra = _compose()["x-airflow-common"]["environment"]["_PIP_ADDITIONAL_REQUIREMENTS"]
+    pins = _pins()
+    listed = dict(line.split("==") for line in extra.split())
+    assert listed and all(pins.get(_normal(name)) == version
+                          for name, version in listed.items()), (listed, pins)
+
+
+def test_the_connections_are_the_pipelines_default_ones_from_secrets() -> None:
+    used = {Pipeline.model_fields["kafka_conn_id"].default,
+            Pipeline.model_fields["postgres_conn_id"].default}
     values = _values()
     by_env = {s["envName"]: s for s in values["secret"]}
-    assert set(by_env) == {"AIRFLOW_CONN_KAFKA_DEFAULT", "AIRFLOW_CONN_POSTGRES_DEFAULT"}
+    assert set(by_env) == {f"AIRFLOW_CONN_{conn_id.upper()}" for conn_id in used}
     assert all(s["secretName"] and s["secretKey"] for s in by_env.values())
-    env_from = yaml.safe_load(values["extraEnvFrom"])  # a templated string in the chart
-    assert env_from[0]["secretRef"]["name"]
-    # no credential in the values themselves
+    # the pipelines' own connections (a conn_id of their own) come from a secret too
+    assert yaml.safe_load(values["extraEnvFrom"])[0]["secretRef"]["name"]
+    # and no credential is in the values themselves
     assert not any(e["name"].startswith("AIRFLOW_CONN_") for e in values.get("env", []))
+    compose_env = _compose()["x-airflow-common"]["environment"]
+    assert {f"AIRFLOW_CONN_{conn_id.upper()}" for conn_id in used} <= compose_env.keys()
 
 
-def test_the_scheduler_creates_the_pipelines_pools_then_runs() -> None:
-    args = _values()["scheduler"]["args"]
-    assert args[:2] == ["bash", "-c"]
-    script = args[2]
-    assert "python -m kafka_ingest.cli pools >" in script
-    assert "airflow pools import" in script
+def test_the_registry_connection_names_the_api_the_local_stack_serves() -> None:
+    compose = _compose()
+    env = compose["x-airflow-common"]["environment"]
+    conn_id = SchemaRegistry.model_fields["conn_id"].default
+    connection = json.loads(env[f"AIRFLOW_CONN_{conn_id.upper()}"])
+    assert connection["host"] in compose["services"]
+    assert connection["extra"]["path"] == apicurio.CCOMPAT_PATH
+    assert urlsplit(env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"]).path == apicurio.CCOMPAT_PATH
+    # the versions the local stack runs
+    assert compose["services"]["registry"]["image"] == (
+        f"apicurio/apicurio-registry:{apicurio.RELEASE.version}")
+    kafka = {s["image"] for s in compose["services"].values()
+             if s["image"].startswith("apache/kafka:")}
+    assert kafka == {f"apache/kafka:{stack.KAFKA_VERSION}"}
+
+
+def test_the_scheduler_imports_the_pools_the_cli_prints_then_runs() -> None:
+    script = _values()["scheduler"]["args"][2]
+    printed = re.search(r"python -m kafka_ingest\.cli (\w+) > (\S+)", script)
+    assert printed is not None, script
+    command, path = printed.groups()
+    assert build_parser().parse_args([command]).command == command  # a real CLI command
+    assert f"airflow pools import {path}" in script
     assert script.rstrip().endswith("exec airflow scheduler")
 
 
-def test_the_image_is_airflow_3_3_2_with_the_pins_and_the_three_folders() -> None:
-    assert _instructions("FROM") == ["apache/airflow:3.3.2"]
-    copies = {tuple(c.split()[-2:]) for c in _instructions("COPY")}
-    for folder in ("dags", "plugins", "include"):
-        assert (f"{folder}/", f"/opt/airflow/{folder}/") in copies, folder
-    assert any("requirements.txt" in c for c in _instructions("COPY"))
-    assert any("pip install" in r and "requirements.txt" in r for r in _instructions("RUN"))
-    env = " ".join(_instructions("ENV"))
-    assert "PYTHONPATH=/opt/airflow/include" in env
-
-
-def test_compose_stays_valid_and_has_a_celery_profile() -> None:
-    compose = yaml.safe_load(COMPOSE.read_text())
-    services = compose["services"]
+def test_the_celery_profile_adds_the_broker_the_workers_use() -> None:
+    services = _compose()["services"]
     celery = {name for name, s in services.items() if "celery" in s.get("profiles", [])}
     assert celery == {"redis", "airflow-worker"}
     worker = services["airflow-worker"]
-    assert worker["image"] == services["airflow-scheduler"]["image"] == "apache/airflow:3.3.2"
     assert "airflow celery worker" in worker["command"][-1]
-    assert worker["environment"]["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0"
-    assert worker["environment"]["AIRFLOW__CELERY__RESULT_BACKEND"].startswith(
-        "db+postgresql://")
+    broker = urlsplit(worker["environment"]["AIRFLOW__CELERY__BROKER_URL"])
+    assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
     assert "redis" in worker["depends_on"]
-    # every service names an image with a pinned tag, from the images the file already uses,
-    # the official Redis image, Apicurio's registry and curl (the registry's one-shot config)
-    for name, service in services.items():
-        image = service["image"]
-        assert re.fullmatch(r"(apache/airflow|apache/kafka|postgres|redis|"
-                            r"apicurio/apicurio-registry|curlimages/curl):\d[\w.-]*", image), \
-            (name, image)
-    # the registry is published on loopback only, and the pipelines' connection names it
-    assert services["registry"]["ports"] == ["127.0.0.1:18081:8080"]
-    connection = json.loads(services["airflow-scheduler"]["environment"][
-        "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"])
-    assert (connection["host"], connection["extra"]["path"]) == ("registry", "/apis/ccompat/v7")
+    backend = urlsplit(worker["environment"]["AIRFLOW__CELERY__RESULT_BACKEND"])
+    assert backend.scheme == "db+postgresql" and backend.hostname in services
     # without the profile, the default stack is what it was
     assert {n for n, s in services.items() if not s.get("profiles")} >= {
         "kafka", "postgres", "airflow-scheduler", "airflow-apiserver"}
+
+
+def test_every_image_has_a_pinned_tag() -> None:
+    for name, service in _compose()["services"].items():
+        assert re.fullmatch(r"[a-z0-9./_-]+:\d[\w.-]*", service["image"]), (name, service)
