@@ -100,6 +100,20 @@ def _stays_quiet(api: AirflowApi, dag_id: str, seen: set[str], seconds: float) -
         time.sleep(1)
 
 
+def _asset_events_since(airflow_dsn: str, asset: str, since: float) -> int:
+    """The Asset's events (a lag trigger firing) after ``since`` (epoch seconds)."""
+    return int(_one(airflow_dsn, "SELECT count(*) FROM asset_event e JOIN asset a"
+                    " ON a.id = e.asset_id WHERE a.name = %s AND e.timestamp > to_timestamp(%s)",
+                    asset, since))
+
+
+def _queued_runs(airflow_dsn: str, dag_id: str) -> int:
+    """The Asset events queued for the DAG (Airflow's asset_dag_run_queue), from which the
+    scheduler makes its asset-triggered runs."""
+    return int(_one(airflow_dsn, "SELECT count(*) FROM asset_dag_run_queue"
+                    " WHERE target_dag_id = %s", dag_id))
+
+
 def _queued_after(run: dict[str, Any], produced_at: float) -> float:
     return datetime.fromisoformat(run["queued_at"]).timestamp() - produced_at
 
@@ -146,8 +160,17 @@ def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_p
 
     # paused: the lag waits; unpaused, a run picks it up (at the latest after rearm_seconds)
     api.client.patch(f"/dags/{dag_id}", json={"is_paused": True}).raise_for_status()
+    produced_at = time.time()
     later = produce_sample(clients, pipeline, count=80, poison=0, partitions=PARTITIONS)
-    time.sleep(MAX_WAIT_S + 2 * POLL_S)  # long enough for the trigger to have seen it
+    # The triggerer reacts to the new data either way: its trigger fires the Asset (and
+    # Airflow queues no run for a paused DAG), or the next parse of the paused DAG retires
+    # the Asset's watcher before it fires. Once one has happened, nothing may be queued.
+    asset = f"{pipeline.name}_new_data"
+    poll("the lag trigger to fire for the new data, or its watcher to be retired",
+         lambda: (_asset_events_since(airflow_dsn, asset, produced_at)
+                  or not watchers_running(airflow_dsn, asset)),
+         _fire_deadline_s(api) + parse_deadline_s(api.settings), interval_s=0.5)
+    assert _queued_runs(airflow_dsn, dag_id) == 0  # an asset-triggered run starts from these
     assert not [r for r in _runs(api, dag_id) if r["dag_run_id"] not in seen]
     unpaused_at = time.time()
     api.unpause(dag_id)
