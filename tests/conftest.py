@@ -30,6 +30,7 @@ from psycopg.conninfo import make_conninfo
 
 from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
 from kafka_ingest_dev.procs import free_ports
+from tests.support import workers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
@@ -72,6 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
     owns them: ``pytest_unconfigure`` (also after Ctrl-C) and ``atexit`` kill them, the
     kernel does when pytest is killed. Started from the main thread, which lives as long as
     pytest: the parent-death signal follows the thread that forked."""
+    workers.configure_controller(config)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(), "kafka-ingest-xdist")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller burns
         return
     burners = [subprocess.Popen([sys.executable, "-c", _BURNER, str(os.getpid())],
@@ -81,38 +85,57 @@ def pytest_configure(config: pytest.Config) -> None:
     atexit.register(_stop_burners, burners)
 
 
+class _XdistHooks:
+    """The hooks that only pytest-xdist knows (registered only where it is installed)."""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        workers.configure_node(node)
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """Each test outside the unit tests gets its group (tests/support/workers.py)."""
+        if workers.distributed(config):
+            workers.add_groups(items)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    workers.unconfigure(config)
     _stop_burners(config.stash.get(_BURNERS, []))
     for stop in config.stash.get(_BACKGROUND_STOPS, []):
         stop()
 
 
 _BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
-#: Where a test goes in the session: the unit and integration tests first, then the tests
-#: whose module starts work in the background, then the DAG and chaos tests.
-_FIRST = ("unit", "integration")
 
 
 @pytest.hookimpl(trylast=True)  # after ``-k`` and ``-m`` have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the session (stably, module by module as collected) by :data:`_FIRST`; a test
-    module with ``start_in_background()`` (the soak: a stack of its own, minutes mostly
-    spent waiting on its faults and Airflow's timers) has it called now, if one of its
-    tests is selected, so that work runs beside the unit and integration tests, and its
-    test, after them, takes it over. ``stop_background()`` runs when the session ends,
-    whatever way."""
-    def place(item: pytest.Item) -> int:
-        if getattr(getattr(item, "module", None), "start_in_background", None):
-            return 1
-        return 0 if item.path.parent.name in _FIRST else 2
-
-    items.sort(key=place)
-    if config.option.collectonly or hasattr(config, "workerinput"):
+    """Order the session (stably, module by module as collected) by
+    :func:`tests.support.workers.place`. Without xdist, a test module with
+    ``start_in_background()`` (the soak: a stack of its own, minutes mostly spent waiting on
+    its faults and Airflow's timers) has it called now, if one of its tests is selected, so
+    that work runs beside the unit and integration tests, and its test, after them, takes
+    it over. With xdist the soak's test comes first instead and starts it itself, on a
+    worker of its own meanwhile. ``stop_background()`` runs when the session (or the
+    worker) ends, whatever way."""
+    items.sort(key=lambda item: workers.place(item, config))
+    if config.option.collectonly:
         return
     stops = config.stash.setdefault(_BACKGROUND_STOPS, [])
-    for module in dict.fromkeys(getattr(i, "module", None) for i in items if place(i) == 1):
-        module.start_in_background()
+    soaks = [i for i in items if workers.kind(i) == workers.SOAK]
+    for module in dict.fromkeys(getattr(i, "module", None) for i in soaks):
+        if not workers.distributed(config):
+            module.start_in_background()
         stops.append(module.stop_background)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """With xdist: an ``exclusive`` test has the shared stack alone, from its fixtures'
+    set-up to their tear-down (tests/support/workers.py)."""
+    with workers.holding_the_stack(item):
+        yield
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

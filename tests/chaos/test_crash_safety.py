@@ -125,6 +125,7 @@ def test_a_killed_run_is_completed_exactly_by_the_next(
     assert run(pipeline, clients, db) == []  # and nothing is left for a new run
 
 
+@pytest.mark.exclusive  # restarts the shared Postgres
 def test_postgres_restarted_mid_run_is_transient_and_the_rerun_is_exact(
         make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:

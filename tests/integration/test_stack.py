@@ -135,6 +135,7 @@ def test_kafka_round_trip_by_assign(stack_env: dict[str, str], topic: str) -> No
     assert _read_all(bootstrap, topic, len(produced)) == produced
 
 
+@pytest.mark.exclusive  # restarts the shared broker
 def test_messages_survive_a_broker_restart(stack_env: dict[str, str], topic: str) -> None:
     bootstrap = stack_env["KAFKA_BOOTSTRAP_SERVERS"]
     produced = _produce(bootstrap, topic)

@@ -42,9 +42,13 @@ def stop_background():
 
 
 def test_background_work():
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # with xdist, the test starts it, as the soak's does
+        assert not _procs, "nothing started at collection"
+        start_in_background()
     assert _procs, "started before this test"
     with (OUT / "order").open("a") as f:
-        f.write("background\\n")
+        f.write(f"background {worker or ''}\\n")
     if os.environ.get("HANG"):
         time.sleep(120)
 '''
@@ -55,7 +59,11 @@ from pathlib import Path
 
 def test_first():
     with (Path(os.environ["OUT"]) / "order").open("a") as f:
-        f.write("unit\\n")
+        f.write(f"unit {os.environ.get('PYTEST_XDIST_WORKER', '')}\\n")
+
+
+def test_second():
+    test_first()
 '''
 
 
@@ -68,6 +76,7 @@ def _session(tmp_path: Path, *args: str, hang: bool = False) -> subprocess.Popen
     (tmp_path / "unit").mkdir()
     (tmp_path / "chaos" / "test_background.py").write_text(BACKGROUND)
     (tmp_path / "unit" / "test_first.py").write_text(FIRST)
+    (tmp_path / "unit" / "test_more.py").write_text(FIRST)  # with -n 2: three units of work
     env = {**os.environ, "OUT": str(tmp_path), "HANG": "1" if hang else ""}
     env.pop("KAFKA_INGEST_TEST_BURN_CPU", None)
     return subprocess.Popen(
@@ -91,7 +100,7 @@ def test_started_at_collection_run_after_the_unit_tests_and_stopped_at_the_end(
     out = inner.communicate(timeout=120)[0].decode()
     assert inner.returncode == 0, out
     # collected first (chaos/ before unit/), run after the unit tests
-    assert (tmp_path / "order").read_text().split() == ["unit", "background"]
+    assert (tmp_path / "order").read_text().split() == ["unit"] * 4 + ["background"]
     assert (tmp_path / "stopped").read_text() == "1"
     assert _gone(int((tmp_path / "pid").read_text()))
 
@@ -100,8 +109,21 @@ def test_deselected_by_k_nothing_starts(tmp_path: Path) -> None:
     inner = _session(tmp_path, "-k", "not background")
     out = inner.communicate(timeout=120)[0].decode()
     assert inner.returncode == 0, out
-    assert (tmp_path / "order").read_text().split() == ["unit"]
+    assert (tmp_path / "order").read_text().split() == ["unit"] * 4
     assert not (tmp_path / "pid").exists()
+
+
+def test_with_two_workers_it_runs_first_in_the_foreground_on_a_worker_of_its_own(
+        tmp_path: Path) -> None:
+    # tests/support/workers.py: the soak's group first, the unit tests' modules after it
+    inner = _session(tmp_path, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
+    out = inner.communicate(timeout=180)[0].decode()
+    assert inner.returncode == 0, out
+    ran = [line.split() for line in (tmp_path / "order").read_text().splitlines()]
+    (background,) = [worker for name, worker in ran if name == "background"]
+    assert next(name for name, worker in ran if worker == background) == "background"
+    assert (tmp_path / "stopped").read_text() == "1"
+    assert _gone(int((tmp_path / "pid").read_text()))
 
 
 def test_interrupted_the_background_work_is_stopped(tmp_path: Path) -> None:
