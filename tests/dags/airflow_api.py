@@ -7,23 +7,38 @@ file and database (on top of the stack's environment), waits until the test's DA
 parsed, and on exit stops the services and deletes the test's DAGs and the pools its
 pipelines named from the shared metadata database, so no other test sees them or depends
 on them. Every wait on Airflow has a deadline from :mod:`tests.dags.deadlines`.
+
+:class:`SharedAirflow` is one start of them (LocalExecutor) for every DAG test that needs
+the services and not an executor or settings of its own: the DAG tests run one after
+another (one xdist group), each with :meth:`SharedAirflow.serving` its pipelines, as a
+deployment adds one: written into the services' pipelines file, their Postgres connection
+(a connection id of their own, pointing at the test's database) created through the REST
+API, the DAG files parsed again on request; on exit all of it removed again. A pipeline
+of the session's own (the anchor: real, empty topics and a database) keeps a DAG in each
+DAG file, so that each file can be asked to be parsed again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+import yaml
 
+from kafka_ingest.config import Pipeline, airflow_pools, parse_pipelines
 from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import _airflow_bin
 from tests.dags.deadlines import parse_deadline_s
 
@@ -207,3 +222,148 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     assert found, "Debian's chromium is not installed (scripts/bootstrap.sh installs it)"
     return found
+
+
+# --------------------------------------------------------------------------- shared
+
+
+#: What the shared services run with beyond the stack's settings: the union of what their
+#: tests need (a scheduler heartbeat each second; the metrics' cache short, so a scrape
+#: sees a run's effect within seconds).
+SHARED_SETTINGS = {"AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+                   "KAFKA_INGEST_METRICS_CACHE_S": "1"}
+#: The DAG files a pipeline adds DAGs to, and the DAG each holds for the anchor pipeline.
+_DAG_FILES = ("{name}_ingest", "{name}_dlq_replay", "kafka_ingest_monitor")
+
+
+class SharedAirflow:
+    """The stack's Airflow services, started once for the DAG tests (module docstring)."""
+
+    def __init__(self, directory: Path, anchor: Pipeline, anchor_dsn: str,
+                 env: Mapping[str, str]) -> None:
+        self.path = directory / "pipelines.yaml"
+        self.anchor = anchor
+        self.metrics_token = secrets.token_urlsafe(24)
+        self.env = {**env, "KAFKA_INGEST_PIPELINES": str(self.path),
+                    "KAFKA_INGEST_METRICS_TOKEN": self.metrics_token, **SHARED_SETTINGS}
+        self._pipelines: dict[str, dict[str, Any]] = {}
+        self._contracts: dict[str, Any] = {}
+        self._connections = {anchor.postgres_conn_id: anchor_dsn}
+        self.api: AirflowApi | None = None
+        self._write()
+
+    # -------------------------------------------------------------- the services
+
+    def ensure(self) -> AirflowApi:
+        """The services, started if they are not the ones this object started (another
+        test's own services, the Celery executor's, replaced them)."""
+        if self.api is not None and \
+                stack.settings().airflow.pids()["scheduler"] == self.api.scheduler_pid:
+            return self.api
+        stack.stop_airflow()
+        self.api = _started(self.env)
+        for conn_id, dsn in self._connections.items():
+            self._connect(conn_id, dsn)
+        self._parsed([d.format(name=self.anchor.name) for d in _DAG_FILES])
+        return self.api
+
+    def stop(self) -> None:
+        if self.api is not None:
+            stack.stop_airflow()
+            self.api = None
+
+    # -------------------------------------------------------------- a test's pipelines
+
+    @contextmanager
+    def serving(self, pipelines: Sequence[Pipeline], dsn: str) -> Iterator[AirflowApi]:
+        """``pipelines`` in the services' pipelines file, their database ``dsn`` behind a
+        Postgres connection of their own; their DAGs parsed. On exit, all of it removed."""
+        api = self.ensure()
+        conn_id = f"pg_{uuid.uuid4().hex[:12]}"
+        served = [p.model_copy(update={"postgres_conn_id": conn_id}) for p in pipelines]
+        dag_ids = [d.format(name=p.name) for p in served for d in _DAG_FILES[:2]]
+        pools = [name for name in airflow_pools({p.name: p for p in served})
+                 if name != "default_pool"]
+        try:
+            self._connections[conn_id] = dsn
+            self._connect(conn_id, dsn)
+            for name, slots in airflow_pools({p.name: p for p in served}).items():
+                if name != "default_pool":
+                    api.client.post("/pools", json={"name": name, "slots": slots}
+                                    ).raise_for_status()
+            for pipeline in served:
+                self._pipelines[pipeline.name] = pipeline.model_dump(mode="json",
+                                                                     exclude={"name"})
+                if pipeline.model.DECLARATION is not None:
+                    self._contracts[pipeline.model.EVENT_TYPE] = json.loads(
+                        pipeline.model.DECLARATION)
+            self._write()
+            self._parsed(dag_ids)
+            yield api
+        finally:
+            for pipeline in served:
+                self._pipelines.pop(pipeline.name, None)
+            self._write()
+            self._reparse()
+            for dag_id in dag_ids:
+                api.client.delete(f"/dags/{dag_id}")  # its runs too; best effort
+            for name in pools:
+                api.client.delete(f"/pools/{name}")
+            api.client.delete(f"/connections/{conn_id}")
+            self._connections.pop(conn_id, None)
+
+    # -------------------------------------------------------------- helpers
+
+    def _write(self) -> None:
+        """The pipelines file, replaced at once (a parse never reads half of it)."""
+        doc: dict[str, Any] = {"pipelines": {
+            self.anchor.name: self.anchor.model_dump(mode="json", exclude={"name"}),
+            **self._pipelines}}
+        if self._contracts:
+            doc["contracts"] = self._contracts
+        parse_pipelines(doc)  # what the services will read must load
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        temporary.replace(self.path)
+
+    def _connect(self, conn_id: str, dsn: str) -> None:
+        assert self.api is not None
+        conn = json.loads(airflow_postgres_conn(dsn))
+        body = {"connection_id": conn_id, "conn_type": conn["conn_type"],
+                "host": conn.get("host"), "port": conn.get("port"),
+                "login": conn.get("login"), "password": conn.get("password"),
+                "schema": conn.get("schema"), "extra": json.dumps(conn.get("extra") or {})}
+        self.api.client.delete(f"/connections/{conn_id}")  # after a restart: made anew
+        self.api.client.post("/connections", json=body).raise_for_status()
+
+    def _reparse(self) -> None:
+        """Ask the dag-processor to parse each DAG file again now."""
+        assert self.api is not None
+        for dag_id in (d.format(name=self.anchor.name) for d in _DAG_FILES):
+            token = self.api.get(f"/dags/{dag_id}")["file_token"]
+            self.api.client.put(f"/parseDagFile/{token}").raise_for_status()
+
+    def _parsed(self, dag_ids: list[str]) -> None:
+        """Wait until the DAGs are known (asking for a parse of every DAG file first)."""
+        assert self.api is not None
+        api = self.api
+        deadline = time.monotonic() + parse_deadline_s(api.settings)
+        if all(_dag_known(api, d.format(name=self.anchor.name)) for d in _DAG_FILES):
+            self._reparse()
+        for dag_id in dag_ids:
+            try:
+                poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d),
+                     max(0.0, deadline - time.monotonic()), interval_s=0.5)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; import errors: {_import_errors(api)}") from None
+
+
+def _started(env: Mapping[str, str]) -> AirflowApi:
+    """The stack's Airflow services started with ``env`` on top (the LocalExecutor)."""
+    up = stack.up(airflow=True, airflow_env=dict(env), executor="local")
+    scheduler = _scheduler()
+    return AirflowApi(up["AIRFLOW_API_URL"], up["AIRFLOW_API_USER"],
+                      up["AIRFLOW_API_PASSWORD"],
+                      settings={k: v for k, v in scheduler.environ().items()
+                                if k.startswith("AIRFLOW__")},
+                      scheduler_pid=scheduler.pid)

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,8 +23,7 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import dag_env
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
+from tests.dags.airflow_api import AirflowApi, SharedAirflow, poll
 from tests.dags.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
 
 pytestmark = pytest.mark.integration
@@ -52,9 +50,9 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
 
 
 @pytest.fixture
-def api(pipeline: Pipeline, pg_dsn: str, tmp_path: Path) -> Iterator[AirflowApi]:
-    env = dag_env(tmp_path, pg_dsn, pipeline)
-    with running_airflow(env, [f"{pipeline.name}_ingest"]) as a:
+def api(shared_airflow: SharedAirflow, pipeline: Pipeline, pg_dsn: str
+        ) -> Iterator[AirflowApi]:
+    with shared_airflow.serving([pipeline], pg_dsn) as a:
         yield a
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import uuid
@@ -35,7 +34,7 @@ from kafka_ingest.ops.status import check_pipeline, lag
 from kafka_ingest_dev import prometheus
 from kafka_ingest_dev.samples import produce_sample
 from tests.conftest import ROOT, dag_env, free_ports, running_exporter
-from tests.dags.airflow_api import AirflowApi, chromium, poll, running_airflow
+from tests.dags.airflow_api import AirflowApi, SharedAirflow, chromium, poll
 from tests.dags.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
@@ -63,8 +62,9 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
 
 
 @pytest.fixture
-def token() -> str:
-    return secrets.token_urlsafe(24)
+def token(shared_airflow: SharedAirflow) -> str:
+    """The bearer token the api-server's /kafka-ingest/metrics accepts."""
+    return shared_airflow.metrics_token
 
 
 @pytest.fixture
@@ -73,10 +73,10 @@ def env(pipeline: Pipeline, pg_dsn: str, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def api(env: dict[str, str], pipeline: Pipeline, token: str) -> Iterator[AirflowApi]:
-    extra = {"KAFKA_INGEST_METRICS_TOKEN": token, "KAFKA_INGEST_METRICS_CACHE_S": "1"}
-    with running_airflow(env, [f"{pipeline.name}_ingest", f"{pipeline.name}_dlq_replay"],
-                         extra=extra) as a:
+def api(shared_airflow: SharedAirflow, pipeline: Pipeline, pg_dsn: str
+        ) -> Iterator[AirflowApi]:
+    """The shared services (their metrics' cache 1 s) serving this test's pipeline."""
+    with shared_airflow.serving([pipeline], pg_dsn) as a:
         yield a
 
 

@@ -88,12 +88,16 @@ def add_groups(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
-def place(item: pytest.Item, config: pytest.Config) -> int:
-    """The test's rank in the session (a stable sort keeps each module's own order)."""
+def place(item: pytest.Item, config: pytest.Config) -> tuple[int, int]:
+    """The test's rank in the session (a stable sort keeps each module's own order). Among
+    the DAG tests, those on the shared Airflow services come last: the others run DAGs
+    with ``airflow dags test`` against the same metadata database, or start services of
+    their own, and do so before the shared ones start (``tests/dags/conftest.py``)."""
     where = kind(item)
+    shared = int(where == AIRFLOW and "shared_airflow" in getattr(item, "fixturenames", ()))
     if distributed(config):
-        return where
-    return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2)
+        return where, shared
+    return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2), shared
 
 
 # --------------------------------------------------------------------------- the lock
