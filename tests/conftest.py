@@ -16,23 +16,17 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-import yaml
-from psycopg.conninfo import make_conninfo
 
-from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
-from kafka_ingest_dev.procs import free_ports
-from tests.support import workers
+from kafka_ingest_dev.databases import fresh_database
+from tests.support import ROOT, workers
+from tests.support.pipelines import declarations
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
 BURN_CPU_ENV = "KAFKA_INGEST_TEST_BURN_CPU"
@@ -111,15 +105,14 @@ _BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
 
 @pytest.hookimpl(trylast=True)  # after ``-k`` and ``-m`` have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the session (stably, module by module as collected) by
-    :func:`tests.support.workers.place`. Without xdist, a test module with
-    ``start_in_background()`` (the soak: a stack of its own, minutes mostly spent waiting on
+    """Order the session (:func:`tests.support.workers.order`). Without xdist, a test module
+    with ``start_in_background()`` (the soak: a stack of its own, minutes mostly spent waiting on
     its faults and Airflow's timers) has it called now, if one of its tests is selected, so
     that work runs beside the unit and integration tests, and its test, after them, takes
     it over. With xdist the soak's test comes first instead and starts it itself, on a
     worker of its own meanwhile. ``stop_background()`` runs when the session (or the
     worker) ends, whatever way."""
-    items.sort(key=lambda item: workers.place(item, config))
+    workers.order(items, config)
     if config.option.collectonly:
         return
     stops = config.stash.setdefault(_BACKGROUND_STOPS, [])
@@ -224,46 +217,6 @@ def make_pipeline(topics: Callable[..., str]) -> Callable[..., Any]:
     return make
 
 
-def declarations(*pipelines: Any) -> dict[str, Any]:
-    """The ``contracts`` section declaring the declared contracts ``pipelines`` use."""
-    return {p.model.EVENT_TYPE: json.loads(p.model.DECLARATION) for p in pipelines
-            if p.model.DECLARATION is not None}
-
-
-def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
-    """Write pipelines as a YAML file (for DAGs and the CLI run in a subprocess), with the
-    declarations of the declared contracts they use."""
-    doc: dict[str, Any] = {
-        "pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
-    declared = declarations(*pipelines)
-    if declared:
-        doc["contracts"] = declared
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    return path
-
-
-def dag_env(tmp_path: Path, pg_dsn: str, *pipelines: Any) -> dict[str, str]:
-    """Environment for a DAG run in a subprocess: these pipelines, this database."""
-    return {
-        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", *pipelines)),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
-    }
-
-
-def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:
-    """The state of ``task_id`` in the newest run of ``dag_id`` (Airflow's metadata DB)."""
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT ti.state FROM task_instance ti JOIN dag_run r"
-            " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"
-            " WHERE ti.dag_id = %s AND ti.task_id = %s ORDER BY r.id DESC LIMIT 1",
-            (dag_id, task_id),
-        ).fetchone()
-    assert row is not None, f"no {dag_id}.{task_id} task instance"
-    return str(row[0])
-
-
 class _Hook(BaseHTTPRequestHandler):
     """Records each POST; answers 500 on ``/broken``, else 204."""
 
@@ -315,33 +268,3 @@ def sr(registry_url: str) -> Iterator[Any]:
         yield client
     finally:
         client.close()
-
-
-@contextlib.contextmanager
-def running_exporter(env: dict[str, str], log_path: Path, *, cache_s: float = 0.5,
-                     timeout_s: float = 2.0) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``kafka-ingest exporter`` on a free loopback port with ``env`` on top of this
-    process's: its ``/metrics`` URL (once it answers) and the process, stopped after."""
-    import httpx
-
-    port = free_ports(1)[0]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(  # the console script's module: no PATH needed
-            [sys.executable, "-m", "kafka_ingest.cli", "exporter", "--port", str(port),
-             "--cache", str(cache_s), "--timeout", str(timeout_s)],
-            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, text=True)
-        url = f"http://127.0.0.1:{port}/metrics"
-        try:
-            deadline = time.monotonic() + 60  # an interpreter start and one look
-            while True:
-                try:
-                    httpx.get(url, timeout=10).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    assert proc.poll() is None, log_path.read_text()
-                    assert time.monotonic() < deadline, "the exporter did not answer in 60 s"
-                    time.sleep(0.2)
-            yield url, proc
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)

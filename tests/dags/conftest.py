@@ -1,5 +1,5 @@
 """The DAG tests' Airflow: one start of the stack's services for the tests that need them
-(:class:`tests.dags.airflow_api.SharedAirflow`), stopped when this package's last test on
+(:class:`tests.support.airflow_api.SharedAirflow`), stopped when this package's last test on
 the worker is done."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev.databases import fresh_database
-from tests.dags.airflow_api import SharedAirflow
+from tests.support.airflow_api import SharedAirflow
 
 
 @pytest.fixture(scope="package")

@@ -30,9 +30,9 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest_dev.demo import _airflow_bin
 from kafka_ingest_dev.samples import make_event
-from tests.conftest import dag_env
-from tests.dags.airflow_api import AirflowApi, SharedAirflow, poll
-from tests.dags.deadlines import run_deadline_s
+from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.deadlines import run_deadline_s
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
     doc = {"pipelines": {name: {
         "topic": topics(2, "src"), "dlq_topic": topics(2, "dlq"), "table": "telemetry_metrics",
         "contract": {"event_type": "metric_event", "version": 2}, "schedule": "@hourly",
-        "retries": 0, "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
+        "retries": 0, "task_timeout_minutes": 1,  # bounds each wait (tests.support.deadlines)
     }}}
     pipeline = parse_pipelines(doc)[name]
     env = {**os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline)}

@@ -23,9 +23,9 @@ import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import ROOT
-from tests.dags.airflow_api import AirflowApi, SharedAirflow, chromium, poll
-from tests.dags.deadlines import run_deadline_s
+from tests.support import ROOT
+from tests.support.airflow_api import AirflowApi, SharedAirflow, chromium, poll
+from tests.support.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
         "topic": topics(PARTITIONS, "src"), "dlq_topic": topics(PARTITIONS, "dlq"),
         "table": "telemetry_metrics", "contract": {"event_type": "metric_event", "version": 2},
         "schedule": None, "retries": 0,
-        "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
+        "task_timeout_minutes": 1,  # bounds each wait (tests.support.deadlines)
     }}}
     return parse_pipelines(doc)[name]
 

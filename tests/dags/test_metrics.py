@@ -13,8 +13,8 @@ import pytest
 
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import dag_env
-from tests.dags.airflow_api import poll
+from tests.support.airflow_api import poll
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ during a run, and a paused DAG picks up its lag once unpaused. Rows, dead letter
 stored offsets are exact after each, as for any run.
 
 Each wait follows a deadline derived from the pipeline's settings and Airflow's
-(:mod:`tests.dags.deadlines`); the measured delays are printed, never asserted as timings.
+(:mod:`tests.support.deadlines`); the measured delays are printed, never asserted as timings.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.samples import produce_sample
-from tests.dags.airflow_api import AirflowApi, SharedAirflow, poll
-from tests.dags.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
+from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
 
 pytestmark = pytest.mark.integration
 

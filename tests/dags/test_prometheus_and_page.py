@@ -32,10 +32,13 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.db import Database
 from kafka_ingest.ops.status import check_pipeline, lag
 from kafka_ingest_dev import prometheus
+from kafka_ingest_dev.procs import free_ports
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import ROOT, dag_env, free_ports, running_exporter
-from tests.dags.airflow_api import AirflowApi, SharedAirflow, chromium, poll
-from tests.dags.deadlines import run_deadline_s
+from tests.support import ROOT
+from tests.support.airflow_api import AirflowApi, SharedAirflow, chromium, poll
+from tests.support.deadlines import run_deadline_s
+from tests.support.exporter import running_exporter
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 

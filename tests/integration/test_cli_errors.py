@@ -42,7 +42,7 @@ from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

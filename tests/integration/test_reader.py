@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.kafka.reader import read_range, watermarks
-from tests.integration.helpers_ingest import metric, stored_offsets, table_ids
+from tests.support.ingest import metric, stored_offsets, table_ids
 
 pytestmark = pytest.mark.integration
 

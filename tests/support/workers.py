@@ -61,7 +61,8 @@ def distributed(config: pytest.Config) -> bool:
 
 
 def kind(item: pytest.Item) -> int:
-    """Which of :data:`SOAK` ... :data:`UNIT` the test is."""
+    """Which of :data:`SOAK` ... :data:`UNIT` the test is, by its directory and whether it
+    uses the shared stack."""
     if getattr(getattr(item, "module", None), "start_in_background", None):
         return SOAK
     try:
@@ -88,16 +89,27 @@ def add_groups(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
-def place(item: pytest.Item, config: pytest.Config) -> tuple[int, int]:
-    """The test's rank in the session (a stable sort keeps each module's own order). Among
-    the DAG tests, those on the shared Airflow services come last: the others run DAGs
-    with ``airflow dags test`` against the same metadata database, or start services of
-    their own, and do so before the shared ones start (``tests/dags/conftest.py``)."""
+def order(items: list[pytest.Item], config: pytest.Config) -> None:
+    """Sort the session in place (stably: each module keeps its own order). A module goes
+    where its earliest test would (a module is one unit of work; split, its module-scoped
+    fixtures would be made twice). Among the DAG tests, those on the shared Airflow
+    services come last: the others run DAGs with ``airflow dags test`` against the same
+    metadata database, or start services of their own, and do so before the shared ones
+    start (``tests/dags/conftest.py``)."""
+    rank: dict[Any, int] = {}
+    for item in items:
+        rank[item.path] = min(rank.get(item.path, UNIT), place(item, config))
+    items.sort(key=lambda item: (rank[item.path], int(
+        kind(item) == AIRFLOW and "shared_airflow" in getattr(item, "fixturenames", ()))))
+
+
+def place(item: pytest.Item, config: pytest.Config) -> int:
+    """The test's rank: with xdist, its :func:`kind`; without, the order the suite had (the
+    unit and integration tests, the soak's test, the DAG and fault tests)."""
     where = kind(item)
-    shared = int(where == AIRFLOW and "shared_airflow" in getattr(item, "fixturenames", ()))
     if distributed(config):
-        return where, shared
-    return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2), shared
+        return where
+    return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2)
 
 
 # --------------------------------------------------------------------------- the lock
