@@ -55,7 +55,7 @@ trap 'kill "$checks_pid" 2>/dev/null' EXIT  # interrupted: the checks go too
 # have the stack alone: tests/support/workers.py.
 echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/)"
 set +e
-python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q --durations=25 "$@"
+python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 "$@"
 rc=$?
 wait "$checks_pid"
 checks_rc=$?

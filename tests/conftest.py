@@ -85,12 +85,8 @@ class _XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         workers.configure_node(node)
 
-    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-    def pytest_collection_modifyitems(self, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
-        """Each test outside the unit tests gets its group (tests/support/workers.py)."""
-        if workers.distributed(config):
-            workers.add_groups(items)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        return workers.make_scheduler(config, log)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -118,7 +118,7 @@ def test_deselected_by_k_nothing_starts(tmp_path: Path) -> None:
 def test_with_two_workers_it_runs_first_in_the_foreground_on_a_worker_of_its_own(
         tmp_path: Path) -> None:
     # tests/support/workers.py: the soak's group first, the unit tests' modules after it
-    inner = _session(tmp_path, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
+    inner = _session(tmp_path, "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder")
     out = inner.communicate(timeout=180)[0].decode()
     assert inner.returncode == 0, out
     ran = [line.split() for line in (tmp_path / "order").read_text().splitlines()]

@@ -1,12 +1,13 @@
-"""How the session runs on two pytest-xdist workers (``make test``: ``-n 2 --dist loadgroup``).
+"""How the session runs on two pytest-xdist workers.
 
-The tests mostly wait (on Kafka, Postgres, Airflow, subprocesses), so two run at once. What
-must not overlap is kept apart here, by three means:
+The tests mostly wait (on Kafka, Postgres, Airflow, subprocesses), so two run at once
+(``make test``: ``-n 2 --dist loadscope``, the scheduling below). What must not overlap is
+kept apart here, by three means:
 
-- **Groups** (``xdist_group``): the tests of one group run on one worker, one after another.
-  Every module of the DAG tests shares the group ``airflow``: they start and stop the
+- **Units of work** (:func:`scope`, a scheduler of our own): the tests of one unit run on
+  one worker, one after another. The DAG tests are one unit: they start and stop the
   stack's Airflow services and run DAGs against its one metadata database (a DAG id such
-  as ``telemetry_metrics_ingest`` is the same in each). Every other module is a group of
+  as ``telemetry_metrics_ingest`` is the same in each). Every other module is a unit of
   its own, so its module-scoped fixtures (a stack of its own, a database, topics) are made
   once, on one worker (and the workers ask for work once a module, not once a test: a
   unit of work costs a round trip to the controller).
@@ -78,15 +79,24 @@ def kind(item: pytest.Item) -> int:
     return UNIT
 
 
-def group(item: pytest.Item) -> str:
-    """The xdist group of a test: the DAG tests' one, else its module's."""
-    return "airflow" if kind(item) == AIRFLOW else item.path.as_posix()
+def scope(nodeid: str) -> str:
+    """The unit of work of a test (by its node id, as the controller sees it): the DAG
+    tests' one, else its module."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/dags" if path.startswith("tests/dags/") else path
 
 
-def add_groups(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group(item)))
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest_xdist_make_scheduler``: xdist's load-by-scope scheduling (a worker takes a
+    whole unit of work, the next one when it is nearly done, in the session's order) over
+    the units of :func:`scope`."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 def order(items: list[pytest.Item], config: pytest.Config) -> None:
