@@ -47,4 +47,4 @@ bench-smoke: bootstrap  ## every benchmark path and peer on 3,000 events: each m
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers --smoke
 
 lock:            ## re-resolve and pin requirements.txt (review the diff); the Spark peer's extra (pyspark, py4j) stays out
-	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize|pyspark|py4j)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+	{ sed -n '1,3p' requirements.txt; .venv/bin/pip freeze --exclude-editable | grep -viE '^(pytest|pytest-timeout|pytest-xdist|execnet|ruff|mypy|mypy_extensions|types-PyYAML|iniconfig|librt|ast-serialize|pyspark|py4j)=='; } > requirements.txt.new && mv requirements.txt.new requirements.txt

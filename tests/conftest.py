@@ -16,22 +16,17 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-import yaml
-from psycopg.conninfo import make_conninfo
 
-from kafka_ingest_dev.databases import airflow_postgres_conn, fresh_database
-from kafka_ingest_dev.procs import free_ports
+from kafka_ingest_dev.databases import fresh_database
+from tests.support import ROOT, workers
+from tests.support.pipelines import declarations
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
 BURN_CPU_ENV = "KAFKA_INGEST_TEST_BURN_CPU"
@@ -72,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
     owns them: ``pytest_unconfigure`` (also after Ctrl-C) and ``atexit`` kill them, the
     kernel does when pytest is killed. Started from the main thread, which lives as long as
     pytest: the parent-death signal follows the thread that forked."""
+    workers.configure_controller(config)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(), "kafka-ingest-xdist")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller burns
         return
     burners = [subprocess.Popen([sys.executable, "-c", _BURNER, str(os.getpid())],
@@ -81,38 +79,52 @@ def pytest_configure(config: pytest.Config) -> None:
     atexit.register(_stop_burners, burners)
 
 
+class _XdistHooks:
+    """The hooks that only pytest-xdist knows (registered only where it is installed)."""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        workers.configure_node(node)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        return workers.make_scheduler(config, log)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    workers.unconfigure(config)
     _stop_burners(config.stash.get(_BURNERS, []))
     for stop in config.stash.get(_BACKGROUND_STOPS, []):
         stop()
 
 
 _BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
-#: Where a test goes in the session: the unit and integration tests first, then the tests
-#: whose module starts work in the background, then the DAG and chaos tests.
-_FIRST = ("unit", "integration")
 
 
 @pytest.hookimpl(trylast=True)  # after ``-k`` and ``-m`` have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the session (stably, module by module as collected) by :data:`_FIRST`; a test
-    module with ``start_in_background()`` (the soak: a stack of its own, minutes mostly
-    spent waiting on its faults and Airflow's timers) has it called now, if one of its
-    tests is selected, so that work runs beside the unit and integration tests, and its
-    test, after them, takes it over. ``stop_background()`` runs when the session ends,
-    whatever way."""
-    def place(item: pytest.Item) -> int:
-        if getattr(getattr(item, "module", None), "start_in_background", None):
-            return 1
-        return 0 if item.path.parent.name in _FIRST else 2
-
-    items.sort(key=place)
-    if config.option.collectonly or hasattr(config, "workerinput"):
+    """Order the session (:func:`tests.support.workers.order`). Without xdist, a test module
+    with ``start_in_background()`` (the soak: a stack of its own, minutes mostly spent waiting on
+    its faults and Airflow's timers) has it called now, if one of its tests is selected, so
+    that work runs beside the unit and integration tests, and its test, after them, takes
+    it over. With xdist the soak's test comes first instead and starts it itself, on a
+    worker of its own meanwhile. ``stop_background()`` runs when the session (or the
+    worker) ends, whatever way."""
+    workers.order(items, config)
+    if config.option.collectonly:
         return
     stops = config.stash.setdefault(_BACKGROUND_STOPS, [])
-    for module in dict.fromkeys(getattr(i, "module", None) for i in items if place(i) == 1):
-        module.start_in_background()
+    soaks = [i for i in items if workers.kind(i) == workers.SOAK]
+    for module in dict.fromkeys(getattr(i, "module", None) for i in soaks):
+        if not workers.distributed(config):
+            module.start_in_background()
         stops.append(module.stop_background)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """With xdist: an ``exclusive`` test has the shared stack alone, from its fixtures'
+    set-up to their tear-down (tests/support/workers.py)."""
+    with workers.holding_the_stack(item):
+        yield
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -147,8 +159,9 @@ def clients(kafka_config: dict[str, Any]) -> Any:
 
 @pytest.fixture
 def pg_dsn(stack_env: dict[str, str]) -> Iterator[str]:
-    """A fresh, migrated database for one test, dropped afterwards."""
-    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"]) as dsn:
+    """A fresh, migrated database for one test (a copy of a migrated template), dropped
+    afterwards."""
+    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"], cloned=True) as dsn:
         yield dsn
 
 
@@ -198,46 +211,6 @@ def make_pipeline(topics: Callable[..., str]) -> Callable[..., Any]:
                                 "contracts": declarations(shipped[base])})[base]
 
     return make
-
-
-def declarations(*pipelines: Any) -> dict[str, Any]:
-    """The ``contracts`` section declaring the declared contracts ``pipelines`` use."""
-    return {p.model.EVENT_TYPE: json.loads(p.model.DECLARATION) for p in pipelines
-            if p.model.DECLARATION is not None}
-
-
-def write_pipelines_file(path: Path, *pipelines: Any) -> Path:
-    """Write pipelines as a YAML file (for DAGs and the CLI run in a subprocess), with the
-    declarations of the declared contracts they use."""
-    doc: dict[str, Any] = {
-        "pipelines": {p.name: p.model_dump(mode="json", exclude={"name"}) for p in pipelines}}
-    declared = declarations(*pipelines)
-    if declared:
-        doc["contracts"] = declared
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    return path
-
-
-def dag_env(tmp_path: Path, pg_dsn: str, *pipelines: Any) -> dict[str, str]:
-    """Environment for a DAG run in a subprocess: these pipelines, this database."""
-    return {
-        "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", *pipelines)),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": airflow_postgres_conn(pg_dsn),
-    }
-
-
-def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:
-    """The state of ``task_id`` in the newest run of ``dag_id`` (Airflow's metadata DB)."""
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT ti.state FROM task_instance ti JOIN dag_run r"
-            " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"
-            " WHERE ti.dag_id = %s AND ti.task_id = %s ORDER BY r.id DESC LIMIT 1",
-            (dag_id, task_id),
-        ).fetchone()
-    assert row is not None, f"no {dag_id}.{task_id} task instance"
-    return str(row[0])
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -291,33 +264,3 @@ def sr(registry_url: str) -> Iterator[Any]:
         yield client
     finally:
         client.close()
-
-
-@contextlib.contextmanager
-def running_exporter(env: dict[str, str], log_path: Path, *, cache_s: float = 0.5,
-                     timeout_s: float = 2.0) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``kafka-ingest exporter`` on a free loopback port with ``env`` on top of this
-    process's: its ``/metrics`` URL (once it answers) and the process, stopped after."""
-    import httpx
-
-    port = free_ports(1)[0]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(  # the console script's module: no PATH needed
-            [sys.executable, "-m", "kafka_ingest.cli", "exporter", "--port", str(port),
-             "--cache", str(cache_s), "--timeout", str(timeout_s)],
-            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, text=True)
-        url = f"http://127.0.0.1:{port}/metrics"
-        try:
-            deadline = time.monotonic() + 60  # an interpreter start and one look
-            while True:
-                try:
-                    httpx.get(url, timeout=10).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    assert proc.poll() is None, log_path.read_text()
-                    assert time.monotonic() < deadline, "the exporter did not answer in 60 s"
-                    time.sleep(0.2)
-            yield url, proc
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)

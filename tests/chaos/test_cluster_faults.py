@@ -21,7 +21,6 @@ import gc
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,12 +31,15 @@ import psycopg
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fault_injection import Injector
-from faults_support import FaultStack, independent_stack, log_timing, timed_run
-from helpers_ingest import (
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database
+from kafka_ingest.engine import ingest
+from kafka_ingest.errors import DatabaseUnavailable, DeliveryFailed, TransientError
+from kafka_ingest.kafka.clients import FORCED_PRODUCER, KafkaClients
+from kafka_ingest_dev import stack
+from tests.support.fault_injection import Injector
+from tests.support.faults import FaultStack, independent_stack, log_timing, timed_run
+from tests.support.ingest import (
     assert_invariants,
     dead_letter_rows,
     read_topic,
@@ -45,13 +47,6 @@ from helpers_ingest import (
     stored_offsets,
     table_ids,
 )
-
-from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database
-from kafka_ingest.engine import ingest
-from kafka_ingest.errors import DatabaseUnavailable, DeliveryFailed, TransientError
-from kafka_ingest.kafka.clients import FORCED_PRODUCER, KafkaClients
-from kafka_ingest_dev import stack
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.faults]
 

@@ -19,9 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from helpers_ingest import (
+from kafka_ingest.engine import slices
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.errors import TransientError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.samples import produce_sample
+from tests.support.ingest import (
     Expected,
     assert_invariants,
     dead_letter_rows,
@@ -34,13 +38,6 @@ from helpers_ingest import (
     stored_offsets,
     table_ids,
 )
-
-from kafka_ingest.engine import slices
-from kafka_ingest.engine.ingest import ingest_range, plan_run
-from kafka_ingest.errors import TransientError
-from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest_dev import stack
-from kafka_ingest_dev.samples import produce_sample
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -125,6 +122,7 @@ def test_a_killed_run_is_completed_exactly_by_the_next(
     assert run(pipeline, clients, db) == []  # and nothing is left for a new run
 
 
+@pytest.mark.exclusive  # restarts the shared Postgres
 def test_postgres_restarted_mid_run_is_transient_and_the_rerun_is_exact(
         make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +184,7 @@ def test_a_killed_deleting_run_leaves_the_table_mirroring_the_log_after_the_next
     then the retry, leaves each account's last record, no row for an account whose last
     record is a tombstone, a marker for exactly those, and the pills dead-lettered once."""
     from kafka_ingest_dev.samples import produce_state_sample
-    from tests.conftest import write_pipelines_file
+    from tests.support.pipelines import write_pipelines_file
 
     pipeline = make_pipeline("account_balances", chunk_size=100,
                              source_topic_config={"cleanup.policy": "compact"})

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,9 +33,20 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from helpers_ingest import (
+from kafka_ingest.config import Pipeline
+from kafka_ingest.db import Database
+from kafka_ingest.engine import slices
+from kafka_ingest.engine.ingest import ingest_range, plan_run
+from kafka_ingest.engine.replay import run_replay
+from kafka_ingest.errors import DatabaseUnavailable, TransientError
+from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.ops.lag import lag
+from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
+from kafka_ingest_dev import stack
+from kafka_ingest_dev.databases import fresh_database
+from kafka_ingest_dev.samples import produce_sample
+from kafka_ingest_dev.stack.standby import kill_postmaster
+from tests.support.ingest import (
     Expected,
     assert_invariants,
     dead_letter_rows,
@@ -52,20 +62,6 @@ from helpers_ingest import (
     versioned_metric,
     with_version,
 )
-
-from kafka_ingest.config import Pipeline
-from kafka_ingest.db import Database
-from kafka_ingest.engine import slices
-from kafka_ingest.engine.ingest import ingest_range, plan_run
-from kafka_ingest.engine.replay import run_replay
-from kafka_ingest.errors import DatabaseUnavailable, TransientError
-from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.ops.lag import lag
-from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
-from kafka_ingest_dev import stack
-from kafka_ingest_dev.databases import fresh_database
-from kafka_ingest_dev.samples import produce_sample
-from kafka_ingest_dev.stack.standby import kill_postmaster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -332,7 +328,7 @@ def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
     from kafka_ingest.cli import main
     from kafka_ingest_dev.databases import airflow_postgres_conn
     from kafka_ingest_hook import postgres_database
-    from tests.conftest import write_pipelines_file
+    from tests.support.pipelines import write_pipelines_file
 
     pipeline = make_pipeline("telemetry_metrics", chunk_size=CHUNK)
     expected = _produce(clients, pipeline)

@@ -21,7 +21,6 @@ import gc
 import json
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,20 +31,6 @@ import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from psycopg.conninfo import make_conninfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fault_injection import Injector
-from faults_support import (
-    FaultStack,
-    Outcome,
-    independent_stack,
-    log_timing,
-    timed_run,
-    write_pipelines,
-)
-from helpers_ingest import assert_invariants, run, stored_offsets
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import Database
@@ -61,7 +46,17 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.faults import BOTH, DOWNSTREAM
-from tests.interrupts import TaskTimeout, task_timeout_after
+from tests.support.fault_injection import Injector
+from tests.support.faults import (
+    FaultStack,
+    Outcome,
+    independent_stack,
+    log_timing,
+    timed_run,
+    write_pipelines,
+)
+from tests.support.ingest import assert_invariants, run, stored_offsets
+from tests.support.interrupts import TaskTimeout, task_timeout_after
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.faults]
 

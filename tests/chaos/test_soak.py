@@ -9,7 +9,8 @@ its own, and a hang is bounded by the soak's own time-outs plus this test's marg
 its own, and mostly waiting on its faults and on Airflow's timers, it starts in the
 background as soon as the session has collected it (``tests/conftest.py``), while the
 unit and integration tests run; this test, ordered after them, waits for its end and
-checks its report."""
+checks its report. With xdist (``make test``) this test comes first and starts it, on a
+worker of its own, while the other worker runs the rest (``tests/support/workers.py``)."""
 
 from __future__ import annotations
 
@@ -84,8 +85,11 @@ def stop_background() -> None:
 @pytest.mark.timeout(BOUND_S + 400)
 def test_minutes_of_mixed_faults_of_every_kind_lose_and_duplicate_nothing(
         tmp_path: Path) -> None:
-    run = _background.pop() if _background else SoakRun(tmp_path)
+    if not _background:  # with xdist: started now, on this worker (stopped as it ends)
+        start_in_background()
+    run = _background[-1]
     returncode = run.finish()
+    _background.remove(run)
     out, err = run.output()
     print(out[-4000:])
     assert run.report.is_file(), err[-4000:]

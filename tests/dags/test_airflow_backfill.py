@@ -30,9 +30,9 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest_dev.demo import _airflow_bin
 from kafka_ingest_dev.samples import make_event
-from tests.conftest import dag_env
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
-from tests.dags.deadlines import run_deadline_s
+from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.deadlines import run_deadline_s
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def airflow_env(stack_env: dict[str, str], pg_dsn: str, tmp_path: Path,
     doc = {"pipelines": {name: {
         "topic": topics(2, "src"), "dlq_topic": topics(2, "dlq"), "table": "telemetry_metrics",
         "contract": {"event_type": "metric_event", "version": 2}, "schedule": "@hourly",
-        "retries": 0, "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
+        "retries": 0, "task_timeout_minutes": 1,  # bounds each wait (tests.support.deadlines)
     }}}
     pipeline = parse_pipelines(doc)[name]
     env = {**os.environ, **stack_env, **dag_env(tmp_path, pg_dsn, pipeline)}
@@ -68,20 +68,13 @@ def produced(airflow_env: dict[str, Any], clients: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def airflow_api(airflow_env: dict[str, Any], produced: dict[str, Any]) -> Iterator[AirflowApi]:
-    """The stack's own Airflow services (``stack up --airflow``) on this test's pipeline."""
-    name = airflow_env["pipeline"].name
-    # Unpaused: Airflow 3 leaves a paused DAG's backfill runs queued.
-    extra = {"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1"}
-    with running_airflow(dag_env_only(airflow_env["env"]), [f"{name}_ingest"],
-                         extra=extra) as api:
+def airflow_api(shared_airflow: SharedAirflow, airflow_env: dict[str, Any], pg_dsn: str,
+                produced: dict[str, Any]) -> Iterator[AirflowApi]:
+    """The stack's Airflow services serving this test's pipeline, its DAG unpaused as soon
+    as it is parsed (Airflow 3 leaves a paused DAG's backfill runs queued)."""
+    with shared_airflow.serving([airflow_env["pipeline"]], pg_dsn) as api:
+        api.unpause(f"{airflow_env['pipeline'].name}_ingest")
         yield api
-
-
-def dag_env_only(env: dict[str, str]) -> dict[str, str]:
-    """The settings that make this test's environment differ from the stack's."""
-    return {k: env[k] for k in ("KAFKA_INGEST_PIPELINES", "AIRFLOW_CONN_POSTGRES_DEFAULT")}
 
 
 def _produce_at(clients: Any, pipeline: Any, stamps: list[datetime]) -> list[str]:

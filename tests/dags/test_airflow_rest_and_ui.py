@@ -23,9 +23,9 @@ import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import ROOT, dag_env
-from tests.dags.airflow_api import AirflowApi, chromium, poll, running_airflow
-from tests.dags.deadlines import run_deadline_s
+from tests.support import ROOT
+from tests.support.airflow_api import AirflowApi, SharedAirflow, chromium, poll
+from tests.support.deadlines import run_deadline_s
 
 pytestmark = pytest.mark.integration
 
@@ -49,16 +49,15 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
         "topic": topics(PARTITIONS, "src"), "dlq_topic": topics(PARTITIONS, "dlq"),
         "table": "telemetry_metrics", "contract": {"event_type": "metric_event", "version": 2},
         "schedule": None, "retries": 0,
-        "task_timeout_minutes": 1,  # bounds each wait (tests.dags.deadlines)
+        "task_timeout_minutes": 1,  # bounds each wait (tests.support.deadlines)
     }}}
     return parse_pipelines(doc)[name]
 
 
 @pytest.fixture
-def api(stack_env: dict[str, str], pipeline: Pipeline, pg_dsn: str,
-        tmp_path: Path) -> Iterator[AirflowApi]:
-    env = dag_env(tmp_path, pg_dsn, pipeline)
-    with running_airflow(env, [f"{pipeline.name}_ingest", f"{pipeline.name}_dlq_replay"]) as a:
+def api(shared_airflow: SharedAirflow, pipeline: Pipeline, pg_dsn: str
+        ) -> Iterator[AirflowApi]:
+    with shared_airflow.serving([pipeline], pg_dsn) as a:
         yield a
 
 

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -34,18 +32,15 @@ from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import airflow_postgres_conn, create_database, drop_database
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
-from tests.dags.deadlines import run_deadline_s, setting
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from helpers_ingest import (
+from tests.support.airflow_api import AirflowApi, poll, running_airflow
+from tests.support.deadlines import run_deadline_s, setting
+from tests.support.ingest import (
     assert_invariants,
     expected_from_sample,
     highs,
     stored_offsets,
 )
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +51,7 @@ PARTITIONS = 3
 #: A task whose Celery message went down with a killed worker before it started (each
 #: worker reserves the next message while it runs one) stays queued until the scheduler's
 #: queued time-out requeues it (default 600 s, checked every 120). The waits' deadlines
-#: follow from these (tests.dags.deadlines).
+#: follow from these (tests.support.deadlines).
 SCHEDULER = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
@@ -178,7 +173,7 @@ def _kill_worker(celery: dict[str, Any], node: str) -> list[int]:
 
 
 #: The kill test's own pytest time-out: its run's deadline from the kill is 1,055 s
-#: (tests.dags.deadlines), above the session's 600 s; the test checks it still fits.
+#: (tests.support.deadlines), above the session's 600 s; the test checks it still fits.
 KILL_TIMEOUT_S = 1_055 + 300
 
 

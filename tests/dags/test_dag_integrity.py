@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 @functools.cache

@@ -18,8 +18,6 @@ import pytest
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.demo import run_dag
-from tests.conftest import dag_env, last_task_state
-from tests.integration.helpers_ingest import query, read_topic, stored_offsets
 from tests.integration.test_registry_formats import (
     AT_1,
     AT_2,
@@ -37,6 +35,9 @@ from tests.integration.test_registry_formats import (
     unknown_id,
     writer,
 )
+from tests.support.airflow_api import last_task_state
+from tests.support.ingest import query, read_topic, stored_offsets
+from tests.support.pipelines import dag_env
 
 with warnings.catch_warnings():  # authlib's notice about httpx2
     warnings.simplefilter("ignore")

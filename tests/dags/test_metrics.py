@@ -13,9 +13,14 @@ import pytest
 
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import dag_env
+from tests.support.airflow_api import poll
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
+
+#: How long datagrams sent on loopback before the sender ended may take to be read: one
+#: timed-out ``recv`` of the listener (0.2 s) and its thread's turn on a busy machine.
+RECEIVE_S = 10.0
 
 
 class StatsdListener:
@@ -46,7 +51,7 @@ class StatsdListener:
 
     def gauges(self) -> dict[str, float]:
         out = {}
-        for line in self.lines:
+        for line in list(self.lines):
             name, _, rest = line.partition(":")
             value, _, kind = rest.partition("|")
             if kind.startswith("g"):
@@ -76,11 +81,20 @@ def test_the_report_task_sends_its_sums_as_statsd_gauges(
     proc = run_dag(f"{pipeline.name}_ingest", env, log_file=tmp_path / "run.log")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
-    gauges = statsd.gauges()
     dead = sum(n for k, n in sample["expect"].items()
                if k not in {"row", "duplicate", "tombstone"})
     expected = {"read": sample["produced"], "inserted": sample["expect"]["row"],
                 "dead_lettered": dead, "lag_after": 0}
+    # Sent before the DAG's process ended; the listener's thread reads them from the socket.
+    names = [*(f"airflow.kafka_ingest.ingest.{pipeline.name}.{n}" for n in [*expected, "dlq_rate"]),
+             *(f"airflow.kafka_ingest.ingest.{n}" for n in expected)]
+
+    def arrived() -> dict[str, float] | None:
+        gauges = statsd.gauges()
+        return gauges if all(name in gauges for name in names) else None
+
+    gauges = poll("the report task's gauges to reach the listener", arrived, RECEIVE_S,
+                  interval_s=0.1)
     for name, value in expected.items():
         # plain StatsD drops tags: the pipeline is in the name
         assert gauges.get(f"airflow.kafka_ingest.ingest.{pipeline.name}.{name}") == value, name

@@ -24,9 +24,10 @@ from kafka_ingest.db import Database
 from kafka_ingest.ops.monitor import Breach, monitor_groups
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import dag_env, last_task_state
 from tests.dags.notifier_for_tests import FILE_VARIABLE
-from tests.integration.helpers_ingest import run
+from tests.support.airflow_api import last_task_state
+from tests.support.ingest import run
+from tests.support.pipelines import dag_env
 
 DAG_ID = "kafka_ingest_monitor"
 HERE = Path(__file__).resolve().parent

@@ -5,7 +5,7 @@ during a run, and a paused DAG picks up its lag once unpaused. Rows, dead letter
 stored offsets are exact after each, as for any run.
 
 Each wait follows a deadline derived from the pipeline's settings and Airflow's
-(:mod:`tests.dags.deadlines`); the measured delays are printed, never asserted as timings.
+(:mod:`tests.support.deadlines`); the measured delays are printed, never asserted as timings.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,9 +23,8 @@ from psycopg.conninfo import make_conninfo
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import dag_env
-from tests.dags.airflow_api import AirflowApi, poll, running_airflow
-from tests.dags.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
+from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +50,9 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
 
 
 @pytest.fixture
-def api(pipeline: Pipeline, pg_dsn: str, tmp_path: Path) -> Iterator[AirflowApi]:
-    env = dag_env(tmp_path, pg_dsn, pipeline)
-    with running_airflow(env, [f"{pipeline.name}_ingest"]) as a:
+def api(shared_airflow: SharedAirflow, pipeline: Pipeline, pg_dsn: str
+        ) -> Iterator[AirflowApi]:
+    with shared_airflow.serving([pipeline], pg_dsn) as a:
         yield a
 
 
@@ -98,6 +96,20 @@ def _stays_quiet(api: AirflowApi, dag_id: str, seen: set[str], seconds: float) -
         extra = [r["dag_run_id"] for r in _runs(api, dag_id) if r["dag_run_id"] not in seen]
         assert not extra, f"runs started while nothing was new: {extra}"
         time.sleep(1)
+
+
+def _asset_events_since(airflow_dsn: str, asset: str, since: float) -> int:
+    """The Asset's events (a lag trigger firing) after ``since`` (epoch seconds)."""
+    return int(_one(airflow_dsn, "SELECT count(*) FROM asset_event e JOIN asset a"
+                    " ON a.id = e.asset_id WHERE a.name = %s AND e.timestamp > to_timestamp(%s)",
+                    asset, since))
+
+
+def _queued_runs(airflow_dsn: str, dag_id: str) -> int:
+    """The Asset events queued for the DAG (Airflow's asset_dag_run_queue), from which the
+    scheduler makes its asset-triggered runs."""
+    return int(_one(airflow_dsn, "SELECT count(*) FROM asset_dag_run_queue"
+                    " WHERE target_dag_id = %s", dag_id))
 
 
 def _queued_after(run: dict[str, Any], produced_at: float) -> float:
@@ -146,8 +158,17 @@ def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_p
 
     # paused: the lag waits; unpaused, a run picks it up (at the latest after rearm_seconds)
     api.client.patch(f"/dags/{dag_id}", json={"is_paused": True}).raise_for_status()
+    produced_at = time.time()
     later = produce_sample(clients, pipeline, count=80, poison=0, partitions=PARTITIONS)
-    time.sleep(MAX_WAIT_S + 2 * POLL_S)  # long enough for the trigger to have seen it
+    # The triggerer reacts to the new data either way: its trigger fires the Asset (and
+    # Airflow queues no run for a paused DAG), or the next parse of the paused DAG retires
+    # the Asset's watcher before it fires. Once one has happened, nothing may be queued.
+    asset = f"{pipeline.name}_new_data"
+    poll("the lag trigger to fire for the new data, or its watcher to be retired",
+         lambda: (_asset_events_since(airflow_dsn, asset, produced_at)
+                  or not watchers_running(airflow_dsn, asset)),
+         _fire_deadline_s(api) + parse_deadline_s(api.settings), interval_s=0.5)
+    assert _queued_runs(airflow_dsn, dag_id) == 0  # an asset-triggered run starts from these
     assert not [r for r in _runs(api, dag_id) if r["dag_run_id"] not in seen]
     unpaused_at = time.time()
     api.unpause(dag_id)

@@ -40,8 +40,9 @@ from psycopg.conninfo import conninfo_to_dict
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.procs import free_ports
-from tests.conftest import ROOT, dag_env
-from tests.dags.airflow_api import poll
+from tests.support import ROOT
+from tests.support.airflow_api import poll
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import uuid
@@ -34,10 +33,13 @@ from kafka_ingest.db import Database
 from kafka_ingest.ops.lag import lag
 from kafka_ingest.ops.status import check_pipeline
 from kafka_ingest_dev import prometheus
+from kafka_ingest_dev.procs import free_ports
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import ROOT, dag_env, free_ports, running_exporter
-from tests.dags.airflow_api import AirflowApi, chromium, poll, running_airflow
-from tests.dags.deadlines import run_deadline_s
+from tests.support import ROOT
+from tests.support.airflow_api import AirflowApi, SharedAirflow, chromium, poll
+from tests.support.deadlines import run_deadline_s
+from tests.support.exporter import running_exporter
+from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +66,9 @@ def pipeline(topics: Callable[..., str]) -> Pipeline:
 
 
 @pytest.fixture
-def token() -> str:
-    return secrets.token_urlsafe(24)
+def token(shared_airflow: SharedAirflow) -> str:
+    """The bearer token the api-server's /kafka-ingest/metrics accepts."""
+    return shared_airflow.metrics_token
 
 
 @pytest.fixture
@@ -74,10 +77,10 @@ def env(pipeline: Pipeline, pg_dsn: str, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def api(env: dict[str, str], pipeline: Pipeline, token: str) -> Iterator[AirflowApi]:
-    extra = {"KAFKA_INGEST_METRICS_TOKEN": token, "KAFKA_INGEST_METRICS_CACHE_S": "1"}
-    with running_airflow(env, [f"{pipeline.name}_ingest", f"{pipeline.name}_dlq_replay"],
-                         extra=extra) as a:
+def api(shared_airflow: SharedAirflow, pipeline: Pipeline, pg_dsn: str
+        ) -> Iterator[AirflowApi]:
+    """The shared services (their metrics' cache 1 s) serving this test's pipeline."""
+    with shared_airflow.serving([pipeline], pg_dsn) as a:
         yield a
 
 

@@ -28,8 +28,7 @@ from kafka_ingest.requests import (
     ingest_request,
 )
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
-from tests.integration.helpers_ingest import (
+from tests.support.ingest import (
     dead_letter_rows,
     dlq_positions,
     expected_from_sample,
@@ -37,6 +36,7 @@ from tests.integration.helpers_ingest import (
     poison_positions,
     read_topic,
 )
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

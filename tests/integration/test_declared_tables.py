@@ -27,7 +27,7 @@ from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_repl
 from kafka_ingest.errors import SchemaDrift
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev import stack
-from tests.conftest import write_pipelines_file
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

@@ -16,23 +16,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
-from helpers_ingest import (
-    DeadProducerClients,
-    assert_invariants,
-    dead_letter_rows,
-    execute,
-    expected_from_sample,
-    group_offsets,
-    highs,
-    metric,
-    produce,
-    query,
-    read_topic,
-    run,
-    stored_offsets,
-    table_ids,
-    total,
-)
 from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import OnOffsetGap
@@ -49,6 +32,23 @@ from kafka_ingest.errors import (
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import OffsetWindow
 from kafka_ingest_dev.samples import produce_sample, sample_stream
+from tests.support.ingest import (
+    DeadProducerClients,
+    assert_invariants,
+    dead_letter_rows,
+    execute,
+    expected_from_sample,
+    group_offsets,
+    highs,
+    metric,
+    produce,
+    query,
+    read_topic,
+    run,
+    stored_offsets,
+    table_ids,
+    total,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,7 @@ from kafka_ingest.engine.replay import replay_group, run_replay
 from kafka_ingest.ops.lag import LagRow, lag
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
-from tests.integration.helpers_ingest import (
+from tests.support.ingest import (
     group_offsets,
     highs,
     metric,
@@ -38,6 +37,7 @@ from tests.integration.helpers_ingest import (
     run,
     stored_offsets,
 )
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

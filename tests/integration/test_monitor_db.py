@@ -18,8 +18,8 @@ from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.monitor import check
 from kafka_ingest.ops.status import pipeline_status
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
-from tests.integration.helpers_ingest import run
+from tests.support.ingest import run
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

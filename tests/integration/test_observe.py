@@ -23,9 +23,11 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.ops.lag import LagReader, lag
 from kafka_ingest.ops.metrics import exposition, registry_of
 from kafka_ingest.ops.observe import Snapshot, SnapshotCache, Sources, snapshot
+from kafka_ingest_dev.procs import free_ports
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import free_ports, running_exporter, write_pipelines_file
-from tests.integration.helpers_ingest import run, total
+from tests.support.exporter import running_exporter
+from tests.support.ingest import run, total
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

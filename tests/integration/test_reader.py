@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from kafka_ingest.engine.ingest import ingest_range, plan_run
 from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.kafka.reader import read_range
-from tests.integration.helpers_ingest import metric, stored_offsets, table_ids
+from tests.support.ingest import metric, stored_offsets, table_ids
 
 pytestmark = pytest.mark.integration
 

@@ -60,8 +60,8 @@ from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, registry_settings_from
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev import stack
-from tests.conftest import free_ports
-from tests.integration.helpers_ingest import group_offsets, highs, query, read_topic, stored_offsets
+from kafka_ingest_dev.procs import free_ports
+from tests.support.ingest import group_offsets, highs, query, read_topic, stored_offsets
 
 with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_ingest's registry
     warnings.simplefilter("ignore")
@@ -474,7 +474,7 @@ def test_a_protobuf_topic_importing_timestamp_loads_in_a_fresh_process(
     schema imports ``google/protobuf/timestamp.proto``; this pytest process has it in
     protobuf's default pool only because confluent-kafka's ``ProtobufSerializer`` imported
     the well-known types: a process that imports kafka_ingest alone does not."""
-    from tests.conftest import write_pipelines_file
+    from tests.support.pipelines import write_pipelines_file
 
     pipeline = registry_pipeline(topics, "protobuf", PROTO_CONTRACT_FIELDS)
     subjects.append(f"{pipeline.topic}-value")
@@ -1074,7 +1074,7 @@ def test_a_failing_cli_run_logs_no_registry_password(
     apply(pg_dsn, pipeline)
     w = writer("avro", sr, pipeline.topic)
     produce(clients, pipeline.topic, [w.value(GOOD_1)])
-    from tests.conftest import write_pipelines_file
+    from tests.support.pipelines import write_pipelines_file
 
     env = {**os.environ, **stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
            "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),

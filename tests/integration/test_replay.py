@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_ingest import versioned_metric, with_version
 
 from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline
@@ -36,7 +35,8 @@ from kafka_ingest.requests import (
     ReplayRequest,
     TimeWindow,
 )
-from tests.conftest import write_pipelines_file
+from tests.support.ingest import versioned_metric, with_version
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers_ingest import assert_invariants, expected_from_sample, read_topic
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -35,7 +34,8 @@ from kafka_ingest_dev import stack, tls
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
+from tests.support.ingest import assert_invariants, expected_from_sample, read_topic
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,8 @@ import psycopg
 import pytest
 
 from kafka_ingest.kafka.topics import ensure_topics
-from tests.conftest import write_pipelines_file
-from tests.integration.helpers_ingest import read_topic
+from tests.support.ingest import read_topic
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

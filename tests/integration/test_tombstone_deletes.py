@@ -57,7 +57,7 @@ from kafka_ingest.engine.ingest import summarize
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest.requests import OffsetWindow
-from tests.integration.helpers_ingest import (
+from tests.support.ingest import (
     Position,
     dead_letter_rows,
     dlq_positions,

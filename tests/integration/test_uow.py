@@ -17,16 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers_ingest import (
-    DeadProducerClients,
-    dead_letter_rows,
-    group_offsets,
-    metric,
-    produce,
-    query,
-    stored_offsets,
-    table_ids,
-)
 
 from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime, seconds_to_pg
 from kafka_ingest.db import (
@@ -49,6 +39,16 @@ from kafka_ingest.errors import (
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.records import Row, row_source
 from kafka_ingest.requests import OffsetWindow
+from tests.support.ingest import (
+    DeadProducerClients,
+    dead_letter_rows,
+    group_offsets,
+    metric,
+    produce,
+    query,
+    stored_offsets,
+    table_ids,
+)
 
 pytestmark = pytest.mark.integration
 

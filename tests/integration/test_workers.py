@@ -13,11 +13,11 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers_ingest import assert_invariants, expected_from_sample, run
 
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest_dev.samples import produce_sample
-from tests.conftest import write_pipelines_file
+from tests.support.ingest import assert_invariants, expected_from_sample, run
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fakes import Msg
 
 from kafka_ingest.config import DEFAULT_PIPELINES_FILE, Pipeline, load_pipelines
+from tests.support.fakes import Msg
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,8 @@ Three threads, each started and joined within :func:`run_slice`, for chunks 1, 2
     transaction                 | txn 1 . COMMIT | txn 2 ......... COMMIT | txn 3 . COMMIT |
     committer                                    | group <- end 1         | group <- end 2 | <- 3
 
-The rules, each tested with fakes in ``tests/unit/test_slices.py`` (and the overlap's with
-plain stages in ``tests/unit/test_stages.py``):
+The rules, each tested with fakes in ``tests/unit/engine/test_slices.py`` (and the overlap's with
+plain stages in ``tests/unit/engine/test_stages.py``):
 
 - one transaction at a time, in chunk order: chunk k+1 goes to the transaction thread
   only once chunk k's COMMIT is in, so at most two chunks are in memory (one written,

@@ -27,7 +27,7 @@ starts)::
     slice        read+prepare 1 | read+prepare 2 | post 1, read+prepare 3 | post 2        | post 3
     transaction                 | txn 1 . COMMIT | txn 2 ......... COMMIT | txn 3 . COMMIT |
 
-The rules (each tested with plain stage functions in ``tests/unit/test_stages.py``):
+The rules (each tested with plain stage functions in ``tests/unit/engine/test_stages.py``):
 
 - one transaction at a time, in chunk order;
 - preparing chunk k+1 overlaps chunk k's transaction (Postgres works in its own process);

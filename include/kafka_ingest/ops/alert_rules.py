@@ -7,7 +7,7 @@ the pipelines file written into its expressions, over the metrics of
 minutes ago (the monitor DAG's schedule), as the monitor compares its recorded checks.
 Plus two of Prometheus' own: ``kafka_ingest_up == 0`` (a cluster or database the metrics
 could not reach) and the ingest DAG's last run failed. Checked by ``promtool check rules``
-in the tests, and against the monitor's judgement (``tests/unit/test_rules.py``).
+in the tests, and against the monitor's judgement (``tests/unit/ops/test_rules.py``).
 """
 
 from __future__ import annotations

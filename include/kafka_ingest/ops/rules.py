@@ -13,7 +13,7 @@ else is made from the table, so a rule is written once:
 - the pipelines page's colours (:attr:`AlertRule.page_figures`, :mod:`kafka_ingest.ops.page`);
 - the runbook's sections (:func:`runbook`), checked against the docs by a test.
 
-``tests/unit/test_rules.py`` runs the Python judges and the PromQL expressions (through
+``tests/unit/ops/test_rules.py`` runs the Python judges and the PromQL expressions (through
 promtool, over the metrics the exporter serves for the same figures) and asserts they
 agree, rule by rule, on either side of each limit.
 """
@@ -386,7 +386,7 @@ def colouring(figure: str) -> tuple[str, ...]:
 
 # --------------------------------------------------------------------------- the docs
 
-#: The generated block's markers in the docs (``tests/unit/test_rules.py``).
+#: The generated block's markers in the docs (``tests/unit/ops/test_rules.py``).
 DOCS_BEGIN = "<!-- generated from kafka_ingest.ops.rules.RULES: do not edit by hand -->"
 DOCS_END = "<!-- end of the generated alert rules -->"
 

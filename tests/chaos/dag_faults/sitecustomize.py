@@ -6,7 +6,8 @@ clean once the test healed the network):
     {"step": "commit", "nth": 1, "url": "http://127.0.0.1:18474", "proxy": "postgres",
      "kind": "timeout", "streams": ["downstream"], "attributes": {"timeout": 0}}
 
-``step`` is one of ``faults_support.STEPS``. Without the variable this file does nothing.
+``step`` is one of ``tests.support.fault_injection.STEPS``. Without the variable this file
+does nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 _SPEC = os.environ.get("KAFKA_INGEST_TEST_FAULT")
 
 if _SPEC:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from fault_injection import Injector
-
+    # the repository's root (tests/chaos/dag_faults/ -> ../../..), for tests.support
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))))
     from kafka_ingest_dev.faults import Toxiproxy
+    from tests.support.fault_injection import Injector
 
     _spec = json.loads(_SPEC)
 

@@ -1,0 +1,41 @@
+"""The DAG tests' Airflow: one start of the stack's services for the tests that need them
+(:class:`tests.support.airflow_api.SharedAirflow`), stopped when this package's last test on
+the worker is done."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kafka_ingest.config import Pipeline, parse_pipelines
+from kafka_ingest.kafka.topics import ensure_topics
+from kafka_ingest_dev.databases import fresh_database
+from tests.support.airflow_api import SharedAirflow
+
+
+@pytest.fixture(scope="package")
+def shared_airflow(stack_env: dict[str, str], clients: Any,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAirflow]:
+    """The stack's Airflow services with the session's pipelines file, its anchor pipeline
+    on real (empty) topics and a database of its own."""
+    name = f"anchor_{uuid.uuid4().hex[:8]}"
+    doc = {"pipelines": {name: {
+        "topic": f"src-{name}", "dlq_topic": f"dlq-{name}", "table": "telemetry_metrics",
+        "contract": {"event_type": "metric_event", "version": 2}, "schedule": None,
+        "postgres_conn_id": f"pg_{name}"}}}
+    anchor: Pipeline = parse_pipelines(doc)[name]
+    ensure_topics(clients, {anchor.topic: 1, anchor.dlq_topic: 1})
+    with fresh_database(stack_env["KAFKA_INGEST_PG_DSN"], cloned=True) as dsn:
+        shared = SharedAirflow(tmp_path_factory.mktemp("shared-airflow"), anchor, dsn,
+                               stack_env)
+        try:
+            shared.ensure()
+            yield shared
+        finally:
+            shared.stop()
+            for future in clients.admin().delete_topics([anchor.topic, anchor.dlq_topic]
+                                                        ).values():
+                future.exception(30)  # best effort
