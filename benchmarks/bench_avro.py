@@ -12,7 +12,7 @@ under a schema registered in the stack's registry (``<source>-avro-value``,
   the registry decoder in front of the same contract. Checked like the JSON row (counts,
   table rows, each a valid sample event) and by dead-letter class;
 - ``validate only, avro``: ``validate_chunk`` with the registry decoder, by stage: the
-  decode (header + fastavro's ``schemaless_reader``) as ``validate_chunk`` meets it (its
+  decode (header + the Avro codec's reader) as ``validate_chunk`` meets it (its
   time less its time with every value decoded beforehand) and alone, pydantic's
   ``validate_python`` alone, the rest of ``validate_chunk``; beside the JSON path's on the
   JSON topic, chunk by chunk in the same process, the two alternating (one thread's CPU):
@@ -44,7 +44,7 @@ import bench_ingest as bi  # the script itself when it runs (it registers under 
 import peers
 import psycopg
 
-from kafka_ingest.decode.formats import open_decoder
+from kafka_ingest.decode.decoder import open_decoder
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.reader import partitions_of, watermarks
@@ -236,7 +236,7 @@ def measure_avro(b: bi.Bench, rep: int) -> bi.Measure:
 
 #: The stages, in the order printed: (key, label).
 STAGES: list[tuple[str, str]] = [
-    ("avro_decode", "decode: header + fastavro schemaless_reader (RegistryDecoder.read; in "
+    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.read; in "
                     "validate_chunk)"),
     ("avro_decode_alone", "the same, alone over the chunk's valid values"),
     ("avro_validate", "validate: validate_json (parse + validate) / validate_python, alone"),
@@ -293,7 +293,8 @@ def _avro_stages(chunk: Any, pipeline: Any, decoder: Any, spent: dict[str, float
     decoded = _Decoded(read, good)
     dicts = [decoded[v] for v in good]
     spent["avro_validate"] += _cpu(lambda: _drain(validate, dicts))[0]
-    predecoded = SimpleNamespace(read=decoded.__getitem__, python=True)
+    predecoded = SimpleNamespace(read=decoded.__getitem__, python=True,
+                                 explained=lambda value, error: error)
     spent["avro_predecoded"] += _cpu(
         lambda: validate_chunk(chunk.messages, pipeline, predecoded))[0]  # type: ignore[arg-type]
     spent["avro_total"] += _cpu(lambda: validate_chunk(chunk.messages, pipeline, decoder))[0]

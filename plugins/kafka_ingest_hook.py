@@ -24,7 +24,7 @@ from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook, BaseNotifier, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kafka_ingest.config import Format, NotifierClass
+from kafka_ingest.config import NotifierClass
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.engine.ingest import rows_changed
 from kafka_ingest.errors import PermanentError
@@ -100,7 +100,7 @@ def pipeline_clients(pipeline: Any) -> KafkaClients:
     ``schema_registry.conn_id``) when its format reads one."""
     clients = KafkaIngestHook(pipeline.kafka_conn_id).clients
     registry = pipeline.schema_registry  # set whenever the format is not JSON (config)
-    if pipeline.format is Format.JSON or registry is None:
+    if not pipeline.format.registry or registry is None:
         return clients
     return clients.with_registry(registry_settings(registry.conn_id))
 

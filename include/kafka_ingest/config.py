@@ -94,12 +94,20 @@ LOG_ORDER = "source_offset"
 class Format(StrEnum):
     """How a record's value is encoded. ``avro``, ``protobuf`` and ``json_schema`` are the
     Confluent wire format (magic byte 0, a 4-byte schema id, the payload) with the writer's
-    schema in a schema registry."""
+    schema in a schema registry. Each is read by its codec
+    (:func:`kafka_ingest.decode.codecs.codec_for`), which knows everything else about it."""
 
     JSON = "json"
     AVRO = "avro"
     PROTOBUF = "protobuf"
     JSON_SCHEMA = "json_schema"
+
+    @property
+    def registry(self) -> bool:
+        """Whether writer schemas come from a schema registry: every format but plain
+        JSON. (The one fact about formats kept here: the pipelines file is checked
+        against it when it loads, below the codecs.)"""
+        return self is not Format.JSON
 
 
 class SubjectStrategy(StrEnum):
@@ -477,10 +485,10 @@ class Pipeline(_Strict):
         self._check_log_order()
         self._check_partitioning()
         if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
-                and self.format is Format.JSON):
+                and not self.format.registry):
             raise ValueError("record_key.format 'registry' reads the key in the pipeline's "
                              "registry format: set format to avro, protobuf or json_schema")
-        if self.format is not Format.JSON and self.schema_registry is None:
+        if self.format.registry and self.schema_registry is None:
             raise ValueError(f"format {self.format.value!r} reads writer schemas from a schema "
                              "registry: set schema_registry (at least {} for the defaults)")
         if self.pool_slots is not None and self.pool is None:
