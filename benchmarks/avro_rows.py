@@ -12,7 +12,7 @@ under a schema registered in the stack's registry (``<source>-avro-value``,
   the registry decoder in front of the same contract. Checked like the JSON row (counts,
   table rows, each a valid sample event) and by dead-letter class;
 - ``validate only, avro``: ``validate_chunk`` with the registry decoder, by stage: the
-  decode (header + fastavro's ``schemaless_reader``) as ``validate_chunk`` meets it (its
+  decode (header + the Avro codec's reader) as ``validate_chunk`` meets it (its
   time less its time with every value decoded beforehand) and alone, pydantic's
   ``validate_python`` alone, the rest of ``validate_chunk``; beside the JSON path's on the
   JSON topic, chunk by chunk in the same process, the two alternating (one thread's CPU):
@@ -56,7 +56,7 @@ from harness import (
 )
 from project_rows import check_project, child_project
 
-from kafka_ingest.decode.formats import open_decoder
+from kafka_ingest.decode.decoder import open_decoder
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.metadata import partitions_of, watermarks
@@ -248,7 +248,7 @@ def measure_avro(b: Bench, rep: int) -> Measure:
 
 #: The stages, in the order printed: (key, label).
 STAGES: list[tuple[str, str]] = [
-    ("avro_decode", "decode: header + fastavro schemaless_reader (RegistryDecoder.read; in "
+    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.read; in "
                     "validate_chunk)"),
     ("avro_decode_alone", "the same, alone over the chunk's valid values"),
     ("avro_validate", "validate: validate_json (parse + validate) / validate_python, alone"),

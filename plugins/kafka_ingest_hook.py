@@ -17,7 +17,6 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
-from kafka_ingest.config import Format
 from kafka_ingest.db import Database, libpq_dsn
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.registry import RegistrySettings, registry_settings_from
@@ -52,7 +51,7 @@ def pipeline_clients(pipeline: Any) -> KafkaClients:
     ``schema_registry.conn_id``) when its format reads one."""
     clients = KafkaIngestHook(pipeline.kafka_conn_id).clients
     registry = pipeline.schema_registry  # set whenever the format is not JSON (config)
-    if pipeline.format is Format.JSON or registry is None:
+    if not pipeline.format.registry or registry is None:
         return clients
     return clients.with_registry(registry_settings(registry.conn_id))
 

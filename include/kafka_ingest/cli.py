@@ -52,7 +52,7 @@ from kafka_ingest.db import (
     unlock_partition,
 )
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
-from kafka_ingest.decode.formats import SCHEMA_TYPES
+from kafka_ingest.decode.codecs import codec_for
 from kafka_ingest.decode.schemas import contract_from_schema
 from kafka_ingest.engine.backfill import require_window, run_backfill
 from kafka_ingest.engine.ingest import run_ingest
@@ -462,21 +462,22 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     if settings is None:
         raise MissingSetting("KAFKA_INGEST_SCHEMA_REGISTRY_URL",
                              "KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", what="the schema registry")
-    fmt = Format(args.format)
+    codec = codec_for(args.format)
     registry = SchemaRegistry(settings)
     try:
-        schema = registry.latest(args.subject, serialized=fmt is Format.PROTOBUF)
+        schema = codec.latest(registry, args.subject)
     finally:
         registry.close()
     if schema is None:
         raise SettingsError(f"subject {args.subject!r} is not registered at {settings.url}")
-    if schema.schema_type.upper() != SCHEMA_TYPES[fmt]:
+    if not codec.reads(schema):
         raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
-                            f"not {fmt.value}")
-    body, skipped = contract_from_schema(fmt, schema, text_max_length=args.text_max_length,
+                            f"not {codec.format.value}")
+    body, skipped = contract_from_schema(codec.format, schema,
+                                         text_max_length=args.text_max_length,
                                          record=args.record)
-    print(f"# kafka-ingest schema from-registry {args.subject} --format {fmt.value}: subject "
-          f"version {schema.version}, schema id {schema.schema_id}")
+    print(f"# kafka-ingest schema from-registry {args.subject} --format {codec.format.value}: "
+          f"subject version {schema.version}, schema id {schema.schema_id}")
     print(f"# text fields without a bound got max_length {args.text_max_length}: adjust them "
           "to your data (each is its column's width)")
     for line in skipped:
@@ -626,7 +627,7 @@ def _add_inspection_commands(sub: Any) -> None:
     p = schema_sub.add_parser("from-registry", help="print a declared contract (YAML for "
                               "the pipelines file) made from a subject's latest schema")
     p.add_argument("subject")
-    p.add_argument("--format", choices=[f.value for f in Format if f is not Format.JSON],
+    p.add_argument("--format", choices=[f.value for f in Format if f.registry],
                    default=Format.AVRO.value)
     p.add_argument("--event-type", required=True, help="the contract's name")
     p.add_argument("--text-max-length", type=int, default=256,

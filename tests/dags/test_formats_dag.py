@@ -142,7 +142,7 @@ def test_a_protobuf_pipelines_ingest_dag_reads_records_importing_timestamp(
         dead = query(pg_dsn, "SELECT source_offset, error_class, error_detail"
                              " FROM dead_letters")
         assert dead == [], (
-            "BUG (kafka_ingest.decode.formats._protobuf_reader): in the Airflow task's "
+            "BUG (kafka_ingest.decode.codecs.protobuf._protobuf_reader): in the Airflow task's "
             "process google/protobuf/timestamp.proto is not in protobuf's default pool, "
             f"so every record is dead-lettered: {dead}")
         assert query(pg_dsn, "SELECT event_id, at FROM pay_rows ORDER BY 1") == [

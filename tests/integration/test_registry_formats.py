@@ -492,7 +492,7 @@ def test_a_protobuf_topic_importing_timestamp_loads_in_a_fresh_process(
     summary = json.loads(ran.stdout)
     dead = query(pg_dsn, "SELECT source_offset, error_class, error_detail FROM dead_letters")
     assert (summary["inserted"], summary["dead_lettered"]) == (2, 0), (
-        "BUG (kafka_ingest.decode.formats._protobuf_reader): the imports of a Protobuf "
+        "BUG (kafka_ingest.decode.codecs.protobuf._protobuf_reader): the imports of a Protobuf "
         "writer schema are looked up in protobuf's default pool, which holds "
         "google/protobuf/timestamp.proto only once some module imported timestamp_pb2; in "
         "a fresh process (the CLI, an Airflow worker) every record is dead-lettered: "
@@ -533,7 +533,8 @@ def test_the_plan_time_check_reads_the_protobuf_message_the_records_are(
         summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
                              run_id=new_run_id())
     except ContractMismatch as exc:
-        pytest.fail("BUG (kafka_ingest.decode.schemas.check_subject -> protobuf_fields): the "
+        pytest.fail("BUG (kafka_ingest.decode.schemas.check_subject -> "
+                    "ProtobufCodec.record_fields): the "
                     "contract is checked against the file's first message (message_index=0), "
                     "not the record's: a pipeline whose records decode is refused at plan "
                     f"time: {exc}")

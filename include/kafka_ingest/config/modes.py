@@ -63,12 +63,20 @@ LOG_ORDER = "source_offset"
 class Format(StrEnum):
     """How a record's value is encoded. ``avro``, ``protobuf`` and ``json_schema`` are the
     Confluent wire format (magic byte 0, a 4-byte schema id, the payload) with the writer's
-    schema in a schema registry."""
+    schema in a schema registry. Each is read by its codec
+    (:func:`kafka_ingest.decode.codecs.codec_for`), which knows everything else about it."""
 
     JSON = "json"
     AVRO = "avro"
     PROTOBUF = "protobuf"
     JSON_SCHEMA = "json_schema"
+
+    @property
+    def registry(self) -> bool:
+        """Whether writer schemas come from a schema registry: every format but plain
+        JSON. (The one fact about formats kept here: the pipelines file is checked
+        against it when it loads, below the codecs.)"""
+        return self is not Format.JSON
 
 
 class SubjectStrategy(StrEnum):

@@ -199,10 +199,10 @@ class Pipeline(Strict):
         self._check_log_order()
         self._check_partitioning()
         if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
-                and self.format is Format.JSON):
+                and not self.format.registry):
             raise ValueError("record_key.format 'registry' reads the key in the pipeline's "
                              "registry format: set format to avro, protobuf or json_schema")
-        if self.format is not Format.JSON and self.schema_registry is None:
+        if self.format.registry and self.schema_registry is None:
             raise ValueError(f"format {self.format.value!r} reads writer schemas from a schema "
                              "registry: set schema_registry (at least {} for the defaults)")
         if self.pool_slots is not None and self.pool is None:

@@ -18,12 +18,13 @@ is a data error (:class:`~kafka_ingest.errors.UnknownVersion`), never a crash.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from operator import attrgetter
-from typing import Annotated, Any, ClassVar
+from dataclasses import dataclass, fields
+from operator import attrgetter, itemgetter
+from typing import Annotated, Any, ClassVar, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, with_config
 from pydantic_core import CoreConfig, SchemaValidator
+from typing_extensions import TypedDict  # pydantic reads a TypedDict of it before 3.12
 
 # Postgres' text type cannot hold NUL; the pattern runs in pydantic-core, not Python.
 NO_NUL = r"^[^\x00]*$"
@@ -64,7 +65,7 @@ class Contract(BaseModel):
     #: of the field's value, what converts it into the column's binary ``COPY`` form),
     #: e.g. an epoch in seconds -> ``timestamptz``
     #: (:func:`~kafka_ingest.contracts.columns.seconds_to_pg`). The row's values are read
-    #: with it applied (:func:`values_code`), so the row can go straight into the table.
+    #: with it applied (:func:`sink_getter`), so the row can go straight into the table.
     STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
     #: A contract built from a declaration in the pipelines file
     #: (:mod:`~kafka_ingest.contracts.declared`): the declaration, as JSON; None for one
@@ -77,8 +78,7 @@ class Contract(BaseModel):
     def sink_values(self) -> tuple[Any, ...]:
         """The row's values as they travel to Postgres, in ``SINK_COLUMNS`` order (a
         ``STAGED`` column's value converted)."""
-        values: tuple[Any, ...] = sink_getter(type(self))(self)
-        return values
+        return sink_getter(type(self))(self)
 
     @classmethod
     def is_declared(cls) -> bool:
@@ -90,55 +90,53 @@ class Contract(BaseModel):
         return f"{cls.EVENT_TYPE}.v{cls.VERSION}"
 
 
-_GETTERS: dict[type[Contract], Any] = {}
+#: A validated event -> its sink values, in ``SINK_COLUMNS`` order.
+SinkGetter = Callable[[Any], tuple[Any, ...]]
+_GETTERS: dict[tuple[type[Contract], bool], SinkGetter] = {}
 
 
-def sink_getter(model: type[Contract]) -> Any:
-    """A model instance -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
-    column's value converted: one C call (``attrgetter``; a contract has at least two
-    columns, so it returns a tuple), or with a converted column a function made from
-    :func:`values_code`."""
-    getter = _GETTERS.get(model)
-    if getter is None:
-        if model.STAGED:
-            code, scope = values_code(model, "s", by_key=False)
-            getter = compiled("values", "s", f"return {code}", scope)
-        else:
-            getter = attrgetter(*(name for name, _ in model.SINK_COLUMNS))
-        _GETTERS[model] = getter
-    return getter
+def sink_getter(model: type[Contract], *, by_key: bool = False) -> SinkGetter:
+    """A validated event -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
+    column's value converted (``None`` stays ``None``).
 
-
-def values_code(model: type[Contract], subject: str, *,
-                by_key: bool) -> tuple[str, dict[str, Any]]:
-    """Python source of the sink values of a validated event named ``subject`` (a fields
-    dict with ``by_key``, else a model instance), in ``SINK_COLUMNS`` order, each
-    ``STAGED`` column's value converted (``None`` stays ``None``), as the elements of a
-    tuple display (``a, b, c,``); and the names the source uses.
-
-    The hot path builds each row in one frame made from this source
-    (:func:`kafka_ingest.decode.validate.row_builder`): a loop over the columns, or a
-    tuple subclass around a C getter's tuple, cost a frame or an object more a message.
+    The event is a model instance (read by attribute), or with ``by_key`` the fields dict
+    of :func:`hot_validation`'s validator (read by key; a ``STAGED`` value is converted in
+    the dict itself, which is the hot path's own, made for this one message). Without a
+    conversion it is one C call (``itemgetter``/``attrgetter``).
     """
-    read = f"{subject}[{{!r}}]" if by_key else f"getattr({subject}, {{!r}})"
-    scope: dict[str, Any] = {}
-    parts = []
-    for i, (name, _) in enumerate(model.SINK_COLUMNS):
-        if name in model.STAGED:
-            scope[f"convert_{i}"] = model.STAGED[name][1]
-            parts.append(f"(None if (v{i} := {read.format(name)}) is None"
-                         f" else convert_{i}(v{i}))")
-        else:
-            parts.append(read.format(name))
-    return "".join(f"{part}, " for part in parts), scope
+    found = _GETTERS.get((model, by_key))
+    if found is None:
+        found = _GETTERS[(model, by_key)] = _sink_getter(model, by_key)
+    return found
 
 
-def compiled(name: str, arguments: str, body: str, scope: dict[str, Any]) -> Any:
-    """The function ``def name(arguments): body`` made in ``scope`` (which the source
-    made by the caller names; nothing in it comes from a message)."""
-    lines = "".join(f"    {line}\n" for line in body.splitlines())
-    exec(f"def {name}({arguments}):\n{lines}", scope)  # noqa: S102
-    return scope[name]
+def _sink_getter(model: type[Contract], by_key: bool) -> SinkGetter:
+    names = [name for name, _ in model.SINK_COLUMNS]
+    read = itemgetter(*names) if by_key else attrgetter(*names)
+    get: SinkGetter = read if len(names) > 1 else lambda event: (read(event),)
+    if not model.STAGED:
+        return get
+    if by_key:
+        by_name = tuple((name, model.STAGED[name][1]) for name in names if name in model.STAGED)
+
+        def converted_in_place(fields: dict[str, Any]) -> tuple[Any, ...]:
+            for name, convert in by_name:
+                if (value := fields[name]) is not None:
+                    fields[name] = convert(value)
+            return get(fields)
+
+        return converted_in_place
+    by_index = tuple((i, model.STAGED[name][1]) for i, name in enumerate(names)
+                     if name in model.STAGED)
+
+    def converted(event: Contract) -> tuple[Any, ...]:
+        values = list(get(event))
+        for i, convert in by_index:
+            if (value := values[i]) is not None:
+                values[i] = convert(value)
+        return tuple(values)
+
+    return converted
 
 
 @dataclass(frozen=True)
@@ -147,42 +145,60 @@ class Validation:
 
     ``validator`` is the model's own, or, for a plain model, the validator of its fields
     alone: the same fields, constraints, defaults and configuration, so the same verdict
-    and the same errors, but its result is ``(fields dict, extra, fields set)`` instead
-    of a model instance, which the hot path never needs (building one cost 0.6 of the 3.6
-    µs ``validate_chunk`` spent a message).
+    and the same errors (but for a value that is no object at all: ``dict_type`` where
+    the model says ``model_type``, both :class:`~kafka_ingest.errors.NotAnObject`), and
+    its result is the fields dict instead of a model instance, which the hot path never
+    needs (building one costs about a quarter of what ``validate_chunk`` spends on a
+    message).
     """
 
     #: A ``SchemaValidator`` (the model's may be pydantic's pluggable wrapper of one).
     validator: Any
-    #: Whether the result is ``(fields dict, extra, fields set)`` (read ``result[0]`` by
-    #: key), or a model instance (read its attributes).
+    #: Whether the result is the fields dict (read by key), or a model instance (read its
+    #: attributes).
     by_key: bool
 
 
 _VALIDATIONS: dict[type[Contract], Validation] = {}
+#: Decorators that shape what a model dumps, not what it accepts: a model with no other
+#: kind (validators, model validators, and any kind a later pydantic adds) is plain.
+_OUTPUT_ONLY = frozenset({"field_serializers", "model_serializers", "computed_fields"})
 
 
 def hot_validation(model: type[Contract]) -> Validation:
     """The contract's :class:`Validation`: its fields' validator when the model adds
-    nothing to it (no model validator, ``model_post_init``, custom ``__init__`` or root
-    model, and every sink column a field), else the model's own."""
+    nothing to them (no validator of any kind, ``model_post_init`` or private attribute,
+    custom ``__init__`` or root model, and every sink column a field), else the model's
+    own."""
     found = _VALIDATIONS.get(model)
     if found is None:
         found = _VALIDATIONS[model] = _validation(model)
     return found
 
 
+def _adds_to_its_fields(model: type[Contract]) -> bool:
+    decorators = model.__pydantic_decorators__
+    return bool(model.__pydantic_custom_init__ or model.__pydantic_post_init__
+                or model.__pydantic_root_model__
+                or any(getattr(decorators, kind.name) for kind in fields(decorators)
+                       if kind.name not in _OUTPUT_ONLY))
+
+
 def _validation(model: type[Contract]) -> Validation:
-    schema: Any = model.__pydantic_core_schema__
-    names = [name for name, _ in model.SINK_COLUMNS]
-    inner: Any = schema.get("schema") if schema.get("type") == "model" else None
-    plain = (inner is not None and inner.get("type") == "model-fields"
-             and not schema.get("custom_init") and not schema.get("root_model")
-             and "post_init" not in schema and set(names) <= set(inner["fields"]))
-    if not plain:
+    """The fields' validator is a ``TypedDict`` of the model's fields (each its own
+    ``FieldInfo``: type, constraints, alias, default) with the model's configuration,
+    through public pydantic API only."""
+    if _adds_to_its_fields(model) or not {n for n, _ in model.SINK_COLUMNS} <= set(
+            model.model_fields):
         return Validation(model.__pydantic_validator__, by_key=False)
+    annotations = {name: Annotated[info.annotation, info] if info.is_required()
+                   else NotRequired[Annotated[info.annotation, info]]
+                   for name, info in model.model_fields.items()}
+    typed = with_config(ConfigDict(**model.model_config))(
+        TypedDict(f"{model.__name__}Fields", annotations))  # type: ignore[operator]
     # Of the strings JSON parsing makes, only the object keys repeat from one message to
     # the next: caching the values too (pydantic's default) costs a lookup each, for
-    # nothing (0.1 µs a message).
-    config: CoreConfig = {**(schema.get("config") or {}), "cache_strings": "keys"}
-    return Validation(SchemaValidator(inner, config), by_key=True)
+    # nothing (0.1 µs a message). (A validator-wide setting: a TypeAdapter of a TypedDict
+    # takes none, so its schema gets a validator of its own.)
+    schema = TypeAdapter(typed).core_schema
+    return Validation(SchemaValidator(schema, CoreConfig(cache_strings="keys")), by_key=True)

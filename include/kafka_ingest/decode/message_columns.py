@@ -15,7 +15,7 @@ from typing import Any
 
 from kafka_ingest.config import HeaderColumn, KeyFormat, KeyType, Pipeline, RecordKey
 from kafka_ingest.contracts.base import BIGINT_MAX, BIGINT_MIN
-from kafka_ingest.decode.formats import RegistryDecoder
+from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadHeader, BadKey, DataError
 from kafka_ingest.records import MessageLike
 
@@ -56,10 +56,9 @@ def _structured(spec: RecordKey, raw: bytes, decoder: RegistryDecoder | None) ->
     if decoder is None:  # refused when the pipeline loads; here for the type checker
         raise BadKey("record key: the pipeline has no registry format to read it with")
     try:
-        value = decoder.read(raw)
+        return decoder.read_key(raw)
     except DataError as exc:  # not the wire format, an unknown schema, undecodable
         raise BadKey(f"record key: {exc.detail}") from None
-    return json.loads(value) if isinstance(value, bytes) else value  # JSON Schema: JSON
 
 
 def key_value(spec: RecordKey, raw: bytes | None,

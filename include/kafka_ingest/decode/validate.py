@@ -17,10 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from kafka_ingest.config import Format, OnTombstone, Pipeline
-from kafka_ingest.contracts.base import Contract, compiled, hot_validation, values_code
+from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.contracts.base import Contract, hot_validation, sink_getter
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
-from kafka_ingest.decode.formats import RegistryDecoder, wire_schema_id
+from kafka_ingest.decode.codecs import codec_for
+from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
@@ -39,6 +40,9 @@ from kafka_ingest.records import (
     kafka_timestamp_ms,
 )
 
+#: The errors of a value that is no object at all: the model's validator says
+#: ``model_type``, the fields' validator (a ``TypedDict``'s) ``dict_type``.
+_NOT_AN_OBJECT = frozenset({"model_type", "dict_type"})
 _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "a boolean", type(None): "null"}
 
@@ -90,7 +94,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
     parse = _parser(validation.validator, decoder)
     max_bytes = pipeline.max_message_bytes
     extra = column_reader(pipeline, decoder)  # the key and header columns; None: none
-    build = row_builder(model, by_key=validation.by_key, extra=extra is not None)
+    build = row_builder(model, by_key=validation.by_key)
     result = ValidationResult()
     rows_append = result.rows.append
     read = size = 0
@@ -123,30 +127,26 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
 #: A validated event (the validator's result), its message and its key and header
 #: column values -> its row.
 RowBuilder = Callable[[Any, MessageLike, tuple[Any, ...]], Row]
-_BUILDERS: dict[tuple[type[Contract], bool, bool], RowBuilder] = {}
 
 
-def row_builder(model: type[Contract], *, by_key: bool, extra: bool) -> RowBuilder:
-    """The function that makes a message's row in one frame: the contract's values
-    (:func:`~kafka_ingest.contracts.base.values_code`: read from the fields dict
-    ``result[0]`` when ``by_key``, else from the model instance), the key and header
-    columns (``extra``), then the provenance with the Kafka timestamp as the binary
+def row_builder(model: type[Contract], *, by_key: bool) -> RowBuilder:
+    """What makes a message's row: the contract's values (read from the fields dict when
+    ``by_key``, else from the model instance; :func:`~kafka_ingest.contracts.base.sink_getter`),
+    the key and header columns, then the provenance with the Kafka timestamp as the binary
     timestamptz it travels as (:func:`~kafka_ingest.records.kafka_timestamp_ms`, then
-    :func:`~kafka_ingest.contracts.columns.millis_to_pg`, both inline). One flat tuple:
-    it goes to ``COPY`` as it is."""
-    key = (model, by_key, extra)
-    found = _BUILDERS.get(key)
-    if found is None:
-        values, scope = values_code(model, "s", by_key=by_key)
-        scope.update(PG_EPOCH_MS=PG_EPOCH_MS, MAX_TIMESTAMP_MS=MAX_TIMESTAMP_MS)
-        found = _BUILDERS[key] = compiled("row", "e, m, more", "\n".join([
-            "s = e[0]" if by_key else "s = e",
-            "kind, ms = m.timestamp()",
-            f"return ({values}{'*more, ' if extra else ''}m.topic(), m.partition(),"
-            " m.offset(), m.key(),"
-            " (ms - PG_EPOCH_MS) * 1000 if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None)"]),
-            scope)
-    return found
+    :func:`~kafka_ingest.contracts.columns.millis_to_pg`, both inline). One flat tuple: it
+    goes to ``COPY`` as it is."""
+    values = sink_getter(model, by_key=by_key)
+
+    def row(event: Any, msg: MessageLike, more: tuple[Any, ...]) -> Row:
+        kind, ms = msg.timestamp()
+        # tuples added, not unpacked into a display (which builds a list first): 2 % of
+        # validate_chunk's instructions
+        return values(event) + more + (
+            msg.topic(), msg.partition(), msg.offset(), msg.key(),
+            (ms - PG_EPOCH_MS) * 1000 if kind and 0 <= ms <= MAX_TIMESTAMP_MS else None)
+
+    return row
 
 
 def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult,
@@ -176,7 +176,7 @@ def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadL
         key=msg.key(),
         value=msg.value(),
         headers=_original_headers(msg),
-        schema_id=None if pipeline.format is Format.JSON else wire_schema_id(msg.value()),
+        schema_id=codec_for(pipeline.format).schema_id(msg.value()),
         timestamp_ms=kafka_timestamp_ms(msg),
         error_class=error.error_class,
         error_detail=error.detail[:DETAIL_MAX],
@@ -197,7 +197,7 @@ def classify(value: bytes, exc: ValidationError) -> DataError:
     first = errors[0]
     if first["type"] == "json_invalid":
         return _undecodable(value, first["msg"])
-    if first["type"] == "model_type" and not first["loc"]:
+    if first["type"] in _NOT_AN_OBJECT and not first["loc"]:
         return NotAnObject(f"JSON value is {_json_type(value)}, not an object")
     version_errors = [e for e in errors if e["loc"][:1] == ("version",)]
     if version_errors and version_errors[0]["type"] in {"less_than_equal", "greater_than_equal"}:

@@ -30,7 +30,7 @@ from typing import Any
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork, UpsertResult
-from kafka_ingest.decode.formats import RegistryDecoder, open_decoder
+from kafka_ingest.decode.decoder import RegistryDecoder, open_decoder
 from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice

@@ -45,7 +45,7 @@ from kafka_ingest.db import (
 )
 from kafka_ingest.db.repositories import IncarnationsRepository
 from kafka_ingest.db.tables import apply_tables, check_table
-from kafka_ingest.decode.formats import open_registry
+from kafka_ingest.decode.decoder import open_registry
 from kafka_ingest.decode.schemas import check_subject
 from kafka_ingest.errors import KafkaRefused, KafkaUnavailable, TopicRecreated
 from kafka_ingest.kafka.clients import KafkaClients

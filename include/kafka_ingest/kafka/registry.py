@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import ssl
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -184,9 +185,7 @@ class SchemaRegistry:
         :func:`is_descriptor`)."""
         if schema_id in self._by_id:
             return self._by_id[schema_id]
-        found = self._schema(schema_id, None)
-        if found is not None and serialized and not is_descriptor(found.text):
-            found = self._schema(schema_id, "serialized")
+        found = _fetched(lambda fmt: self._schema(schema_id, fmt), serialized)
         self._by_id[schema_id] = found
         return found
 
@@ -198,10 +197,7 @@ class SchemaRegistry:
 
     def latest(self, subject: str, *, serialized: bool = False) -> WriterSchema | None:
         """The subject's latest version, or None when there is no such subject."""
-        found = self._latest(subject, None)
-        if found is not None and serialized and not is_descriptor(found.text):
-            found = self._latest(subject, "serialized")
-        return found
+        return _fetched(lambda fmt: self._latest(subject, fmt), serialized)
 
     def _latest(self, subject: str, fmt: str | None) -> WriterSchema | None:
         found = self._ask(f"latest of {subject}", self._client.get_latest_version, subject, fmt)
@@ -216,10 +212,7 @@ class SchemaRegistry:
     def version(self, subject: str, number: int, *,
                 serialized: bool = False) -> WriterSchema | None:
         """Version ``number`` of the subject, or None when there is no such version."""
-        found = self._version(subject, number, None)
-        if found is not None and serialized and not is_descriptor(found.text):
-            found = self._version(subject, number, "serialized")
-        return found
+        return _fetched(lambda fmt: self._version(subject, number, fmt), serialized)
 
     def _version(self, subject: str, number: int, fmt: str | None) -> WriterSchema | None:
         found = self._ask(f"version {number} of {subject}",
@@ -238,6 +231,16 @@ class SchemaRegistry:
             return None
         except Exception as exc:
             raise map_registry_error(operation, exc) from exc
+
+
+def _fetched(ask: Callable[[str | None], WriterSchema | None],
+             serialized: bool) -> WriterSchema | None:
+    """A schema as the registry stores it; with ``serialized``, one stored as ``.proto``
+    source is asked for again as a serialized descriptor (see :func:`is_descriptor`)."""
+    found = ask(None)
+    if found is not None and serialized and not is_descriptor(found.text):
+        found = ask("serialized")
+    return found
 
 
 def _registered(subject: str, found: Any) -> WriterSchema:

@@ -19,19 +19,12 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from kafka_ingest.config import Format, parse_pipelines
-from kafka_ingest.decode.formats import (
-    RegistryDecoder,
-    message_indexes,
-    split_header,
-    wire_schema_id,
-)
-from kafka_ingest.decode.schemas import (
-    avro_fields,
-    contract_from_schema,
-    contract_problems,
-    json_schema_fields,
-    protobuf_fields,
-)
+from kafka_ingest.decode.codecs.avro import avro_fields
+from kafka_ingest.decode.codecs.json_schema import json_schema_fields
+from kafka_ingest.decode.codecs.protobuf import message_indexes, protobuf_fields
+from kafka_ingest.decode.codecs.wire import split_header, wire_schema_id
+from kafka_ingest.decode.decoder import RegistryDecoder
+from kafka_ingest.decode.schemas import contract_from_schema, contract_problems
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.errors import (
     NotWireFormat,
@@ -381,6 +374,23 @@ def test_a_registry_encoded_key_fills_the_key_column_and_deletes_on_its_tombston
             "record_key": {"column": "account", "format": "registry"}}}})
 
 
+def test_a_json_schema_key_that_is_not_json_is_a_bad_key_not_a_failed_chunk() -> None:
+    registry = OneSchema(WriterSchema(6, "JSON", '{"type": "object"}'),
+                         WriterSchema(7, "JSON", '{"type": "string"}'))
+    p = parse_pipelines({"contracts": CONTRACT, "pipelines": {"p": {
+        "topic": "t", "dlq_topic": "t-dlq", "table": "p_rows", "format": "json_schema",
+        "schema_registry": {}, "contract": {"event_type": "reading", "version": 1},
+        "record_key": {"column": "account", "format": "registry"}}}})["p"]
+    value = (b"\x00\x00\x00\x00\x06" + b'{"event_id": "e1", "device": "d", "value": 2,'
+             b' "at": "2026-01-01T00:00:00Z"}')
+    result = validate_chunk([Msg(0, value_=value, key_=b'\x00\x00\x00\x00\x07"acct-1"'),
+                             Msg(1, value_=value, key_=b"\x00\x00\x00\x00\x07{not json")],
+                            p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    assert [row_values(r)[-1] for r in result.rows] == ["acct-1"]
+    assert [(d.source_offset, d.error_class, d.error_detail.startswith("record key: not JSON"))
+            for d in result.dead] == [(1, "bad_key", True)]
+
+
 # --------------------------------------------------------------------------- found in review
 
 def test_typed_values_nested_in_a_jsonb_field_are_a_contract_violation_not_a_crash() -> None:
@@ -476,7 +486,7 @@ def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refu
     records and every cut of their payloads, it must agree with fastavro exactly."""
     import random
 
-    from kafka_ingest.decode.formats import _avro_reader
+    from kafka_ingest.decode.codecs.avro import _avro_reader
 
     rng = random.Random(7)
     checked = 0
@@ -529,7 +539,7 @@ def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refu
     b"\x01",  # a negative length
 ])
 def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -> None:
-    from kafka_ingest.decode.formats import _avro_reader
+    from kafka_ingest.decode.codecs.avro import _avro_reader
 
     reader = _avro_reader(WriterSchema(1, "AVRO", json.dumps({
         "type": "record", "name": "X", "fields": [
@@ -548,7 +558,7 @@ def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -
     "string",
 ])
 def test_logical_types_nested_types_and_non_records_stay_with_fastavro(schema: Any) -> None:
-    from kafka_ingest.decode.formats import _avro_reader
+    from kafka_ingest.decode.codecs.avro import _avro_reader
 
     reader = _avro_reader(WriterSchema(2, "AVRO", json.dumps(schema)))
     assert not reader.__qualname__.startswith("_flat_reader")

@@ -14,7 +14,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from kafka_ingest.decode.formats import RegistryDecoder
+from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.decode.schemas import check_subject
 from kafka_ingest.engine.ingest import IngestWriter
 from kafka_ingest.errors import ContractMismatch, RegistryLacksSchemas

@@ -256,3 +256,88 @@ def test_each_row_is_the_contracts_values_converted_then_its_columns_and_provena
         ms = kafka_timestamp_ms(msg)
         assert row == (*values, *(extra(msg) if extra else ()), msg.topic(), msg.partition(),
                        msg.offset(), msg.key(), None if ms is None else millis_to_pg(ms))
+
+
+def test_a_declared_contract_gets_the_same_rows_and_reasons_from_its_fields_validator(
+        shipped: dict[str, Pipeline], message: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # account_balance: a payload name that is not the column (updatedAt), an epoch
+    # converted before it travels, a decimal, an optional jsonb, a bounded text
+    from kafka_ingest.contracts import base
+
+    pipeline = shipped["account_balances"]
+    assert base.hot_validation(pipeline.model).by_key
+    good = {"event_id": "a-1", "balance": "12.50", "currency": "EUR",
+            "updatedAt": 1_767_225_600_123}
+    values = [json.dumps(v).encode() for v in (
+        good, {**good, "limits": {"daily": 5}}, {**good, "limits": None},
+        {**good, "updated_at": 1}, {k: v for k, v in good.items() if k != "updatedAt"},
+        {**good, "currency": "EURO"}, {**good, "balance": 12.5}, {**good, "version": 2},
+        {**good, "updatedAt": -1}, {**good, "extra": [1]}, {"event_id": ""})] + [
+        b"[]", b"null", b'"x"', b"{", b"\xff"]
+    msgs = [message(v, offset_=i, key_=b"acct-%d" % i, headers_=(("trace-id", b"t"),))
+            for i, v in enumerate(values)]
+    fast = validate_chunk(msgs, pipeline)
+    monkeypatch.setitem(base._VALIDATIONS, pipeline.model,
+                        base.Validation(pipeline.model.__pydantic_validator__, by_key=False))
+    slow = validate_chunk(msgs, pipeline)
+    assert fast.rows == slow.rows
+    # loaded: the event, with limits, limits null, an unknown key, the balance as a JSON
+    # number (a numeric column takes it), another unknown key
+    assert [row_source(r).offset for r in fast.rows] == [0, 1, 2, 3, 6, 9]
+    assert [(d.source_offset, d.error_class, d.error_detail) for d in fast.dead] == \
+        [(d.source_offset, d.error_class, d.error_detail) for d in slow.dead]
+    assert [d.error_class for d in fast.dead].count("not_an_object") == 3
+
+
+def test_a_contract_with_a_field_validator_or_private_state_keeps_the_models_validator(
+        shipped: dict[str, Pipeline], message: Any) -> None:
+    # The fields' validator is made from the fields alone: whatever the model adds to them
+    # (a field validator, a model_post_init that private attributes bring) would be lost.
+    from pydantic import PrivateAttr, field_validator
+
+    from kafka_ingest.contracts import base
+
+    pipeline = shipped["telemetry_metrics"]
+
+    class Checked(pipeline.model):  # type: ignore[name-defined]
+        @field_validator("device_id")
+        @classmethod
+        def _known(cls, value: str) -> str:
+            if not value.startswith("device-"):
+                raise ValueError("an unknown device")
+            return value
+
+    class Stateful(pipeline.model):  # type: ignore[name-defined]
+        _seen: int = PrivateAttr(default=0)
+
+    assert (base.hot_validation(Checked).by_key, base.hot_validation(Stateful).by_key) == (
+        False, False)
+    checked = pipeline.model_copy()
+    object.__setattr__(checked, "_model", Checked)  # the pipeline's contract, as if declared so
+    event = make_event(pipeline, 1, "chk", random.Random(4))
+    msgs = [message(json.dumps({**event, "device_id": d}).encode(), offset_=i)
+            for i, d in enumerate(("device-1", "sensor-1"))]
+    result = validate_chunk(msgs, checked)
+    assert [row_source(r).offset for r in result.rows] == [0]
+    assert [d.error_detail for d in result.dead] == [
+        "device_id: Value error, an unknown device [value_error]"]
+
+
+def test_rows_are_made_without_generated_code_or_pydantic_core_internals() -> None:
+    # Rows and validators come from plain Python and pydantic's public API: no function
+    # compiled from made-up source, nothing read out of a model's core schema.
+    import ast
+    from pathlib import Path
+
+    import kafka_ingest
+
+    core = Path(kafka_ingest.__file__).parent
+    found = []
+    for path in sorted(core.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("exec", "eval", "compile")) or (
+                    isinstance(node, ast.Attribute) and node.attr == "__pydantic_core_schema__"
+            ) or (isinstance(node, ast.Constant) and node.value in ("model-fields", "post_init")):
+                found.append(f"{path.relative_to(core)}:{node.lineno}")
+    assert found == []

@@ -1,0 +1,140 @@
+"""The interface every codec implements, and the words its answers are made of.
+
+A :class:`Codec` knows one value format: how a record carries its writer schema's id,
+how the registry holds the format's schemas (and how to fetch them), how a payload
+decodes, and what each top-level field of a writer schema arrives as (its *kind*, below),
+which is what the plan-time check and ``kafka-ingest schema from-registry`` compare with
+the contract. Callers hold a codec and never ask which format it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kafka_ingest.config import Format
+from kafka_ingest.decode.codecs.wire import wire_schema_id
+
+if TYPE_CHECKING:
+    from kafka_ingest.kafka.registry import SchemaRegistry, WriterSchema
+
+#: Kinds of values a decoded writer field arrives as.
+STR, INT, FLOAT, BOOL, BYTES, DECIMAL, DATETIME, DATE, UUID_, OBJECT, LIST = (
+    "string", "integer", "float", "boolean", "bytes", "decimal", "datetime", "date", "uuid",
+    "object", "array")
+
+#: Kinds a contract column's strict validation accepts (by its ``copy_type``), when the
+#: decoded values arrive typed and are validated in Python mode (Avro, Protobuf)...
+PYTHON_KINDS: Mapping[str, frozenset[str]] = {
+    "text": frozenset({STR}), "int2": frozenset({INT}), "int4": frozenset({INT}),
+    "int8": frozenset({INT}), "float8": frozenset({FLOAT, INT}),
+    "numeric": frozenset({DECIMAL}), "bool": frozenset({BOOL}),
+    "timestamptz": frozenset({DATETIME}), "date": frozenset({DATE}),
+    "uuid": frozenset({UUID_}), "jsonb": frozenset({OBJECT, LIST})}
+#: ... and when the payload is JSON, validated as JSON (JSON Schema): text parses.
+JSON_KINDS: Mapping[str, frozenset[str]] = {
+    **PYTHON_KINDS, "numeric": frozenset({STR, FLOAT, INT}),
+    "timestamptz": frozenset({STR, DATETIME}), "date": frozenset({STR, DATE}),
+    "uuid": frozenset({STR, UUID_})}
+
+#: A decoder: the value's payload (after the wire header) -> what the contract validates
+#: (a dict in Python mode, or the payload's JSON bytes).
+PayloadReader = Callable[[bytes], Any]
+
+
+@dataclass(frozen=True)
+class WriterField:
+    """One top-level field of a writer schema: its kind, whether it may be null or
+    missing, and what the generator needs (decimal digits, enum symbols, item kind)."""
+
+    name: str
+    kind: str
+    nullable: bool = False
+    precision: int | None = None
+    scale: int | None = None
+    items: str | None = None
+    max_length: int | None = None
+
+
+#: The top-level fields of one record type of a writer schema, by name.
+Fields = dict[str, WriterField]
+
+
+class NoSuchRecord(ValueError):
+    """The record type a pipeline (``schema_registry.record``) or ``schema
+    from-registry --record`` names is not in the writer schema."""
+
+
+class Codec:
+    """One value format. The registry formats (``format.registry``) implement every
+    method; plain JSON has no writer schema, so only :meth:`schema_id` (None) and
+    :attr:`python` (False: its bytes are the contract's JSON) apply to it."""
+
+    #: The ``format`` of the pipelines it reads.
+    format: ClassVar[Format]
+    #: The registry's ``schemaType`` of this format's schemas (None: no registry).
+    schema_type: ClassVar[str | None] = None
+    #: Whether a decoded value is validated in Python mode (typed values in a dict), or
+    #: as JSON (the payload's bytes).
+    python: ClassVar[bool] = False
+    #: Whether the registry is asked for the schema as a serialized descriptor
+    #: (Protobuf; see :func:`~kafka_ingest.kafka.registry.is_descriptor`).
+    serialized: ClassVar[bool] = False
+
+    @property
+    def kinds(self) -> Mapping[str, frozenset[str]]:
+        """The kinds each contract column accepts, by how values travel."""
+        return PYTHON_KINDS if self.python else JSON_KINDS
+
+    def schema_id(self, value: bytes | None) -> int | None:
+        """The writer schema id ``value`` carries in its wire header (kept with its dead
+        letter), or None when it carries none."""
+        return wire_schema_id(value)
+
+    # ----------------------------------------------------------------- the registry
+
+    def schema(self, registry: SchemaRegistry, schema_id: int) -> WriterSchema | None:
+        """The writer schema registered under ``schema_id`` (None: the registry has none)."""
+        return registry.schema(schema_id, serialized=self.serialized)
+
+    def latest(self, registry: SchemaRegistry, subject: str) -> WriterSchema | None:
+        """The subject's latest version (None: no such subject)."""
+        return registry.latest(subject, serialized=self.serialized)
+
+    def version(self, registry: SchemaRegistry, subject: str,
+                number: int) -> WriterSchema | None:
+        """Version ``number`` of the subject (None: no such version)."""
+        return registry.version(subject, number, serialized=self.serialized)
+
+    def reads(self, schema: WriterSchema) -> bool:
+        """Whether ``schema`` is one of this format's (the registry holds every type)."""
+        return schema.schema_type.upper() == self.schema_type
+
+    # ----------------------------------------------------------------- payloads
+
+    def reader(self, schema: WriterSchema) -> PayloadReader:
+        """The decoder of payloads written with ``schema`` (made once per schema id);
+        it raises :class:`~kafka_ingest.errors.Undecodable` for a payload it cannot read,
+        and :class:`~kafka_ingest.errors.SchemaUnreadable` when the schema itself cannot
+        be built."""
+        raise NotImplementedError(f"{self.format.value} payloads carry no writer schema")
+
+    def python_value(self, decoded: Any) -> Any:
+        """A decoded payload as a Python value (a registry-encoded record key is read
+        from it): what :meth:`reader` returned, unless that is JSON bytes."""
+        return decoded
+
+    # ----------------------------------------------------------------- schemas
+
+    def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
+        """The fields a record written with ``schema`` may have: one set, or one per
+        record type the schema declares when a record names which it is (a Protobuf
+        file's messages; ``record`` picks one by its full name, :class:`NoSuchRecord`
+        naming the ones there are when it is not there)."""
+        raise NotImplementedError(f"{self.format.value} has no writer schema")
+
+
+__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FLOAT", "INT", "JSON_KINDS",
+           "LIST", "OBJECT", "PYTHON_KINDS", "STR", "UUID_", "Codec", "Fields",
+           "NoSuchRecord", "PayloadReader", "WriterField"]

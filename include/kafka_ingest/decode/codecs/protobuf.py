@@ -1,0 +1,226 @@
+"""Protobuf: messages built from the registry's descriptor, and their fields.
+
+A writer schema is a serialized ``FileDescriptorProto`` (fetched ``serialized`` when the
+registry holds ``.proto`` source); its message classes are built from it (no generated
+``_pb2`` module). A payload starts with message indexes (which message of the file it is),
+then the message, which becomes a dict field by field: 64-bit integers stay integers, a
+field without presence holds its zero value, an unset ``optional`` or message field is
+missing, enums are named, a ``Timestamp`` is an aware ``datetime``.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from google.protobuf import (
+    any_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    field_mask_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from kafka_ingest.config import Format
+from kafka_ingest.decode.codecs.base import (
+    BOOL,
+    BYTES,
+    DATETIME,
+    FLOAT,
+    INT,
+    LIST,
+    OBJECT,
+    STR,
+    Codec,
+    Fields,
+    NoSuchRecord,
+    PayloadReader,
+    WriterField,
+)
+from kafka_ingest.errors import SchemaUnreadable, Undecodable
+
+if TYPE_CHECKING:
+    from kafka_ingest.kafka.registry import WriterSchema
+
+#: The well-known types a writer schema imports without a registered reference (what
+#: confluent-kafka's serializers skip: ``skip.known.types``), by file name. Taken from the
+#: modules, not from protobuf's default pool: that holds a file only once some module
+#: imported it (confluent-kafka's serializers do; a worker that imports this package alone
+#: does not).
+WELL_KNOWN = {m.DESCRIPTOR.name: m.DESCRIPTOR for m in (
+    any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)}
+
+
+class ProtobufCodec(Codec):
+    """``format: protobuf``."""
+
+    format: ClassVar[Format] = Format.PROTOBUF
+    schema_type: ClassVar[str | None] = "PROTOBUF"
+    python: ClassVar[bool] = True
+    serialized: ClassVar[bool] = True
+
+    def reader(self, schema: WriterSchema) -> PayloadReader:
+        return _protobuf_reader(schema)
+
+    def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
+        """One set per top-level message of the file (a record says which it is in its
+        message indexes, not the subject), or the one ``record`` names."""
+        names = protobuf_messages(schema.text)
+        if record is None:
+            return [protobuf_fields(schema.text, i) for i in range(len(names))]
+        if record not in names:
+            raise NoSuchRecord(f"message {record!r}: not a top-level message of the writer "
+                             f"schema ({', '.join(names) or 'none'})")
+        return [protobuf_fields(schema.text, names.index(record))]
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise Undecodable("Protobuf message indexes are cut short")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def message_indexes(payload: bytes) -> tuple[list[int], bytes]:
+    """The message indexes after the header (a count, then the path; 0 alone is [0])."""
+    count, pos = _zigzag_varint(payload, 0)
+    if count == 0:
+        return [0], payload[pos:]
+    if not 0 < count <= 64:
+        raise Undecodable(f"Protobuf message index count {count} is not a path")
+    indexes = []
+    for _ in range(count):
+        index, pos = _zigzag_varint(payload, pos)
+        indexes.append(index)
+    return indexes, payload[pos:]
+
+
+def _proto_value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.message_type.full_name == "google.protobuf.Timestamp":
+            return value.ToDatetime(tzinfo=UTC)
+        return proto_to_dict(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else value
+    return value
+
+
+def proto_to_dict(message: Message) -> dict[str, Any]:
+    """A message as the contract reads it: every field with its value, repeated as lists,
+    enums by name; an unset field with presence (``optional``, a message) is left out."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.is_repeated:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                out[field.name] = {k: _proto_value(field.message_type.fields_by_name["value"], v)
+                                   for k, v in value.items()}
+            else:
+                out[field.name] = [_proto_value(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            continue
+        else:
+            out[field.name] = _proto_value(field, value)
+    return out
+
+
+def _message_type(file: Any, indexes: list[int]) -> Descriptor:
+    types = list(file.message_types_by_name.values())
+    found: Descriptor | None = None
+    for index in indexes:
+        if not 0 <= index < len(types):
+            raise Undecodable(f"Protobuf message index path {indexes} names no message")
+        found = types[index]
+        types = list(found.nested_types)
+    if found is None:
+        raise Undecodable("Protobuf message index path is empty")
+    return found
+
+
+def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema.text))
+        pool = descriptor_pool.DescriptorPool()
+        for dependency in proto.dependency:  # the well-known types it imports
+            known = descriptor_pb2.FileDescriptorProto()
+            (WELL_KNOWN.get(dependency)
+             or descriptor_pool.Default().FindFileByName(dependency)).CopyToProto(known)
+            pool.Add(known)
+        pool.Add(proto)
+        file = pool.FindFileByName(proto.name)
+    except Exception as exc:  # not a serialized descriptor, or one with unknown imports
+        raise SchemaUnreadable(schema.schema_id, f"not a Protobuf descriptor this reader can "
+                               f"build (imports other than the well-known types are not "
+                               f"supported): {exc}") from None
+    classes: dict[tuple[int, ...], Any] = {}
+
+    def decode(payload: bytes) -> Any:
+        indexes, body = message_indexes(payload)
+        key = tuple(indexes)
+        cls = classes.get(key)
+        if cls is None:
+            cls = classes[key] = message_factory.GetMessageClass(_message_type(file, indexes))
+        try:  # the message, then its values (a Timestamp past year 9999 refuses too)
+            return proto_to_dict(cls.FromString(body))
+        except Exception as exc:  # DecodeError and friends
+            raise Undecodable(f"Protobuf payload does not decode as "
+                              f"{cls.DESCRIPTOR.full_name} (schema id {schema.schema_id}): "
+                              f"{exc}") from None
+
+    return decode
+
+
+# --------------------------------------------------------------------------- the writer's fields
+
+_PROTO = {FieldDescriptor.TYPE_STRING: STR, FieldDescriptor.TYPE_BOOL: BOOL,
+          FieldDescriptor.TYPE_DOUBLE: FLOAT, FieldDescriptor.TYPE_FLOAT: FLOAT,
+          FieldDescriptor.TYPE_BYTES: BYTES, FieldDescriptor.TYPE_ENUM: STR,
+          FieldDescriptor.TYPE_MESSAGE: OBJECT}
+
+
+def protobuf_fields(text: str, message_index: int = 0) -> Fields:
+    """The fields of the file's first message, or of its ``message_index``-th (a serialized
+    ``FileDescriptorProto``)."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+    if not file.message_type:
+        return {}
+    fields = {}
+    for f in file.message_type[message_index].field:
+        repeated = f.label == FieldDescriptor.LABEL_REPEATED
+        kind = _PROTO.get(f.type, INT)
+        if f.type == FieldDescriptor.TYPE_MESSAGE and f.type_name == ".google.protobuf.Timestamp":
+            kind = DATETIME
+        # proto3: a field without presence always arrives (its zero value); optional ones
+        # and messages may be missing
+        nullable = f.proto3_optional or f.type == FieldDescriptor.TYPE_MESSAGE
+        fields[f.name] = WriterField(f.name, LIST if repeated else kind, nullable,
+                                     items=kind if repeated else None)
+    return fields
+
+
+def protobuf_messages(text: str) -> list[str]:
+    """The full names of a serialized ``FileDescriptorProto``'s top-level messages."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+    return [f"{file.package}.{m.name}" if file.package else m.name for m in file.message_type]
+
+
+__all__ = ["WELL_KNOWN", "ProtobufCodec", "message_indexes", "proto_to_dict", "protobuf_fields",
+           "protobuf_messages"]
