@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime, seconds_to_pg
+from kafka_ingest.contracts.columns import millis_to_pg, seconds_to_pg
 from kafka_ingest.db import (
     CopyEncoder,
     Database,
@@ -39,6 +39,7 @@ from kafka_ingest.errors import (
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.records import Row, row_source
 from kafka_ingest.requests import OffsetWindow
+from tests.support import pg_to_datetime
 from tests.support.ingest import (
     DeadProducerClients,
     dead_letter_rows,

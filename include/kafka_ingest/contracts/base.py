@@ -81,10 +81,6 @@ class Contract(BaseModel):
         return sink_getter(type(self))(self)
 
     @classmethod
-    def is_declared(cls) -> bool:
-        return cls.DECLARATION is not None
-
-    @classmethod
     def key(cls) -> str:
         """Registry key: ``<event_type>.v<version>``."""
         return f"{cls.EVENT_TYPE}.v{cls.VERSION}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
@@ -68,14 +67,6 @@ def millis_to_pg(ms: int) -> int:
     """A Unix time in milliseconds as a binary ``timestamptz`` (see :func:`seconds_to_pg`):
     exact."""
     return (ms - PG_EPOCH_MS) * 1000
-
-
-def pg_to_datetime(us: int | None) -> datetime | None:
-    """A binary ``timestamptz`` value (:func:`seconds_to_pg`) as a datetime (UTC)."""
-    return None if us is None else _PG_EPOCH + timedelta(microseconds=us)
-
-
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -163,5 +154,5 @@ def contract_columns(model: Any) -> tuple[Column, ...]:
 
 
 __all__ = ["DDL_TYPES", "PG_EPOCH_MS", "PG_EPOCH_S", "SYSTEM_COLUMNS", "Column", "admits_none",
-           "contract_columns", "ddl_type", "millis_to_pg", "pg_to_datetime",
+           "contract_columns", "ddl_type", "millis_to_pg",
            "refuse_system_column", "seconds_to_pg"]

@@ -23,9 +23,10 @@ from kafka_ingest.contracts import (
     get_contract,
     json_schema,
 )
-from kafka_ingest.contracts.columns import pg_to_datetime, seconds_to_pg
+from kafka_ingest.contracts.columns import seconds_to_pg
 from kafka_ingest.decode.validate import classify
 from kafka_ingest.errors import ContractViolation, DataError, UnknownVersion
+from tests.support import pg_to_datetime
 
 METRIC: dict[str, Any] = {
     "event_id": "m-1",

@@ -120,8 +120,8 @@ def test_declared_examples_have_the_hand_written_columns() -> None:
 
 def test_declared_models_are_contracts_with_their_key() -> None:
     assert issubclass(METRIC_DECLARED, Contract)
-    assert (METRIC_DECLARED.key(), METRIC_DECLARED.is_declared()) == ("metric_reading.v2", True)
-    assert (MetricEventV2.is_declared(), MetricEventV2.DECLARATION) == (False, None)
+    assert METRIC_DECLARED.key() == "metric_reading.v2"
+    assert METRIC_DECLARED.DECLARATION is not None and MetricEventV2.DECLARATION is None
     assert sorted(DECLARED) == ["metric_reading.v1", "metric_reading.v2", "order_placed.v1"]
 
 
@@ -800,7 +800,7 @@ import json, pickle, sys
 pipeline = pickle.loads(sys.stdin.buffer.read())
 model = pipeline.model
 fields = {name: [f.alias, f.is_required()] for name, f in model.model_fields.items()}
-out = {"class": model.__name__, "key": model.key(), "declared": model.is_declared(),
+out = {"class": model.__name__, "key": model.key(), "declared": model.DECLARATION is not None,
        "fields": fields, "sink_columns": model.SINK_COLUMNS,
        "staged": {c: [t, f.__name__] for c, (t, f) in model.STAGED.items()},
        "columns": pipeline.column_names}

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from kafka_ingest.config import OnTombstone, Pipeline
-from kafka_ingest.contracts.columns import millis_to_pg, pg_to_datetime
+from kafka_ingest.contracts.columns import millis_to_pg
 from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
 from kafka_ingest.errors import DataError
 from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
 from kafka_ingest.records import MAX_TIMESTAMP_MS, kafka_timestamp_ms, row_source, row_values
 from kafka_ingest_dev.samples import make_event, poison_pills, sample_stream
+from tests.support import pg_to_datetime
 
 PIPELINES = ["telemetry_metrics", "orders_created"]
 MAX_BYTES = 4096
