@@ -1,0 +1,228 @@
+"""The commands that make what the pipelines need: the bookkeeping schema and the tables
+(``migrate``, ``schema plan|apply``), the grants, the topics, the Airflow pools, and the
+contracts (``schema show``, ``schema from-registry``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import yaml
+
+from kafka_ingest.cli.settings import (
+    GRANT_TO_ENV,
+    MissingSetting,
+    admin_database,
+    grant_target,
+    kafka_clients,
+    print_json,
+    registry_settings,
+)
+from kafka_ingest.config import (
+    Format,
+    Pipeline,
+    load_declared_contracts,
+    load_pipelines,
+    pool_import_document,
+)
+from kafka_ingest.contracts import json_schema
+from kafka_ingest.db import grant_runtime, migrate
+from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
+from kafka_ingest.decode.codecs import codec_for
+from kafka_ingest.decode.schemas import contract_from_schema
+from kafka_ingest.errors import PrivilegeMissing, SettingsError
+from kafka_ingest.kafka.registry import SchemaRegistry
+from kafka_ingest.kafka.topics import create_pipeline_topics
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """The bookkeeping schema, every pipeline's tables, then the grants."""
+    return _apply(args, load_pipelines().values(), show_migrations=True)
+
+
+def _apply(args: argparse.Namespace, pipelines: Iterable[Pipeline], *,
+           show_migrations: bool) -> int:
+    role, source = grant_target(args.grant_to)
+    chosen = list(pipelines)
+    with _as_owner(), admin_database(args.dsn).session() as conn:
+        applied = migrate(conn)
+        plans = apply_pipelines(conn, chosen)
+        granted = _grant(conn, role, chosen)
+    if show_migrations:
+        print(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+    for plan in plans:
+        for change in plan.changes:
+            print(f"applied ({plan.pipeline}): {change.why}: "
+                  f"{' '.join(change.statement.split())}")
+        for note in plan.notes:
+            print(f"note ({plan.pipeline}): {note}")
+        if not plan.changes:
+            print(f"{plan.pipeline}: up to date")
+    _print_grants(role, source, granted)
+    return 0
+
+
+@contextlib.contextmanager
+def _as_owner() -> Iterator[None]:
+    try:
+        yield
+    except PrivilegeMissing as exc:  # the grant advice does not apply to the owner's job
+        raise PrivilegeMissing(exc.role, exc.detail, on=exc.on, fix=(
+            "migrations run as the schema's owner: point KAFKA_INGEST_PG_ADMIN_DSN (or "
+            "--dsn) at that role")) from exc
+
+
+def _grant(conn: Any, role: str | None, pipelines: Iterable[Pipeline]) -> list[str]:
+    if not role:
+        return []
+    tables, deleting = runtime_tables(pipelines)
+    return grant_runtime(conn, role, tables, deleting=deleting)
+
+
+def _chosen(names: Sequence[str]) -> list[Pipeline]:
+    pipelines = load_pipelines()
+    unknown = sorted(set(names) - set(pipelines))
+    if unknown:
+        raise ValueError(f"unknown pipeline(s) {', '.join(unknown)}; defined: "
+                         f"{', '.join(sorted(pipelines))}")
+    return [pipelines[n] for n in (names or sorted(pipelines))]
+
+
+def _print_plan(plan: TablePlan) -> None:
+    if not plan.changes and not plan.drift:
+        print(f"-- {plan.pipeline}: up to date")
+        return
+    for change in plan.changes:
+        print(f"-- {plan.pipeline}: {change.why}\n{change.statement};")
+    for note in plan.notes:
+        print(f"-- note: {note}")
+    for problem in plan.drift:
+        print(f"-- DRIFT (not changed by the planner): {problem}")
+
+
+def cmd_schema_plan(args: argparse.Namespace) -> int:
+    """The DDL each pipeline's tables need, and the drift nothing may fix on its own."""
+    with admin_database(args.dsn).session() as conn:
+        plans = [plan_tables(conn, p) for p in _chosen(args.pipelines)]
+    for plan in plans:
+        _print_plan(plan)
+    return 2 if any(p.drift for p in plans) else 0
+
+
+def cmd_schema_apply(args: argparse.Namespace) -> int:
+    """Apply the plans as the migrating role, each in a transaction, recorded."""
+    return _apply(args, _chosen(args.pipelines), show_migrations=False)
+
+
+def _print_grants(role: str | None, source: str, granted: list[str]) -> None:
+    if role:
+        print(f"granted {role!r} (from {source}) the runtime privileges:")
+        for line in granted:
+            print(f"    {line}")
+    else:
+        print(f"no runtime role granted (neither --grant-to nor {GRANT_TO_ENV} names one): "
+              "the pipelines must run as this role or one granted otherwise")
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    created, existed = create_pipeline_topics(kafka_clients(), _chosen(args.pipelines))
+    for topic in created:
+        print(f"created {topic}")
+    for topic in existed:
+        print(f"already there: {topic}")
+    return 0
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    """The Airflow pools the pipelines name, as ``airflow pools import <file>`` reads them."""
+    return print_json(pool_import_document(load_pipelines()))
+
+
+def cmd_schema_from_registry(args: argparse.Namespace) -> int:
+    """A declared contract (YAML for the pipelines file) from a subject's latest schema."""
+    settings = registry_settings()
+    if settings is None:
+        raise MissingSetting("KAFKA_INGEST_SCHEMA_REGISTRY_URL",
+                             "KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", what="the schema registry")
+    codec = codec_for(args.format)
+    registry = SchemaRegistry(settings)
+    try:
+        schema = codec.latest(registry, args.subject)
+    finally:
+        registry.close()
+    if schema is None:
+        raise SettingsError(f"subject {args.subject!r} is not registered at {settings.url}")
+    if not codec.reads(schema):
+        raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
+                            f"not {codec.format.value}")
+    body, skipped = contract_from_schema(codec.format, schema,
+                                         text_max_length=args.text_max_length,
+                                         record=args.record)
+    print(f"# kafka-ingest schema from-registry {args.subject} --format {codec.format.value}: "
+          f"subject version {schema.version}, schema id {schema.schema_id}")
+    print(f"# text fields without a bound got max_length {args.text_max_length}: adjust them "
+          "to your data (each is its column's width)")
+    for line in skipped:
+        print(f"# left out: {line}")
+    print(yaml.safe_dump({"contracts": {args.event_type: body}}, sort_keys=False), end="")
+    return 0
+
+
+def cmd_schema_show(args: argparse.Namespace) -> int:
+    return print_json(json_schema(args.event_type, args.version, load_declared_contracts()))
+
+
+def add_commands(sub: Any) -> None:
+    """``migrate``, ``schema`` (plan, apply, show, from-registry), ``topics create``,
+    ``pools``."""
+    p = sub.add_parser("migrate", help="create or upgrade the schema and every pipeline's "
+                       "tables (as the owner role), then grant the runtime role")
+    p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
+    p.add_argument("--grant-to", metavar="ROLE",
+                   help="grant this runtime role the DML the pipelines need, and no more "
+                        f"(default: ${GRANT_TO_ENV}, which `stack env --secure` sets; an "
+                        "empty value grants nothing)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("topics", help="create the pipelines' source and dead-letter topics")
+    topics_sub = p.add_subparsers(dest="topics_command", required=True)
+    p = topics_sub.add_parser("create", help="create the missing topics of the named pipelines "
+                              "(all by default) with their partitions and replication factor")
+    p.add_argument("pipelines", nargs="*", metavar="PIPELINE")
+    p.set_defaults(func=cmd_topics_create)
+
+    p = sub.add_parser("pools", help="print the Airflow pools the pipelines name (JSON for "
+                       "`airflow pools import`)")
+    p.set_defaults(func=cmd_pools)
+
+    p = sub.add_parser("schema", help="contracts and the tables made from them")
+    schema_sub = p.add_subparsers(dest="schema_command", required=True)
+    p = schema_sub.add_parser("show", help="print a contract's JSON Schema")
+    p.add_argument("event_type")
+    p.add_argument("version", type=int)
+    p.set_defaults(func=cmd_schema_show)
+    p = schema_sub.add_parser("from-registry", help="print a declared contract (YAML for "
+                              "the pipelines file) made from a subject's latest schema")
+    p.add_argument("subject")
+    p.add_argument("--format", choices=[f.value for f in Format if f.registry],
+                   default=Format.AVRO.value)
+    p.add_argument("--event-type", required=True, help="the contract's name")
+    p.add_argument("--text-max-length", type=int, default=256,
+                   help="the bound of text fields whose schema gives none")
+    p.add_argument("--record", help="Protobuf: the message of the file to read (its full "
+                   "name; default: the first)")
+    p.set_defaults(func=cmd_schema_from_registry)
+    for name, func, doc in (
+            ("plan", cmd_schema_plan, "print the DDL the pipelines' tables need (all by "
+             "default) and any drift; exit 2 when there is drift"),
+            ("apply", cmd_schema_apply, "apply that DDL as the migrating role, recorded in "
+             "schema_changes, then grant the runtime role")):
+        p = schema_sub.add_parser(name, help=doc)
+        p.add_argument("pipelines", nargs="*", metavar="PIPELINE")
+        p.add_argument("--dsn", help="the owner's DSN (default: $KAFKA_INGEST_PG_ADMIN_DSN)")
+        if name == "apply":
+            p.add_argument("--grant-to", metavar="ROLE", help="the runtime role to grant "
+                           f"(default: ${GRANT_TO_ENV}; empty: none)")
+        p.set_defaults(func=func)
