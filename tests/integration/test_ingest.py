@@ -132,7 +132,7 @@ def test_same_event_in_one_chunk_and_across_partitions_lands_once(
 def test_times_are_stored_exactly_as_postgres_converts_them(
         make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
     # Event epochs and Kafka timestamps travel as numbers and Postgres makes them
-    # timestamptz (STAGED columns): to the microsecond, both ends of the range included.
+    # timestamptz (CONVERTED columns): to the microsecond, both ends of the range included.
     pipeline = make_pipeline("telemetry_metrics", partitions=1)
     epochs = {"t-now": 1_767_225_600.123456, "t-zero": 0.0, "t-far": 253_402_300_799.0}
     producer = clients.producer()

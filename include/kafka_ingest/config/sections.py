@@ -104,7 +104,7 @@ class RecordKey(Strict):
     def as_column(self) -> Column:
         ddl = "bigint" if self.type is KeyType.BIGINT else f"character varying({self.max_length})"
         copy = "int8" if self.type is KeyType.BIGINT else "text"
-        return Column(name=self.column, ddl=ddl, copy_type=copy, nullable=False)
+        return Column(name=self.column, ddl=ddl, value_type=copy, nullable=False)
 
 
 class HeaderColumn(Strict):
@@ -119,7 +119,7 @@ class HeaderColumn(Strict):
 
     def as_column(self) -> Column:
         return Column(name=self.column, ddl=f"character varying({self.max_length})",
-                      copy_type="text", nullable=not self.required)
+                      value_type="text", nullable=not self.required)
 
 
 class Partitioning(Strict):

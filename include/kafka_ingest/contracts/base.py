@@ -66,7 +66,7 @@ class Contract(BaseModel):
     #: e.g. an epoch in seconds -> ``timestamptz``
     #: (:func:`~kafka_ingest.contracts.columns.seconds_to_pg`). The row's values are read
     #: with it applied (:func:`sink_getter`), so the row can go straight into the table.
-    STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
+    CONVERTED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {}
     #: A contract built from a declaration in the pipelines file
     #: (:mod:`~kafka_ingest.contracts.declared`): the declaration, as JSON; None for one
     #: written in Python.
@@ -77,7 +77,7 @@ class Contract(BaseModel):
 
     def sink_values(self) -> tuple[Any, ...]:
         """The row's values as they travel to Postgres, in ``SINK_COLUMNS`` order (a
-        ``STAGED`` column's value converted)."""
+        ``CONVERTED`` column's value converted)."""
         return sink_getter(type(self))(self)
 
     @classmethod
@@ -92,11 +92,11 @@ _GETTERS: dict[tuple[type[Contract], bool], SinkGetter] = {}
 
 
 def sink_getter(model: type[Contract], *, by_key: bool = False) -> SinkGetter:
-    """A validated event -> its sink values in ``SINK_COLUMNS`` order, each ``STAGED``
+    """A validated event -> its sink values in ``SINK_COLUMNS`` order, each ``CONVERTED``
     column's value converted (``None`` stays ``None``).
 
     The event is a model instance (read by attribute), or with ``by_key`` the fields dict
-    of :func:`hot_validation`'s validator (read by key; a ``STAGED`` value is converted in
+    of :func:`hot_validation`'s validator (read by key; a ``CONVERTED`` value is converted in
     the dict itself, which is the hot path's own, made for this one message). Without a
     conversion it is one C call (``itemgetter``/``attrgetter``).
     """
@@ -110,10 +110,11 @@ def _sink_getter(model: type[Contract], by_key: bool) -> SinkGetter:
     names = [name for name, _ in model.SINK_COLUMNS]
     read = itemgetter(*names) if by_key else attrgetter(*names)
     get: SinkGetter = read if len(names) > 1 else lambda event: (read(event),)
-    if not model.STAGED:
+    if not model.CONVERTED:
         return get
     if by_key:
-        by_name = tuple((name, model.STAGED[name][1]) for name in names if name in model.STAGED)
+        by_name = tuple((name, model.CONVERTED[name][1]) for name in names
+                        if name in model.CONVERTED)
 
         def converted_in_place(fields: dict[str, Any]) -> tuple[Any, ...]:
             for name, convert in by_name:
@@ -122,8 +123,8 @@ def _sink_getter(model: type[Contract], by_key: bool) -> SinkGetter:
             return get(fields)
 
         return converted_in_place
-    by_index = tuple((i, model.STAGED[name][1]) for i, name in enumerate(names)
-                     if name in model.STAGED)
+    by_index = tuple((i, model.CONVERTED[name][1]) for i, name in enumerate(names)
+                     if name in model.CONVERTED)
 
     def converted(event: Contract) -> tuple[Any, ...]:
         values = list(get(event))

@@ -1,7 +1,7 @@
 """A contract's columns: the one place a field's Postgres column is decided.
 
 Hand-written and declared contracts alike say, per sink column, the type its value travels
-in (``SINK_COLUMNS``, and ``STAGED`` when it is converted to travel); the column's DDL type and
+in (``SINK_COLUMNS``, and ``CONVERTED`` when it is converted to travel); the column's DDL type and
 whether it may be NULL follow from the field itself: a ``max_length`` makes
 ``character varying(n)``, a ``Decimal`` with digits and places makes ``numeric(p,s)``, an
 annotation that admits ``None`` makes a nullable column. Types are spelled as Postgres'
@@ -76,8 +76,10 @@ class Column:
     name: str
     #: The column's type as ``format_type()`` prints it (``character varying(128)``).
     ddl: str
-    #: The type of the validated value (what a registry schema's field must give).
-    copy_type: str
+    #: The type of the validated value (what a registry schema's field must give). Three
+    #: type names meet here: ``value_type`` (the validated value), ``ddl`` (the column) and
+    #: :attr:`copy_type` (what binary ``COPY`` sends).
+    value_type: str
     nullable: bool
     #: What turns the validated value into the column's binary ``COPY`` form before it
     #: travels (an epoch into a ``timestamptz``: :func:`seconds_to_pg`);
@@ -85,10 +87,10 @@ class Column:
     convert: Callable[[Any], Any] | None = None
 
     @property
-    def wire_type(self) -> str:
+    def copy_type(self) -> str:
         """The type binary ``COPY`` sends the value as: a converted epoch goes as the int8
         that a binary ``timestamptz`` is."""
-        return "int8" if self.convert is not None else self.copy_type
+        return "int8" if self.convert is not None else self.value_type
 
 
 def _metadata(annotation: Any) -> list[Any]:
@@ -123,19 +125,19 @@ def admits_none(annotation: Any) -> bool:
     return annotation is Any
 
 
-def ddl_type(travel_type: str, field: FieldInfo | None) -> str:
-    """The column type for a value of ``travel_type`` held by ``field``."""
-    if travel_type.endswith("[]"):
-        return ddl_type(travel_type[:-2], None) + "[]"
-    base = DDL_TYPES.get(travel_type)
+def ddl_type(value_type: str, field: FieldInfo | None) -> str:
+    """The column type for a value of ``value_type`` held by ``field``."""
+    if value_type.endswith("[]"):
+        return ddl_type(value_type[:-2], None) + "[]"
+    base = DDL_TYPES.get(value_type)
     if base is None:
-        raise ValueError(f"no column type for values of type {travel_type!r}; "
+        raise ValueError(f"no column type for values of type {value_type!r}; "
                          f"known: {', '.join(DDL_TYPES)}")
     if field is None:
         return base
-    if travel_type == "text" and (n := _constraint(field, "max_length")) is not None:
+    if value_type == "text" and (n := _constraint(field, "max_length")) is not None:
         return f"character varying({n})"
-    if travel_type == "numeric":
+    if value_type == "numeric":
         digits, places = _constraint(field, "max_digits"), _constraint(field, "decimal_places")
         if digits is not None:
             return f"numeric({digits},{places or 0})"
@@ -145,10 +147,10 @@ def ddl_type(travel_type: str, field: FieldInfo | None) -> str:
 def contract_columns(model: Any) -> tuple[Column, ...]:
     """The columns of a contract's ``SINK_COLUMNS``, in row order."""
     columns = []
-    for name, final_type in model.SINK_COLUMNS:
+    for name, column_type in model.SINK_COLUMNS:
         field = model.model_fields[name]
-        travel, convert = model.STAGED.get(name, (final_type, None))
-        columns.append(Column(name=name, ddl=ddl_type(final_type, field), copy_type=travel,
+        value_type, convert = model.CONVERTED.get(name, (column_type, None))
+        columns.append(Column(name=name, ddl=ddl_type(column_type, field), value_type=value_type,
                               nullable=admits_none(field.annotation), convert=convert))
     return tuple(columns)
 

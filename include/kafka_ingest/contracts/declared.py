@@ -100,7 +100,7 @@ _TRAVEL: dict[FieldType, str] = {
     FieldType.BOOLEAN: "bool", FieldType.DATE: "date", FieldType.UUID: "uuid",
     FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz",
 }
-_STAGED_TIME: dict[TimeEncoding, tuple[str, Callable[[Any], Any]]] = {
+_CONVERTED_TIME: dict[TimeEncoding, tuple[str, Callable[[Any], Any]]] = {
     TimeEncoding.EPOCH_SECONDS: ("float8", seconds_to_pg),
     TimeEncoding.EPOCH_MILLIS: ("int8", millis_to_pg),
 }
@@ -265,22 +265,22 @@ class FieldSpec(_Strict):
         return not self.required or "default" in self.model_fields_set
 
     @property
-    def travel_type(self) -> str:
-        """The type the value travels in (before a ``STAGED`` conversion)."""
+    def value_type(self) -> str:
+        """The validated value's type (a ``CONVERTED`` one is converted before it travels)."""
         if self.type in _INTS:
             return _INTS[self.type][2]
         if self.type is FieldType.ARRAY:
-            return f"{self._items.final_type}[]"
-        if self.type is FieldType.TIMESTAMPTZ and self.encoding in _STAGED_TIME:
-            return _STAGED_TIME[self.encoding][0]
+            return f"{self._items.column_type}[]"
+        if self.type is FieldType.TIMESTAMPTZ and self.encoding in _CONVERTED_TIME:
+            return _CONVERTED_TIME[self.encoding][0]
         return _TRAVEL[self.type]
 
     @property
-    def final_type(self) -> str:
-        """The column's type name (after a ``STAGED`` conversion)."""
+    def column_type(self) -> str:
+        """The column's type name (a ``CONVERTED`` value's after its conversion)."""
         if self.type is FieldType.TIMESTAMPTZ:
             return "timestamptz"
-        return self.travel_type
+        return self.value_type
 
     @property
     def _whole_bounds(self) -> tuple[int, int]:
@@ -434,9 +434,10 @@ def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
         model.EVENT_TYPE = event_type
         model.VERSION = version
         model.SINK_COLUMNS = (("event_id", "text"),
-                              *((f.column or n, f.final_type) for n, f in present.items()))
-        model.STAGED = {f.column or n: _STAGED_TIME[f.encoding] for n, f in present.items()
-                        if f.type is FieldType.TIMESTAMPTZ and f.encoding in _STAGED_TIME}
+                              *((f.column or n, f.column_type) for n, f in present.items()))
+        model.CONVERTED = {f.column or n: _CONVERTED_TIME[f.encoding]
+                           for n, f in present.items()
+                           if f.type is FieldType.TIMESTAMPTZ and f.encoding in _CONVERTED_TIME}
         model.DECLARATION = spec.model_dump_json(exclude_unset=True)
         models.append(model)
     return models

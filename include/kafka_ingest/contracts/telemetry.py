@@ -15,7 +15,7 @@ class MetricEventV1(Contract):
     """One metric reading of one device.
 
     ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``,
-    converted before it travels (``STAGED``).
+    converted before it travels (``CONVERTED``).
     """
 
     EVENT_TYPE: ClassVar[str] = "metric_event"
@@ -27,7 +27,7 @@ class MetricEventV1(Contract):
         ("metric_value", "float8"),
         ("status", "text"),
     )
-    STAGED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+    CONVERTED: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "timestamp": ("float8", seconds_to_pg)}
 
     version: int = Field(default=1, ge=1, le=1)

@@ -80,7 +80,7 @@ class CopyEncoder:
 
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline,
                  shape: TargetShape | None = None) -> None:
-        self.types = list((shape or contract_shape(pipeline)).wire_types)
+        self.types = list((shape or contract_shape(pipeline)).copy_types)
         self._order = write_order(pipeline)
         self._cursor = conn.cursor()
         self._copy(io.BytesIO())  # the dumpers, made now

@@ -68,11 +68,11 @@ DDL_LOCK_TIMEOUT_MS = "5000"
 def provenance_columns() -> tuple[Column, ...]:
     """The provenance columns (:data:`~kafka_ingest.records.PROVENANCE_COLUMNS`), in row
     order (``ingested_at`` is the table's own). The Kafka timestamp (epoch milliseconds)
-    is converted before it travels, as ``Contract.STAGED`` values are: into a binary
+    is converted before it travels, as ``Contract.CONVERTED`` values are: into a binary
     timestamptz, inline in each row's making (:func:`kafka_ingest.decode.validate.row_builder`)."""
     return tuple(
         Column(name=c.name, ddl=ddl_type(c.type, None),
-               copy_type="int8" if c.epoch_ms else c.type, nullable=c.nullable,
+               value_type="int8" if c.epoch_ms else c.type, nullable=c.nullable,
                convert=millis_to_pg if c.epoch_ms else None)
         for c in PROVENANCE_COLUMNS)
 
@@ -467,19 +467,19 @@ class TargetShape:
     ``bigint``, ``integer[]`` to ``bigint[]``, which the drift check accepts) travels as
     the table's type: a binary ``COPY`` must send each value in its column's width."""
 
-    wire_types: tuple[str, ...]
+    copy_types: tuple[str, ...]
     stage_types: tuple[str, ...]
 
 
 def contract_shape(pipeline: Pipeline) -> TargetShape:
     """The shape of a table made from the contract (nothing widened)."""
     columns = row_columns(pipeline)
-    return TargetShape(tuple(c.wire_type for c in columns), tuple(c.ddl for c in columns))
+    return TargetShape(tuple(c.copy_type for c in columns), tuple(c.ddl for c in columns))
 
 
 def _widened(column: Column, actual: ActualColumn | None) -> tuple[str, str]:
     """(wire type, stage type) of one column, the table's own where it widened an integer."""
-    wire, ddl = column.wire_type, column.ddl
+    wire, ddl = column.copy_type, column.ddl
     if actual is None or column.convert is not None:
         return wire, ddl
     array = "[]" if wire.endswith("[]") else ""

@@ -64,7 +64,7 @@ def contract_problems(pipeline: Pipeline, fields: Fields) -> list[str]:
             log.warning("%s: field %r may be null or missing in the writer schema and the "
                         "contract requires it: such records are dead-lettered",
                         pipeline.name, payload_name)
-        wanted = (accepts.get(column.copy_type) if not column.copy_type.endswith("[]")
+        wanted = (accepts.get(column.value_type) if not column.value_type.endswith("[]")
                   else {LIST})
         if wanted is not None and writer.kind not in wanted:
             problems.append(f"field {payload_name!r}: the writer sends {writer.kind}, the "

@@ -67,10 +67,10 @@ def test_metric_v1_accepts_a_good_event() -> None:
     assert (event.event_id, event.device_id, event.metric_value, event.status) == (
         "m-1", "device-0001", 21.5, "WARN")
     assert event.version == 1  # absent version means 1
-    # the epoch travels as the binary timestamptz it becomes (STAGED): microseconds since
+    # the epoch travels as the binary timestamptz it becomes (CONVERTED): microseconds since
     # 2000-01-01, 2026-01-01T00:00:00.25Z here
     assert event.sink_values() == ("m-1", "device-0001", 820_540_800_250_000, 21.5, "WARN")
-    assert {"timestamp": ("float8", seconds_to_pg)} == MetricEventV1.STAGED
+    assert {"timestamp": ("float8", seconds_to_pg)} == MetricEventV1.CONVERTED
     assert pg_to_datetime(event.sink_values()[2]) == datetime(2026, 1, 1, 0, 0, 0, 250_000,
                                                               tzinfo=UTC)
 

@@ -103,7 +103,7 @@ def test_declared_examples_have_the_hand_written_columns() -> None:
     # value travels): a table made for one takes the other's rows.
     assert contract_columns(METRIC_DECLARED) == contract_columns(MetricEventV2)
     assert contract_columns(ORDER_DECLARED) == contract_columns(OrderCreatedV1)
-    assert METRIC_DECLARED.STAGED == MetricEventV2.STAGED
+    assert METRIC_DECLARED.CONVERTED == MetricEventV2.CONVERTED
     # and what the two spell out, checked against the migration's table (0002)
     assert contract_columns(ORDER_DECLARED) == (
         Column("event_id", "character varying(128)", "text", False),
@@ -802,7 +802,7 @@ model = pipeline.model
 fields = {name: [f.alias, f.is_required()] for name, f in model.model_fields.items()}
 out = {"class": model.__name__, "key": model.key(), "declared": model.DECLARATION is not None,
        "fields": fields, "sink_columns": model.SINK_COLUMNS,
-       "staged": {c: [t, f.__name__] for c, (t, f) in model.STAGED.items()},
+       "staged": {c: [t, f.__name__] for c, (t, f) in model.CONVERTED.items()},
        "columns": pipeline.column_names}
 for payload in sys.argv[1:]:
     try:

@@ -252,7 +252,7 @@ def test_each_row_is_the_contracts_values_converted_then_its_columns_and_provena
         values = []
         for column, _ in model.SINK_COLUMNS:
             value = getattr(event, column)
-            convert = model.STAGED.get(column, (None, None))[1]
+            convert = model.CONVERTED.get(column, (None, None))[1]
             values.append(convert(value) if convert and value is not None else value)
         ms = kafka_timestamp_ms(msg)
         assert row == (*values, *(extra(msg) if extra else ()), msg.topic(), msg.partition(),

@@ -69,7 +69,7 @@ class TableWriter:
         #: The columns a row fills, in row order: the target table's and the staging
         #: table's alike.
         self.columns = [c.name for c in row_columns(pipeline)]
-        self.types = list(shape.wire_types)
+        self.types = list(shape.copy_types)
         self._order = write_order(pipeline)
         self.table = sql.Identifier(pipeline.table)
         self.stage = sql.Identifier(stage_table(pipeline))

@@ -242,7 +242,7 @@ class LatestWriter(TableWriter):
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
             for c in self.columns if c != self.key)
-        key_type = next((c.copy_type for c in self.pipeline.sink_columns
+        key_type = next((c.value_type for c in self.pipeline.sink_columns
                          if c.name == self.key), "text")
         return sql.SQL(text).format(
             t=self.table, s=self.stage, m=self._marker, k=sql.Identifier(self.key),

@@ -24,7 +24,7 @@ STR, INT, FLOAT, BOOL, BYTES, DECIMAL, DATETIME, DATE, UUID_, OBJECT, LIST = (
     "string", "integer", "float", "boolean", "bytes", "decimal", "datetime", "date", "uuid",
     "object", "array")
 
-#: Kinds a contract column's strict validation accepts (by its ``copy_type``), when the
+#: Kinds a contract column's strict validation accepts (by its ``value_type``), when the
 #: decoded values arrive typed and are validated in Python mode (Avro, Protobuf)...
 PYTHON_KINDS: Mapping[str, frozenset[str]] = {
     "text": frozenset({STR}), "int2": frozenset({INT}), "int4": frozenset({INT}),
