@@ -63,7 +63,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
     params = {**_range_params(args), "dry_run": args.dry_run,
               "error_classes": args.error_class or [], "source_partition": args.source_partition,
-              "event_id": args.event_id}
+              "event_id": args.event_id, "identity": args.identity}
     request = replay_request(params, now=datetime.now(tz=UTC))
     return print_json(run_replay(pipeline, request, kafka_clients(), database(),
                                   run_id=args.run_id or new_run_id("cli_replay")))
@@ -184,6 +184,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--source-partition", type=int, metavar="P",
                    help="only dead letters from this source partition")
     p.add_argument("--event-id", metavar="ID", help="only the dead letter with this event_id")
+    p.add_argument("--identity", metavar="ID",
+                   help="only the dead letters of this identity of the pipeline's (a field's "
+                        "value, several as a JSON array, the record key, or partition:offset)")
     _add_range_args(p, "DLQ topic; default: from the replay cursor")
     p.set_defaults(func=cmd_replay)
 

@@ -132,7 +132,7 @@ def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
     writing it must read the same topic with the same upsert and the same tombstone rule
     (a pipeline that does not delete never reads the deletion markers, so it would write a
     deleted key's older version back); append pipelines may share a table across topics
-    (``event_id`` decides). Raise ``ValueError`` otherwise."""
+    (their identity decides). Raise ``ValueError`` otherwise."""
     by_table: dict[str, list[Pipeline]] = {}
     for pipeline in pipelines.values():
         by_table.setdefault(pipeline.table, []).append(pipeline)

@@ -89,8 +89,25 @@ class SubjectStrategy(StrEnum):
     TOPIC_RECORD = "topic_record"
 
 
+class IdentitySource(StrEnum):
+    """What identifies a record (a pipeline's ``identity``): fields of its ``payload``, its
+    ``record_key``, or its ``source_position`` in the log (Kafka Connect's
+    ``pk.mode=kafka``: the topic, its incarnation, the partition and the offset)."""
+
+    PAYLOAD = "payload"
+    RECORD_KEY = "record_key"
+    SOURCE_POSITION = "source_position"
+
+
+#: The columns of a source-position identity, in key order: the provenance's topic,
+#: partition and offset, and the incarnation of the topic (offsets start again at 0 in a
+#: topic deleted and created again).
+SOURCE_POSITION_COLUMNS = ("source_topic", "source_incarnation", "source_partition",
+                           "source_offset")
+
+
 class UpsertMode(StrEnum):
-    """``append``: events are immutable, ``ON CONFLICT (event_id) DO NOTHING``.
+    """``append``: events are immutable, ``ON CONFLICT (<identity>) DO NOTHING``.
     ``latest``: keep the newest event per key (by event timestamp, then source offset)."""
 
     APPEND = "append"

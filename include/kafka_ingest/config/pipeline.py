@@ -19,9 +19,11 @@ from kafka_ingest.config.modes import (
     LOG_ORDER,
     NAME_PATTERN,
     POOL_PATTERN,
+    SOURCE_POSITION_COLUMNS,
     TOPIC_PATTERN,
     DlqHeaderStyle,
     Format,
+    IdentitySource,
     KeyFormat,
     OnOffsetGap,
     OnTombstone,
@@ -33,6 +35,7 @@ from kafka_ingest.config.sections import (
     Alerts,
     ContractRef,
     HeaderColumn,
+    Identity,
     OnData,
     Partitioning,
     RecordKey,
@@ -41,12 +44,19 @@ from kafka_ingest.config.sections import (
     Strict,
     Upsert,
     header_column,
+    identity_shorthand,
 )
 from kafka_ingest.contracts import Contract, get_contract
-from kafka_ingest.contracts.columns import Column, contract_columns, refuse_system_column
+from kafka_ingest.contracts.columns import (
+    Column,
+    contract_columns,
+    payload_paths,
+    refuse_system_column,
+)
 from kafka_ingest.contracts.declared import (
     RESERVED_COLUMNS,
     declared_model,
+    without_event_id,
 )
 
 
@@ -112,6 +122,12 @@ class Pipeline(Strict):
     dlq_header_style: DlqHeaderStyle = DlqHeaderStyle.BOTH
     #: How rows are written: once per event, or the latest version per key.
     upsert: Upsert = Upsert()
+    #: What makes a record the same record twice, so a replay or a backfill writes it
+    #: once (see :class:`Identity`): a payload field (``order_id``, ``order.id``), several
+    #: (``[region, order_no]``), ``record_key`` or ``source_position``. None: the record
+    #: key for a latest pipeline keyed by it (``upsert.key`` = ``record_key.column``),
+    #: else ``event_id``.
+    identity: Identity | None = None
     #: The Kafka consumer group stored offsets are copied to, for lag tools (None:
     #: ``kafka-ingest.<name>``).
     consumer_group: str | None = None
@@ -159,6 +175,13 @@ class Pipeline(Strict):
     source_topic_config: dict[str, str] = {}
 
     _model: type[Contract] = PrivateAttr()
+    _identity: Identity = PrivateAttr()
+    _identity_columns: tuple[str, ...] = PrivateAttr()
+
+    @field_validator("identity", mode="before")
+    @classmethod
+    def _identity_shorthand(cls, value: Any) -> Any:
+        return identity_shorthand(value)
 
     @field_validator("headers", mode="before")
     @classmethod
@@ -174,7 +197,8 @@ class Pipeline(Strict):
         model = self._model
         if model.DECLARATION is not None:
             private = dict(state["__pydantic_private__"])
-            private["_model"] = (model.EVENT_TYPE, model.VERSION, model.DECLARATION)
+            private["_model"] = (model.EVENT_TYPE, model.VERSION, model.DECLARATION,
+                                 "event_id" in model.model_fields)
             state["__pydantic_private__"] = private
         return state
 
@@ -182,7 +206,8 @@ class Pipeline(Strict):
         declared = state["__pydantic_private__"]["_model"]
         if isinstance(declared, tuple):
             private = dict(state["__pydantic_private__"])
-            private["_model"] = declared_model(*declared)
+            event_type, version, spec, event_id = declared
+            private["_model"] = declared_model(event_type, version, spec, event_id=event_id)
             state = {**state, "__pydantic_private__": private}
         super().__setstate__(state)
 
@@ -192,6 +217,7 @@ class Pipeline(Strict):
         self._model = get_contract(self.contract.event_type, self.contract.version, declared)
         if self.dlq_topic == self.topic:
             raise ValueError("dlq_topic must differ from topic")
+        self._resolve_identity()
         self._check_columns()
         if self.upsert.mode is UpsertMode.LATEST:
             self._check_latest_columns()
@@ -212,6 +238,78 @@ class Pipeline(Strict):
                              f"is {self.schedule!r}")
         self._check_retention()
         return self
+
+    def _resolve_identity(self) -> None:
+        """The identity as declared, or its default, checked against the contract and the
+        mode; a declared contract's implicit ``event_id`` goes when it identifies nothing
+        (the pipeline's payloads need not carry it)."""
+        identity = self.identity or self._default_identity()
+        if identity.source is IdentitySource.RECORD_KEY:
+            columns = self._record_key_identity()
+        elif identity.source is IdentitySource.SOURCE_POSITION:
+            if self.upsert.mode is UpsertMode.LATEST:
+                raise ValueError("identity 'source_position' is for append pipelines: a "
+                                 "latest table keeps one row per upsert.key, whose versions "
+                                 "are different records by their place in the log")
+            columns = SOURCE_POSITION_COLUMNS
+        else:
+            columns = tuple(self._identity_field(path) for path in identity.fields)
+        if "event_id" not in columns:
+            self._model = without_event_id(self._model)
+        self._identity, self._identity_columns = identity, columns
+
+    def _default_identity(self) -> Identity:
+        if self.upsert.mode is UpsertMode.LATEST and self.record_key is not None \
+                and self.upsert.key == self.record_key.column:
+            return Identity(source=IdentitySource.RECORD_KEY)
+        if "event_id" not in payload_paths(self._model):
+            raise ValueError(f"contract {self._model.key()} has no event_id: say what "
+                             "identifies a record with `identity` (a field such as "
+                             "order_id, several fields, record_key or source_position)")
+        return Identity()
+
+    def _record_key_identity(self) -> tuple[str, ...]:
+        if self.record_key is None:
+            raise ValueError("identity 'record_key' needs record_key (the record key as a "
+                             "column)")
+        if self.upsert.mode is UpsertMode.LATEST and self.upsert.key != self.record_key.column:
+            raise ValueError(f"identity 'record_key' of a latest pipeline needs upsert.key to "
+                             f"be the record key's column ({self.record_key.column!r}), not "
+                             f"{self.upsert.key!r}")
+        return (self.record_key.column,)
+
+    def _identity_field(self, path: str) -> str:
+        """The column of one identity field, which must be a required field."""
+        paths = payload_paths(self._model)
+        column = paths.get(path)
+        if column is None:
+            raise ValueError(f"identity field {path!r} is not a field of contract "
+                             f"{self._model.key()} ({', '.join(sorted(paths))})")
+        if not self._model.model_fields[column].is_required():
+            raise ValueError(f"identity field {path!r} must be a required field of contract "
+                             f"{self._model.key()}: a record without it (or with null) "
+                             "could not be told from another")
+        return column
+
+    @property
+    def identity_source(self) -> IdentitySource:
+        """Where the pipeline's identity comes from (the payload, the record key, the
+        source position)."""
+        return self._identity.source
+
+    @property
+    def identity_fields(self) -> tuple[str, ...]:
+        """The payload paths of a ``payload`` identity (empty for the others)."""
+        if self._identity.source is IdentitySource.PAYLOAD:
+            return self._identity.fields
+        return ()
+
+    @property
+    def identity_columns(self) -> tuple[str, ...]:
+        """The columns that identify a record (:class:`Identity`), in key order: an
+        append table's primary key (with ``partition_by``'s column), its ``ON CONFLICT``
+        target and its in-chunk dedup key."""
+        return self._identity_columns
 
     def _check_retention(self) -> None:
         days = self.retention.ingest_runs_days
@@ -320,9 +418,10 @@ class Pipeline(Strict):
         """The target table's primary key: what ``ON CONFLICT`` names."""
         if self.upsert.mode is UpsertMode.LATEST:
             return (self.upsert.key or "",)
-        if self.partition_by is not None:
-            return ("event_id", self.partition_by.column)
-        return ("event_id",)
+        if self.partition_by is not None \
+                and self.partition_by.column not in self.identity_columns:
+            return (*self.identity_columns, self.partition_by.column)
+        return self.identity_columns
 
     @property
     def asset_uri(self) -> str:

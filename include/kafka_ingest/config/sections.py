@@ -20,6 +20,7 @@ from pydantic import (
 from kafka_ingest.config.modes import (
     DOTTED_PATTERN,
     NAME_PATTERN,
+    IdentitySource,
     KeyFormat,
     KeyType,
     SubjectStrategy,
@@ -58,7 +59,8 @@ class ContractRef(Strict):
 class Upsert(Strict):
     """How rows are written into the target table."""
 
-    #: ``append``: once per ``event_id``; ``latest``: the newest version per ``key``.
+    #: ``append``: once per identity (``identity``); ``latest``: the newest version per
+    #: ``key``.
     mode: UpsertMode = UpsertMode.APPEND
     #: ``latest`` only: the entity key column (the table's primary key): a field of the
     #: contract, or the ``record_key`` column.
@@ -129,8 +131,54 @@ class Partitioning(Strict):
     the partition exists."""
 
     #: A required ``timestamptz`` field of the contract (its column); the primary key
-    #: becomes ``(event_id, column)``.
+    #: becomes the identity's columns and this one.
     column: Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+#: A payload field's path: its name, or names joined by dots (``order.id``).
+PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$"
+
+
+class Identity(Strict):
+    """What makes two records the same record (a replay, a backfill, a producer's retry):
+    an append table's primary key, what its ``ON CONFLICT`` names and what a chunk's copies
+    are dropped by; what a latest table tells a replayed version by; what a replay's
+    ``identity`` filter matches. Short forms: ``identity: order_id`` (one field),
+    ``identity: [region, order_no]`` (several), ``identity: record_key``, ``identity:
+    source_position``."""
+
+    #: ``payload``: the payload's ``fields``; ``record_key``: the record key's column
+    #: (``record_key``; a latest pipeline keyed by it); ``source_position``: the record's
+    #: place in the log (topic, incarnation, partition, offset: append pipelines only).
+    source: IdentitySource = IdentitySource.PAYLOAD
+    #: ``payload`` only: the fields that identify a record together, each by its name in
+    #: the payload or a dotted path (``order.id``); required fields of the contract.
+    fields: tuple[Annotated[str, Field(pattern=PATH_PATTERN, max_length=255)], ...] = (
+        "event_id",)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Identity:
+        if self.source is not IdentitySource.PAYLOAD and "fields" in self.model_fields_set:
+            raise ValueError(f"identity.fields names payload fields: it goes with source "
+                             f"'payload', not {self.source.value!r}")
+        if not self.fields:
+            raise ValueError("identity.fields needs at least one field")
+        if len(set(self.fields)) != len(self.fields):
+            raise ValueError(f"identity.fields names a field twice: {list(self.fields)}")
+        return self
+
+
+def identity_shorthand(value: Any) -> Any:
+    """``record_key``/``source_position``, a field's path, or a list of them -> the long
+    form (``{source, fields}``). A field whose name is one of the two words is written
+    ``{fields: [record_key]}``."""
+    if isinstance(value, str):
+        if value in (IdentitySource.RECORD_KEY, IdentitySource.SOURCE_POSITION):
+            return {"source": value}
+        return {"fields": [value]}
+    if isinstance(value, list | tuple):
+        return {"fields": list(value)}
+    return value
 
 
 def header_column(value: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kafka_ingest.contracts.base import Contract
+from kafka_ingest.contracts.base import Contract, EventContract
 from kafka_ingest.contracts.orders import OrderCreatedV1
 from kafka_ingest.contracts.telemetry import MetricEventV1, MetricEventV2
 
@@ -43,6 +43,7 @@ def json_schema(event_type: str, version: int,
 __all__ = [
     "REGISTRY",
     "Contract",
+    "EventContract",
     "MetricEventV1",
     "MetricEventV2",
     "OrderCreatedV1",

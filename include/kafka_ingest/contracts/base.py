@@ -9,6 +9,9 @@ bounded decimals.
 Unknown keys are **ignored**, not rejected: producers may add fields before the contract
 learns them (additive evolution), and a rejected extra key would dead-letter good data.
 
+What identifies a record is the pipeline's (its ``identity``), not the contract's: a
+contract of payloads that carry an ``event_id`` is an :class:`EventContract`.
+
 Each model names its ``EVENT_TYPE`` and ``VERSION``. A payload may carry ``"version"``;
 when it is absent the payload is taken as version 1. Version N of a contract accepts
 payload versions 1..N (evolution is additive: new optional fields only); a higher version
@@ -72,7 +75,6 @@ class Contract(BaseModel):
     #: written in Python.
     DECLARATION: ClassVar[str | None] = None
 
-    event_id: EventId
     version: int = Field(default=1, ge=1)
 
     def sink_values(self) -> tuple[Any, ...]:
@@ -84,6 +86,13 @@ class Contract(BaseModel):
     def key(cls) -> str:
         """Registry key: ``<event_type>.v<version>``."""
         return f"{cls.EVENT_TYPE}.v{cls.VERSION}"
+
+
+class EventContract(Contract):
+    """A contract of payloads identified by an ``event_id`` (a pipeline's identity unless
+    it says otherwise)."""
+
+    event_id: EventId
 
 
 #: A validated event -> its sink values, in ``SINK_COLUMNS`` order.

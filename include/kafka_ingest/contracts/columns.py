@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from pydantic import AliasPath
 from pydantic.fields import FieldInfo
 
 #: The type a value travels in -> the column type, as ``format_type()`` prints it.
@@ -148,13 +149,38 @@ def contract_columns(model: Any) -> tuple[Column, ...]:
     """The columns of a contract's ``SINK_COLUMNS``, in row order."""
     columns = []
     for name, column_type in model.SINK_COLUMNS:
-        field = model.model_fields[name]
+        field = model.model_fields.get(name)
+        if field is None:
+            hint = (" (the base Contract has no event_id any more: a contract of payloads "
+                    "identified by one subclasses EventContract)") if name == "event_id" else ""
+            raise ValueError(f"contract {model.key()}: sink column {name!r} is not a field of "
+                             f"the contract{hint}")
         value_type, convert = model.CONVERTED.get(name, (column_type, None))
         columns.append(Column(name=name, ddl=ddl_type(column_type, field), value_type=value_type,
                               nullable=admits_none(field.annotation), convert=convert))
     return tuple(columns)
 
 
+def payload_paths(model: Any) -> dict[str, str]:
+    """Each sink column's field by where the payload holds it -> the column: its name in
+    the payload (an alias, or the field's own name), or the dotted path a field read from
+    inside an object says (``order.id``: ``validation_alias=AliasPath("order", "id")``).
+    What a pipeline's ``identity`` names a field by."""
+    paths: dict[str, str] = {}
+    for name, _ in model.SINK_COLUMNS:
+        field = model.model_fields[name]
+        where = field.validation_alias or field.alias or name
+        if isinstance(where, AliasPath):
+            where = ".".join(map(str, where.path))
+        elif not isinstance(where, str):  # AliasChoices: each of them names the field
+            for choice in where.choices:
+                paths[choice if isinstance(choice, str)
+                      else ".".join(map(str, choice.path))] = name
+            continue
+        paths[where] = name
+    return paths
+
+
 __all__ = ["DDL_TYPES", "PG_EPOCH_MS", "PG_EPOCH_S", "SYSTEM_COLUMNS", "Column", "admits_none",
-           "contract_columns", "ddl_type", "millis_to_pg",
+           "contract_columns", "ddl_type", "millis_to_pg", "payload_paths",
            "refuse_system_column", "seconds_to_pg"]

@@ -18,6 +18,12 @@ hand-written contract is, built from the same field helpers, so it is exactly as
           nickName:   {type: text, max_length: 64, column: nick_name, since: 2,
                        required: false}
 
+A declared contract's payloads carry an ``event_id`` too (a required text of 1 to 128
+characters, the first column), unless the pipeline reading them is identified by
+something else (its ``identity``: other fields, the record key, or the source position):
+its model is then the same contract without it (:func:`declared_model` with
+``event_id=False``).
+
 Every field is required unless it says ``required: false`` (then ``null`` when missing) or
 gives a ``default``. A field added by a later version (``since``) must be optional:
 evolution is additive. The YAML key is the payload's field name; ``column`` renames it
@@ -48,7 +54,7 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
+from kafka_ingest.contracts.base import EPOCH_END, Contract, EventId, short_text
 from kafka_ingest.contracts.columns import millis_to_pg, refuse_system_column, seconds_to_pg
 from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
@@ -347,7 +353,8 @@ class ContractSpec(_Strict):
     version: Annotated[int, Field(ge=1, le=1000)] = 1
     #: What the contract describes (the model's docstring).
     doc: str | None = None
-    #: The payload's fields besides ``event_id`` (every contract has it), by name.
+    #: The payload's fields by name, besides ``event_id``: implicit, a required text of 1
+    #: to 128 characters, unless the pipeline's ``identity`` is something else.
     fields: dict[Annotated[str, Field(pattern=_PAYLOAD_NAME)], FieldSpec]
 
     @model_validator(mode="after")
@@ -401,31 +408,43 @@ def _field(name: str, spec: FieldSpec) -> tuple[Any, Any]:
     return kind | None, Field(default=None, alias=alias)
 
 
-_BUILT: dict[tuple[str, str], list[type[Contract]]] = {}
+_BUILT: dict[tuple[str, str, bool], list[type[Contract]]] = {}
 
 
-def build_versions(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
-    """The contract's models, one per version 1..``spec.version``; the same classes for
-    the same declaration within a process."""
-    cache_key = (event_type, spec.model_dump_json(exclude_unset=True))
+def build_versions(event_type: str, spec: ContractSpec, *,
+                   event_id: bool = True) -> list[type[Contract]]:
+    """The contract's models, one per version 1..``spec.version``, with the implicit
+    ``event_id`` or without it; the same classes for the same declaration within a
+    process."""
+    cache_key = (event_type, spec.model_dump_json(exclude_unset=True), event_id)
     if cache_key not in _BUILT:
-        _BUILT[cache_key] = _build(event_type, spec)
+        _BUILT[cache_key] = _build(event_type, spec, event_id)
     return _BUILT[cache_key]
 
 
-def declared_model(event_type: str, version: int, spec_json: str) -> type[Contract]:
+def declared_model(event_type: str, version: int, spec_json: str, *,
+                   event_id: bool = True) -> type[Contract]:
     """A declared contract's model from its declaration as JSON (see ``DECLARATION``):
     how a model reaches another process (it is made at run time, so pickle cannot find it
-    by name)."""
-    return build_versions(event_type, ContractSpec.model_validate_json(spec_json))[version - 1]
+    by name). ``event_id``: with the implicit ``event_id`` (see the module doc)."""
+    spec = ContractSpec.model_validate_json(spec_json)
+    return build_versions(event_type, spec, event_id=event_id)[version - 1]
 
 
-def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
+def without_event_id(model: type[Contract]) -> type[Contract]:
+    """A declared contract's model without the implicit ``event_id`` (a Python contract,
+    or one without it already, as it is)."""
+    if model.DECLARATION is None or "event_id" not in model.model_fields:
+        return model
+    return declared_model(model.EVENT_TYPE, model.VERSION, model.DECLARATION, event_id=False)
+
+
+def _build(event_type: str, spec: ContractSpec, event_id: bool) -> list[type[Contract]]:
     models: list[type[Contract]] = []
     for version in range(1, spec.version + 1):
         present = {name: f for name, f in spec.fields.items() if f.since <= version}
-        definitions: dict[str, Any] = {
-            (f.column or name): _field(name, f) for name, f in present.items()}
+        definitions: dict[str, Any] = {"event_id": (EventId, ...)} if event_id else {}
+        definitions.update({(f.column or name): _field(name, f) for name, f in present.items()})
         definitions["version"] = (int, Field(default=1, ge=1, le=version))
         model: type[Contract] = create_model(
             _class_name(event_type, version), __base__=Contract,
@@ -433,7 +452,7 @@ def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
             __module__=__name__, **definitions)
         model.EVENT_TYPE = event_type
         model.VERSION = version
-        model.SINK_COLUMNS = (("event_id", "text"),
+        model.SINK_COLUMNS = (*((("event_id", "text"),) if event_id else ()),
                               *((f.column or n, f.column_type) for n, f in present.items()))
         model.CONVERTED = {f.column or n: _CONVERTED_TIME[f.encoding]
                            for n, f in present.items()
@@ -444,5 +463,5 @@ def _build(event_type: str, spec: ContractSpec) -> list[type[Contract]]:
 
 
 __all__ = ["ContractSpec", "FieldSpec", "FieldType", "TimeEncoding", "build_versions",
-           "declared_model"]
+           "declared_model", "without_event_id"]
 

@@ -7,10 +7,10 @@ from typing import Annotated, ClassVar
 
 from pydantic import AwareDatetime, Field
 
-from kafka_ingest.contracts.base import BIGINT_MAX, Contract, short_text
+from kafka_ingest.contracts.base import BIGINT_MAX, EventContract, short_text
 
 
-class OrderCreatedV1(Contract):
+class OrderCreatedV1(EventContract):
     """An order was placed. ``total`` is money: a Decimal with 2 places, never a float.
 
     ``total`` may arrive as a JSON string (``"19.90"``, exact) or a JSON number; more than

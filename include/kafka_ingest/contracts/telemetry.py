@@ -7,11 +7,11 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from kafka_ingest.contracts.base import EPOCH_END, Contract, short_text
+from kafka_ingest.contracts.base import EPOCH_END, EventContract, short_text
 from kafka_ingest.contracts.columns import seconds_to_pg
 
 
-class MetricEventV1(Contract):
+class MetricEventV1(EventContract):
     """One metric reading of one device.
 
     ``timestamp`` is seconds since the epoch (a float); it is stored as ``timestamptz``,

@@ -37,18 +37,19 @@ Order = Callable[[Sequence[Row]], Sequence[Row]]
 
 def write_order(pipeline: Pipeline) -> Order:
     """An append chunk's rows -> the rows its transaction writes, in that order: of each
-    event (``event_id``) the copy ``ON CONFLICT`` keeps, its lowest place in the log (topic
-    in byte order, partition, offset), in key order (byte order: Python compares strings
-    by code point, which UTF-8 keeps). Two transactions writing copies of the same events
-    (in two partitions) take their keys in the same order, so they wait for each other and
-    never deadlock. ``latest`` pipelines: the rows as they are (their statements choose).
+    event (its identity, :func:`row_identity`) the copy ``ON CONFLICT`` keeps, its lowest
+    place in the log (topic in byte order, partition, offset), in key order (byte order:
+    Python compares strings by code point, which UTF-8 keeps). Two transactions writing
+    copies of the same events (in two partitions) take their keys in the same order, so
+    they wait for each other and never deadlock. ``latest`` pipelines: the rows as they
+    are (their statements choose).
 
     C-level passes over the chunk (the sort is linear on keys that rise), then a Python step
     per copy: this runs for every chunk."""
     if pipeline.upsert.mode is UpsertMode.LATEST:
         return lambda rows: rows
     columns = [c.name for c in row_columns(pipeline)]
-    event_id = itemgetter(columns.index("event_id"))
+    event_id = row_identity(pipeline)
     place = itemgetter(*(columns.index(c) for c in ("source_topic", "source_partition",
                                                     "source_offset")))
 
@@ -66,6 +67,15 @@ def write_order(pipeline: Pipeline) -> Order:
         return list(compress(ordered, keep))
 
     return order
+
+
+def row_identity(pipeline: Pipeline) -> Callable[[Row], Any]:
+    """A row -> its identity within a chunk (a value, or a tuple of a composite's values):
+    the identity's columns that a row holds (a source position's incarnation is the
+    chunk's, the same for all its rows)."""
+    columns = [c.name for c in row_columns(pipeline)]
+    return itemgetter(*(columns.index(c) for c in pipeline.identity_columns
+                        if c in columns))
 
 
 class CopyEncoder:
@@ -114,4 +124,5 @@ def copy_statement(table: sql.Identifier, columns: Sequence[str]) -> sql.Compose
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
 
 
-__all__ = ["ROW_REFUSALS", "CopyEncoder", "Order", "copy_statement", "write_order"]
+__all__ = ["ROW_REFUSALS", "CopyEncoder", "Order", "copy_statement", "row_identity",
+           "write_order"]

@@ -2,10 +2,13 @@
 the drift check that runs before any data moves.
 
 A pipeline's table is the contract's columns, the record-key and header columns, then the
-provenance columns every table has; its primary key is ``event_id`` (``append``), the
-entity key (``latest``), or ``event_id`` and the partitioning column (a partitioned
-table). ``latest`` tables also say which incarnation of the topic each row came from
-(``source_incarnation``, see :class:`~kafka_ingest.records.Source`); pipelines that delete
+provenance columns every table has; its primary key is the pipeline's identity
+(``append``: ``event_id`` unless it says otherwise, see
+:class:`~kafka_ingest.config.Identity`), the entity key (``latest``), or the identity and
+the partitioning column (a partitioned table). ``latest`` tables, and the tables of
+pipelines identified by the source position, also say which incarnation of the topic each
+row came from (``source_incarnation``, see :class:`~kafka_ingest.records.Source`): a topic
+created again starts its offsets at 0 again. Pipelines that delete
 on tombstones get a marker table beside theirs. Names made from the table's (the marker
 table's, the staging table's) fit Postgres' 63 bytes: past it, a hash of the whole name
 keeps them apart (:func:`derived_name`); a marker table kept under the name Postgres cut
@@ -35,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.config import OnTombstone, Pipeline, UpsertMode
+from kafka_ingest.config import IdentitySource, OnTombstone, Pipeline, UpsertMode
 from kafka_ingest.contracts.columns import Column, ddl_type, millis_to_pg
 from kafka_ingest.db.schema import MIGRATION_LOCK
 from kafka_ingest.errors import SchemaDrift
@@ -114,6 +117,14 @@ def orders_versions(pipeline: Pipeline) -> bool:
     return pipeline.upsert.mode is UpsertMode.LATEST
 
 
+def carries_incarnation(pipeline: Pipeline) -> bool:
+    """Whether the table's rows say which incarnation of the topic they came from: those
+    of a table that orders versions, and of one identified by the source position (whose
+    key it is part of)."""
+    return orders_versions(pipeline) \
+        or pipeline.identity_source is IdentitySource.SOURCE_POSITION
+
+
 def runtime_tables(pipelines: Iterable[Pipeline]) -> tuple[list[str], list[str]]:
     """The target tables the runtime role writes, and those it also deletes from (the
     tables of pipelines that delete on tombstones, and their marker tables)."""
@@ -163,7 +174,7 @@ def create_statements(pipeline: Pipeline) -> list[Change]:
     """The DDL that makes a pipeline's tables from nothing."""
     table = pipeline.table
     columns = [_column_sql(c, for_create=True) for c in row_columns(pipeline)]
-    if orders_versions(pipeline):
+    if carries_incarnation(pipeline):
         columns.append(INCARNATION_DDL)
     columns.append(INGESTED_AT_DDL)
     key = ", ".join(map(_quote, pipeline.conflict_columns))
@@ -343,7 +354,7 @@ def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn
         elif (problem := _drift(table, column, have)) is not None:
             plan.drift.append(problem)
     own = {INGESTED_AT}
-    if orders_versions(pipeline):
+    if carries_incarnation(pipeline):
         own.add(INCARNATION_COLUMN)
         _incarnation(plan, table, actual.get(INCARNATION_COLUMN))
     plan.drift += _ingested_at_drift(table, actual.get(INGESTED_AT))
@@ -559,6 +570,7 @@ __all__ = [
     "actual_columns",
     "apply_pipelines",
     "apply_tables",
+    "carries_incarnation",
     "check_table",
     "contract_shape",
     "create_statements",

@@ -162,7 +162,9 @@ def _column_name(name: str) -> str:
 def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: int = 256,
                          record: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A declared contract (the ``contracts.<event_type>`` body) reading ``schema``, and
-    the writer fields it leaves out (with why). ``event_id`` must be a writer field.
+    the writer fields it leaves out (with why). ``event_id`` is the contract's implicit
+    field: without it in the writer schema, the pipeline says what identifies a record
+    (``identity``).
     ``record``: which record type of a schema of several to read (a Protobuf file's
     message, by its full name; default: the first); :class:`ValueError` when there is
     no such one."""
@@ -170,8 +172,8 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
     declared: dict[str, Any] = {}
     skipped = []
     if "event_id" not in fields:
-        skipped.append("event_id: every contract needs one (the table's key); the writer "
-                       "schema has none")
+        skipped.append("event_id: the writer schema has none; give the pipeline an "
+                       "identity (a field, several, record_key or source_position)")
     for name, field in fields.items():
         if name in ("event_id", "version"):
             continue

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from kafka_ingest.config import OnOffsetGap, Pipeline, StartPolicy
@@ -46,7 +47,7 @@ from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dl
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
 from kafka_ingest.records import REPLAYED, ChunkCounts, Position, Source, row_source
-from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
+from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest, letter_identity
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,11 @@ class ReplayWriter:
     #: chunks see nothing of each other's writes) counts exactly what the real run would.
     seen: set[tuple[Origin, Position]] = field(default_factory=set)
 
+    @cached_property
+    def identity_of(self) -> Callable[[DeadLetter], str | None]:
+        """A letter's identity, as the ``identity`` filter writes it."""
+        return letter_identity(self.pipeline)
+
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> _Triaged:
         # Which rows load is known only inside the transaction (each letter's status):
         # they are encoded there, not here.
@@ -146,7 +152,7 @@ class ReplayWriter:
                 outcomes[(skip, "-")] += 1
                 continue
             origin = (letter.source_topic, letter.source_topic_id)
-            if not self.filters.matches(letter):
+            if not self.filters.matches(letter, self.identity_of):
                 outcomes[("filtered_out", letter.error_class)] += 1
             elif (origin, letter.source) in self.seen:
                 outcomes[("duplicate_in_dlq", letter.error_class)] += 1

@@ -30,6 +30,8 @@ from kafka_ingest.requests.runs import (
     ReplayFilters,
     ReplayRequest,
     TimeWindow,
+    canonical_identity,
+    letter_identity,
     request_key,
 )
 
@@ -42,8 +44,10 @@ __all__ = [
     "ReplayForm",
     "ReplayRequest",
     "TimeWindow",
+    "canonical_identity",
     "form_fields",
     "ingest_request",
+    "letter_identity",
     "replay_request",
     "request_key",
 ]

@@ -108,6 +108,12 @@ def _event_id(value: Any) -> str | None:
     return value
 
 
+def _identity(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"identity must be a non-empty string, not {value!r}")
+    return value
+
+
 _OFFSETS_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": {
     "type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}}
 _ERROR_CLASSES_SCHEMA: dict[str, Any] = {"type": "array", "uniqueItems": True, "items": {
@@ -197,9 +203,15 @@ class ReplayForm(_Form):
     event_id: Annotated[str | None, BeforeValidator(_event_id)] = Field(
         None, title="Event id", min_length=1, max_length=128,
         description="Only the dead letter with this event_id.")
+    identity: Annotated[str | None, BeforeValidator(_identity)] = Field(
+        None, title="Identity", min_length=1, max_length=1024,
+        description="Only the dead letters of this identity (the pipeline's): a field's "
+                    "value (o-17), several as a JSON array ([\"eu\", 42]), the record key, "
+                    "or partition:offset (a source position).")
 
     def filters(self) -> ReplayFilters:
-        return ReplayFilters(self.error_classes, self.source_partition, self.event_id)
+        return ReplayFilters(self.error_classes, self.source_partition, self.event_id,
+                             self.identity)
 
 
 # --------------------------------------------------------------------------- parsing

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -14,6 +15,7 @@ from pydantic import (
     ConfigDict,
 )
 
+from kafka_ingest.config import IdentitySource, KeyFormat, Pipeline, RecordKey
 from kafka_ingest.errors import TriggerParamsError
 from kafka_ingest.kafka.dlq import DeadLetter
 
@@ -79,39 +81,124 @@ def request_key(request: RangeRequest, **extra: Any) -> str:
 
 @dataclass(frozen=True)
 class ReplayFilters:
-    """Which dead letters a replay considers; the others are counted ``filtered_out``."""
+    """Which dead letters a replay considers; the others are counted ``filtered_out``.
+
+    ``identity``: the letters of this identity of the pipeline's (see
+    :func:`letter_identity` for how each is written); ``event_id``: the letters whose
+    JSON payload's ``event_id`` is this (the filter's first spelling, for any pipeline)."""
 
     error_classes: frozenset[str] = frozenset()
     source_partition: int | None = None
     event_id: str | None = None
+    identity: str | None = None
 
     @property
     def active(self) -> bool:
         return bool(self.error_classes or self.source_partition is not None
-                    or self.event_id is not None)
+                    or self.event_id is not None or self.identity is not None)
 
-    def matches(self, letter: DeadLetter) -> bool:
+    def matches(self, letter: DeadLetter,
+                identity_of: Callable[[DeadLetter], str | None] | None = None) -> bool:
+        """Whether the replay considers ``letter``; ``identity_of``: the pipeline's
+        :func:`letter_identity` (without it, no letter matches an ``identity`` filter)."""
         if self.error_classes and letter.error_class not in self.error_classes:
             return False
         if self.source_partition is not None and letter.source_partition != self.source_partition:
             return False
-        return self.event_id is None or _event_id_of(letter.value) == self.event_id
+        if self.identity is not None and (
+                identity_of is None or identity_of(letter) != canonical_identity(self.identity)):
+            return False
+        return self.event_id is None or _text(_peek(letter.value, ("event_id",))[0]) \
+            == self.event_id
 
     def to_dict(self) -> dict[str, Any]:
         return {"error_classes": sorted(self.error_classes),
-                "source_partition": self.source_partition, "event_id": self.event_id}
+                "source_partition": self.source_partition, "event_id": self.event_id,
+                "identity": self.identity}
 
 
-def _event_id_of(value: bytes | None) -> str | None:
-    """A JSON peek at ``event_id``; anything unparseable has none (matches no filter)."""
-    if value is None:
+def letter_identity(pipeline: Pipeline) -> Callable[[DeadLetter], str | None]:
+    """A dead letter -> its record's identity as a replay's ``identity`` filter writes it
+    (None: it has none to read, and matches no filter):
+
+    - one payload field: its value as text (``o-17``, ``42``), read from a JSON payload
+      (by its name, or its dotted path into nested objects);
+    - several: their values as a JSON array (``["eu", 42]``, compared canonically);
+    - the record key: the key as text (``json``: the key's ``field`` when it has one; a
+      ``registry`` key is not read here);
+    - the source position: ``<partition>:<offset>``.
+    """
+    source = pipeline.identity_source
+    if source is IdentitySource.SOURCE_POSITION:
+        return lambda letter: f"{letter.source_partition}:{letter.source_offset}"
+    if source is IdentitySource.RECORD_KEY:
+        record_key = pipeline.record_key
+        return lambda letter: _key_text(record_key, letter.key)
+    paths = tuple(tuple(path.split(".")) if "." in path else (path,)
+                  for path in pipeline.identity_fields)
+    if len(paths) == 1:
+        return lambda letter: _text(_peek(letter.value, paths[0])[0])
+    return lambda letter: _canonical(_peek(letter.value, *paths))
+
+
+def canonical_identity(value: str) -> str:
+    """A composite identity as the filter compares it: a JSON array without spaces (the
+    value as it is when it is none)."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return _canonical(parsed) or value if isinstance(parsed, list) else value
+
+
+def _canonical(values: Any) -> str | None:
+    if any(v is None for v in values):
+        return None
+    return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
+
+
+def _peek(value: bytes | None, *paths: tuple[str, ...]) -> list[Any]:
+    """A JSON peek at the values of ``paths`` (a whole key, else nested keys); anything
+    unparseable or missing is None."""
+    doc: Any = None
+    if value is not None:
+        try:
+            doc = json.loads(value)
+        except (ValueError, RecursionError):
+            doc = None
+    return [_at(doc, path) for path in paths]
+
+
+def _at(doc: Any, path: tuple[str, ...]) -> Any:
+    if isinstance(doc, dict) and ".".join(path) in doc:
+        return doc[".".join(path)]
+    for name in path:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(name)
+    return doc
+
+
+def _text(found: Any) -> str | None:
+    """A scalar identity value as text (a string as it is, an integer in decimal)."""
+    if isinstance(found, str):
+        return found
+    if isinstance(found, int) and not isinstance(found, bool):
+        return str(found)
+    return None
+
+
+def _key_text(record_key: RecordKey | None, key: bytes | None) -> str | None:
+    if key is None or record_key is None or record_key.format is KeyFormat.REGISTRY:
         return None
     try:
-        doc = json.loads(value)
-    except (ValueError, RecursionError):
+        text = key.decode("utf-8")
+        if record_key.format is KeyFormat.STRING:
+            return text
+        doc = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    found = doc.get("event_id") if isinstance(doc, dict) else None
-    return found if isinstance(found, str) else None
+    return _text(_at(doc, (record_key.field,)) if record_key.field else doc)
 
 
 @dataclass(frozen=True)
@@ -128,4 +215,4 @@ class ReplayRequest:
 
 
 __all__ = ["LiveRun", "OffsetWindow", "RangeRequest", "ReplayFilters", "ReplayRequest",
-           "TimeWindow", "request_key"]
+           "TimeWindow", "canonical_identity", "letter_identity", "request_key"]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
-from kafka_ingest.contracts import REGISTRY, Contract
+from kafka_ingest.contracts import REGISTRY, EventContract
 from kafka_ingest.db.tables import (
     create_statements,
     derived_name,
@@ -185,7 +185,8 @@ def test_key_and_header_columns_come_between_the_contract_and_the_provenance() -
     [create] = create_statements(accounts)
 
     lines = create.statement.splitlines()
-    assert lines[5:10] == ['    "tags" text[] NOT NULL,',
+    # keyed by its record key: the values carry no event_id, the table has none
+    assert lines[4:9] == ['    "tags" text[] NOT NULL,',
                            '    "account_id" bigint NOT NULL,',
                            '    "trace_id" character varying(256),',
                            '    "tenant" character varying(16) NOT NULL,',
@@ -328,7 +329,7 @@ def test_settings_that_make_no_table_are_refused_at_load(body: dict[str, Any],
     assert reason in load_error(**body)
 
 
-class _RowVersionV1(Contract):
+class _RowVersionV1(EventContract):
     """A hand-written contract whose field takes a system column's name."""
 
     EVENT_TYPE: ClassVar[str] = "row_version"

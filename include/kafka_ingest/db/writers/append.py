@@ -1,4 +1,7 @@
-"""Append tables: every event once, ``ON CONFLICT (event_id) DO NOTHING``.
+"""Append tables: every event once, ``ON CONFLICT (<identity>) DO NOTHING``.
+
+An event is known by the pipeline's identity (:class:`~kafka_ingest.config.Identity`):
+``event_id``, other payload fields, the record key's column, or the source position.
 
 An append chunk first tries its keys as new: ``COPY`` straight into the target table, in
 a savepoint. Postgres' unique index decides: when every key is new the table takes them
@@ -9,7 +12,10 @@ rolls back, and the staged path runs on the same payload: ``COPY`` into the stag
 then :data:`INSERT_NEW_EVENTS`. What the table ends with is the same either way, so a
 replay never duplicates a row. A slice whose chunk met a stored key skips the attempt for
 its next chunks, 1, 2, 4, ... up to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`):
-a backfill over stored rows pays one refused ``COPY``, not one a chunk.
+a backfill over stored rows pays one refused ``COPY``, not one a chunk. A table identified
+by the source position always takes the staged path: its key holds the incarnation of the
+topic, which is the chunk's, not a row's, so the ``INSERT`` adds it (``COPY`` could only
+leave the column to its default).
 
 The counts: ``inserted`` is what Postgres wrote (the ``COPY``'s or the ``INSERT``'s row
 count); ``duplicates`` the rest of the chunk, copies in it and events stored before. That
@@ -20,14 +26,14 @@ the write took one row per distinct event, which proves it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.config import Pipeline
-from kafka_ingest.db.tables import TargetShape
+from kafka_ingest.config import IdentitySource, Pipeline
+from kafka_ingest.db.copy import row_identity
+from kafka_ingest.db.tables import INCARNATION_COLUMN, TargetShape, row_columns
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
 from kafka_ingest.records import Row, Source
 
@@ -35,18 +41,21 @@ from kafka_ingest.records import Row, Source
 NEW_KEYS_MAX_PAUSE = 64
 
 #: The staged events into the table, of each the copy with the lowest place in the log
-#: (what :func:`~kafka_ingest.db.copy.write_order` keeps), in key order.
+#: (what :func:`~kafka_ingest.db.copy.write_order` keeps), in key order. {d}: the identity's
+#: columns (text in byte order), {k}: the primary key; {ic}/{iv}: the incarnation's column
+#: and value (%(inc)s) of a source-position identity, else empty.
 INSERT_NEW_EVENTS = (
-    'INSERT INTO {t} ({c}) SELECT DISTINCT ON (event_id COLLATE "C") {c} FROM {s}'
-    ' ORDER BY event_id COLLATE "C", source_topic COLLATE "C", source_partition,'
+    "INSERT INTO {t} ({c}{ic}) SELECT DISTINCT ON ({d}) {c}{iv} FROM {s}"
+    ' ORDER BY {d}, source_topic COLLATE "C", source_partition,'
     " source_offset ON CONFLICT ({k}) DO NOTHING")
 #: Staged events the table does not hold after the INSERT, one primary-key probe per
 #: staged row (a scalar subquery is never turned into a join, so the cost stays per chunk
 #: whatever the table's size; as an anti-join the planner, knowing nothing of the fresh
 #: staging rows, hashed a scan of the whole table for every chunk).
+#: {i}: the identity's columns a staged row holds; {match}: stored row x is staged event s.
 MISSING_EVENTS = (
-    "SELECT count(DISTINCT s.event_id) FROM {s} s"
-    " WHERE (SELECT true FROM {t} x WHERE x.event_id = s.event_id LIMIT 1) IS NULL")
+    "SELECT count(*) FROM (SELECT DISTINCT {i} FROM {s}) s"
+    " WHERE (SELECT true FROM {t} x WHERE {match} LIMIT 1) IS NULL")
 
 
 @dataclass
@@ -93,16 +102,18 @@ class AppendWriter(TableWriter):
         super().__init__(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s)
         #: The slice's memory of stored keys met.
         self.new_keys = new_keys or NewKeys()
-        self._event_id = itemgetter(self.columns.index("event_id"))
-        names = {"t": self.table, "s": self.stage, "c": self._column_list,
-                 "k": sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns))}
-        self._insert = sql.SQL(INSERT_NEW_EVENTS).format(**names)
-        self._missing = sql.SQL(MISSING_EVENTS).format(**names)
+        self._identity = row_identity(pipeline)
+        #: The incarnation is part of the key: every chunk takes the staged path.
+        self._by_position = pipeline.identity_source is IdentitySource.SOURCE_POSITION
+        if self._by_position:
+            self.new_keys.refused = True
+        self._insert, self._missing = _statements(self.table, self.stage, self._column_list,
+                                                  pipeline)
 
     def _upsert_once(self, rows: list[Row], source: Source | None,
                      encoded: bytes | None) -> UpsertResult:
         n = len(rows)
-        distinct = len(set(map(self._event_id, rows)))
+        distinct = len(set(map(self._identity, rows)))
         if self.new_keys.attempt():
             inserted = self._copy_new(rows, encoded, distinct)
             if inserted is not None:
@@ -110,13 +121,19 @@ class AppendWriter(TableWriter):
                 return UpsertResult(inserted, n - inserted, 0, [])
             self.new_keys.met_stored_key()
         self._stage(rows, encoded)
-        inserted = self.conn.execute(self._insert).rowcount
+        params = None
+        if self._by_position:
+            if source is None:
+                raise TypeError("a table identified by the source position needs the rows' "
+                                "source (its incarnation)")
+            params = {"inc": source.incarnation}
+        inserted = self.conn.execute(self._insert, params).rowcount
         # Every staged row not inserted is a duplicate (in the chunk, or already stored).
         # Counting "already stored" with a SELECT before the INSERT misses rows a concurrent
         # transaction (another partition's task) inserts meanwhile: ON CONFLICT skips them.
         # What is checked instead is the outcome: when the INSERT wrote one row per
         # distinct staged event, it wrote each of them; otherwise they are looked up.
-        missing = 0 if inserted == distinct else self._scalar(self._missing)
+        missing = 0 if inserted == distinct else self._scalar(self._missing, params)
         return UpsertResult(inserted, n - inserted, 0, [], missing)
 
     def _copy_new(self, rows: list[Row], encoded: bytes | None, distinct: int) -> int | None:
@@ -136,6 +153,30 @@ class AppendWriter(TableWriter):
             self.new_keys.refused = True
             return None
         return copied
+
+
+def _statements(table: sql.Identifier, stage: sql.Identifier, column_list: sql.Composable,
+                pipeline: Pipeline) -> tuple[sql.Composed, sql.Composed]:
+    """:data:`INSERT_NEW_EVENTS` and :data:`MISSING_EVENTS` for the pipeline's identity."""
+    text = {c.name for c in row_columns(pipeline) if c.value_type == "text"}
+    held = [c for c in pipeline.identity_columns if c != INCARNATION_COLUMN]
+    by_position = INCARNATION_COLUMN in pipeline.identity_columns
+    match = [sql.SQL("x.{c} = s.{c}").format(c=sql.Identifier(c)) for c in held]
+    if by_position:
+        match.append(sql.SQL("x.{} = %(inc)s").format(sql.Identifier(INCARNATION_COLUMN)))
+    names = {
+        "t": table, "s": stage, "c": column_list,
+        "k": sql.SQL(", ").join(map(sql.Identifier, pipeline.conflict_columns)),
+        "d": sql.SQL(", ").join(
+            sql.SQL('{} COLLATE "C"' if c in text else "{}").format(sql.Identifier(c))
+            for c in held),
+        "i": sql.SQL(", ").join(map(sql.Identifier, held)),
+        "match": sql.SQL(" AND ").join(match),
+        "ic": sql.SQL(", {}").format(sql.Identifier(INCARNATION_COLUMN)) if by_position
+        else sql.SQL(""),
+        "iv": sql.SQL(", %(inc)s") if by_position else sql.SQL(""),
+    }
+    return sql.SQL(INSERT_NEW_EVENTS).format(**names), sql.SQL(MISSING_EVENTS).format(**names)
 
 
 __all__ = ["INSERT_NEW_EVENTS", "MISSING_EVENTS", "NEW_KEYS_MAX_PAUSE", "AppendWriter",

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.config import LOG_ORDER, Pipeline
+from kafka_ingest.config import LOG_ORDER, IdentitySource, Pipeline
 from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
 from kafka_ingest.errors import DataError, Unorderable
@@ -97,26 +97,27 @@ LOG_MARKER_UNORDERABLE = ("OR (mt IS NOT NULL AND NOT (mt = %(topic)s"
                            " AND (mi <> %(inc)s OR mp = p)))")
 LOG_MARKER_STALE = "OR (mt IS NOT NULL AND (mi, mo) >= (%(inc)s, o))"
 
-#: Event-time order: copies are the same event_id of a key; versions ordered by (event
-#: time, incarnation, offset, partition); nothing is unorderable.
+#: Event-time order: copies are the same record of a key (the same identity: {sid} of a
+#: staged row, {xid} of a stored one, see :func:`same_record`); versions ordered by
+#: (event time, incarnation, offset, partition); nothing is unorderable.
 TIME_STAGED = """
 WITH s AS (
-  SELECT {k}, event_id, {o} AS ts, source_partition AS p, source_offset AS o,
-         row_number() OVER (PARTITION BY {k}, event_id
+  SELECT {k}, {sid} AS rid, {o} AS ts, source_partition AS p, source_offset AS o,
+         row_number() OVER (PARTITION BY {k}, {sid}
                             ORDER BY source_offset DESC, source_partition DESC) AS copy,
          dense_rank() OVER (PARTITION BY {k} ORDER BY {o} DESC, source_offset DESC,
                                                       source_partition DESC) AS newest
   FROM {s}),
 f AS (
-  SELECT s.*, x.event_id AS xe, x.{o} AS xts, x.source_incarnation AS xi,
+  SELECT s.*, x.rid AS xrid, x.{o} AS xts, x.source_incarnation AS xi,
          x.source_offset AS xo, x.source_partition AS xp
-  FROM s LEFT JOIN LATERAL (SELECT event_id, {o}, source_incarnation, source_offset,
+  FROM s LEFT JOIN LATERAL (SELECT {xid} AS rid, {o}, source_incarnation, source_offset,
                                    source_partition FROM {t} WHERE {k} = s.{k} LIMIT 1) x
   ON true),
 v AS (
   SELECT f.*, CASE
     WHEN copy > 1 THEN 'copy'
-    WHEN xe = event_id THEN 'stored'
+    WHEN xrid = rid THEN 'stored'
     WHEN xe IS NOT NULL AND (xts, xi, xo, xp) >= (ts, %(inc)s, o, p) THEN 'stale'
     WHEN newest > 1 THEN 'superseded'
     ELSE 'write' END AS verdict
@@ -154,7 +155,7 @@ LOG_MARKER_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
 TIME_INSERT = """
 INSERT INTO {t} ({c}, source_incarnation)
 SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM {s} s
-WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND x.event_id = s.event_id)
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND {same})
 ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC
 ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
   ingested_at = now()
@@ -179,10 +180,34 @@ LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
       AND (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset))"""
 TIME_MISSING = """
 SELECT count(*) FROM {s} s
-WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND (x.event_id = s.event_id
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND ({same}
       OR (x.{o}, x.source_incarnation, x.source_offset, x.source_partition)
          >= (s.{o}, %(inc)s, s.source_offset, s.source_partition)))
 """
+
+
+def same_record(pipeline: Pipeline) -> dict[str, sql.Composable]:
+    """What tells a latest table's stored version is a staged record (a replay of it), in
+    event-time order: {sid} of a staged row, {xid} of a stored one, {same} of stored row
+    ``x`` and staged row ``s``. Its identity's columns; for one identified by its record
+    key, which is the entity key every version shares, its place in the log (partition,
+    offset, incarnation: one topic writes a latest table)."""
+    by_key = pipeline.identity_source is IdentitySource.RECORD_KEY
+    columns = ("source_partition", "source_offset") if by_key \
+        else pipeline.identity_columns
+
+    def row(alias: str, incarnation: sql.Composable | None) -> sql.Composable:
+        parts: list[sql.Composable] = [sql.SQL(alias + "{}").format(sql.Identifier(c))
+                                       for c in columns]
+        if by_key and incarnation is not None:
+            parts.append(incarnation)
+        return sql.SQL("ROW({})").format(sql.SQL(", ").join(parts))
+
+    stored = sql.SQL("source_incarnation")
+    staged = sql.SQL("%(inc)s::int4")
+    return {"sid": row("", staged), "xid": row("", stored),
+            "same": sql.SQL("{} = {}").format(row("x.", sql.SQL("x.source_incarnation")),
+                                              row("s.", staged))}
 
 
 def where(topic: Any, incarnation: Any, partition: Any, offset: Any) -> str:
@@ -238,7 +263,8 @@ class LatestWriter(TableWriter):
         """One of the named statements, formatted for this table."""
         fragments = self.MARKERS if self.log_order else NO_MARKERS
         text = template.format(**fragments, t="{t}", s="{s}", m="{m}", k="{k}", o="{o}",
-                               c="{c}", u="{u}", kt="{kt}")
+                               c="{c}", u="{u}", kt="{kt}", sid="{sid}", xid="{xid}",
+                               same="{same}")
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
             for c in self.columns if c != self.key)
@@ -247,7 +273,7 @@ class LatestWriter(TableWriter):
         return sql.SQL(text).format(
             t=self.table, s=self.stage, m=self._marker, k=sql.Identifier(self.key),
             o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
-            kt=sql.SQL(key_type))
+            kt=sql.SQL(key_type), **same_record(self.pipeline))
 
     @property
     def _marker(self) -> sql.Identifier:
@@ -310,4 +336,4 @@ class LatestWriter(TableWriter):
 
 
 __all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
-           "unorderable", "where"]
+           "same_record", "unorderable", "where"]
