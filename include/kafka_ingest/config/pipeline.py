@@ -54,9 +54,10 @@ from kafka_ingest.contracts.columns import (
     refuse_system_column,
 )
 from kafka_ingest.contracts.declared import (
+    IMPLICIT_ID,
     RESERVED_COLUMNS,
     declared_model,
-    without_event_id,
+    optional_event_id,
 )
 
 
@@ -198,7 +199,7 @@ class Pipeline(Strict):
         if model.DECLARATION is not None:
             private = dict(state["__pydantic_private__"])
             private["_model"] = (model.EVENT_TYPE, model.VERSION, model.DECLARATION,
-                                 "event_id" in model.model_fields)
+                                 model.model_fields[IMPLICIT_ID].is_required())
             state["__pydantic_private__"] = private
         return state
 
@@ -241,8 +242,8 @@ class Pipeline(Strict):
 
     def _resolve_identity(self) -> None:
         """The identity as declared, or its default, checked against the contract and the
-        mode; a declared contract's implicit ``event_id`` goes when it identifies nothing
-        (the pipeline's payloads need not carry it)."""
+        mode; a declared contract's implicit ``event_id`` is optional when it identifies
+        nothing (the pipeline's payloads need not carry it)."""
         identity = self.identity or self._default_identity()
         if identity.source is IdentitySource.RECORD_KEY:
             columns = self._record_key_identity()
@@ -254,15 +255,15 @@ class Pipeline(Strict):
             columns = SOURCE_POSITION_COLUMNS
         else:
             columns = tuple(self._identity_field(path) for path in identity.fields)
-        if "event_id" not in columns:
-            self._model = without_event_id(self._model)
+        if IMPLICIT_ID not in columns:
+            self._model = optional_event_id(self._model)
         self._identity, self._identity_columns = identity, columns
 
     def _default_identity(self) -> Identity:
         if self.upsert.mode is UpsertMode.LATEST and self.record_key is not None \
                 and self.upsert.key == self.record_key.column:
             return Identity(source=IdentitySource.RECORD_KEY)
-        if "event_id" not in payload_paths(self._model):
+        if IMPLICIT_ID not in payload_paths(self._model):
             raise ValueError(f"contract {self._model.key()} has no event_id: say what "
                              "identifies a record with `identity` (a field such as "
                              "order_id, several fields, record_key or source_position)")

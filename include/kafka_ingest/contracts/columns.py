@@ -149,16 +149,22 @@ def contract_columns(model: Any) -> tuple[Column, ...]:
     """The columns of a contract's ``SINK_COLUMNS``, in row order."""
     columns = []
     for name, column_type in model.SINK_COLUMNS:
-        field = model.model_fields.get(name)
-        if field is None:
-            hint = (" (the base Contract has no event_id any more: a contract of payloads "
-                    "identified by one subclasses EventContract)") if name == "event_id" else ""
-            raise ValueError(f"contract {model.key()}: sink column {name!r} is not a field of "
-                             f"the contract{hint}")
+        field = _sink_field(model, name)
         value_type, convert = model.CONVERTED.get(name, (column_type, None))
         columns.append(Column(name=name, ddl=ddl_type(column_type, field), value_type=value_type,
                               nullable=admits_none(field.annotation), convert=convert))
     return tuple(columns)
+
+
+def _sink_field(model: Any, name: str) -> FieldInfo:
+    """The field of sink column ``name``; ValueError (at load time) when there is none."""
+    field = model.model_fields.get(name)
+    if field is None:
+        hint = (" (the base Contract has no event_id: a contract of payloads identified by "
+                "one subclasses EventContract)") if name == "event_id" else ""
+        raise ValueError(f"contract {model.key()}: sink column {name!r} is not a field of "
+                         f"the contract{hint}")
+    return field
 
 
 def payload_paths(model: Any) -> dict[str, str]:
@@ -168,7 +174,7 @@ def payload_paths(model: Any) -> dict[str, str]:
     What a pipeline's ``identity`` names a field by."""
     paths: dict[str, str] = {}
     for name, _ in model.SINK_COLUMNS:
-        field = model.model_fields[name]
+        field = _sink_field(model, name)
         where = field.validation_alias or field.alias or name
         if isinstance(where, AliasPath):
             where = ".".join(map(str, where.path))

@@ -18,11 +18,11 @@ hand-written contract is, built from the same field helpers, so it is exactly as
           nickName:   {type: text, max_length: 64, column: nick_name, since: 2,
                        required: false}
 
-A declared contract's payloads carry an ``event_id`` too (a required text of 1 to 128
-characters, the first column), unless the pipeline reading them is identified by
-something else (its ``identity``: other fields, the record key, or the source position):
-its model is then the same contract without it (:func:`declared_model` with
-``event_id=False``).
+A declared contract has an ``event_id`` too (a text of 1 to 128 characters, the first
+column): required when it identifies the pipeline's records (the default), optional (a
+missing one is NULL) when the pipeline says something else does (its ``identity``: other
+fields, the record key, or the source position; :func:`optional_event_id`). The column
+stays either way, so a table made before keeps its rows and its shape.
 
 Every field is required unless it says ``required: false`` (then ``null`` when missing) or
 gives a ``default``. A field added by a later version (``since``) must be optional:
@@ -65,9 +65,11 @@ TEXT_MAX = 10_485_760
 #: The last epoch millisecond a timestamp takes: 9999-12-31T23:59:59.999Z (see
 #: :data:`~kafka_ingest.contracts.base.EPOCH_END`).
 EPOCH_MS_MAX = EPOCH_END * 1000 - 1
+#: The field every declared contract has without declaring it (see the module doc).
+IMPLICIT_ID = "event_id"
 #: The names a declared contract may not use for a column: the base contract's own fields
 #: and the columns every table has (the provenance, and when the row was written).
-RESERVED_COLUMNS = frozenset({"event_id", "version", INGESTED_AT,
+RESERVED_COLUMNS = frozenset({IMPLICIT_ID, "version", INGESTED_AT,
                               *(c.name for c in PROVENANCE_COLUMNS)})
 
 
@@ -353,8 +355,8 @@ class ContractSpec(_Strict):
     version: Annotated[int, Field(ge=1, le=1000)] = 1
     #: What the contract describes (the model's docstring).
     doc: str | None = None
-    #: The payload's fields by name, besides ``event_id``: implicit, a required text of 1
-    #: to 128 characters, unless the pipeline's ``identity`` is something else.
+    #: The payload's fields by name, besides ``event_id``: implicit, a text of 1 to 128
+    #: characters, required unless the pipeline's ``identity`` is something else.
     fields: dict[Annotated[str, Field(pattern=_PAYLOAD_NAME)], FieldSpec]
 
     @model_validator(mode="after")
@@ -413,9 +415,9 @@ _BUILT: dict[tuple[str, str, bool], list[type[Contract]]] = {}
 
 def build_versions(event_type: str, spec: ContractSpec, *,
                    event_id: bool = True) -> list[type[Contract]]:
-    """The contract's models, one per version 1..``spec.version``, with the implicit
-    ``event_id`` or without it; the same classes for the same declaration within a
-    process."""
+    """The contract's models, one per version 1..``spec.version``, the implicit
+    ``event_id`` required (``event_id``) or optional; the same classes for the same
+    declaration within a process."""
     cache_key = (event_type, spec.model_dump_json(exclude_unset=True), event_id)
     if cache_key not in _BUILT:
         _BUILT[cache_key] = _build(event_type, spec, event_id)
@@ -426,15 +428,15 @@ def declared_model(event_type: str, version: int, spec_json: str, *,
                    event_id: bool = True) -> type[Contract]:
     """A declared contract's model from its declaration as JSON (see ``DECLARATION``):
     how a model reaches another process (it is made at run time, so pickle cannot find it
-    by name). ``event_id``: with the implicit ``event_id`` (see the module doc)."""
+    by name). ``event_id``: whether the implicit ``event_id`` is required."""
     spec = ContractSpec.model_validate_json(spec_json)
     return build_versions(event_type, spec, event_id=event_id)[version - 1]
 
 
-def without_event_id(model: type[Contract]) -> type[Contract]:
-    """A declared contract's model without the implicit ``event_id`` (a Python contract,
-    or one without it already, as it is)."""
-    if model.DECLARATION is None or "event_id" not in model.model_fields:
+def optional_event_id(model: type[Contract]) -> type[Contract]:
+    """A declared contract's model whose implicit ``event_id`` is optional (a Python
+    contract as it is: its fields are its own)."""
+    if model.DECLARATION is None:
         return model
     return declared_model(model.EVENT_TYPE, model.VERSION, model.DECLARATION, event_id=False)
 
@@ -443,8 +445,9 @@ def _build(event_type: str, spec: ContractSpec, event_id: bool) -> list[type[Con
     models: list[type[Contract]] = []
     for version in range(1, spec.version + 1):
         present = {name: f for name, f in spec.fields.items() if f.since <= version}
-        definitions: dict[str, Any] = {"event_id": (EventId, ...)} if event_id else {}
-        definitions.update({(f.column or name): _field(name, f) for name, f in present.items()})
+        definitions: dict[str, Any] = {
+            IMPLICIT_ID: (EventId, ...) if event_id else (EventId | None, None),
+            **{(f.column or name): _field(name, f) for name, f in present.items()}}
         definitions["version"] = (int, Field(default=1, ge=1, le=version))
         model: type[Contract] = create_model(
             _class_name(event_type, version), __base__=Contract,
@@ -452,7 +455,7 @@ def _build(event_type: str, spec: ContractSpec, event_id: bool) -> list[type[Con
             __module__=__name__, **definitions)
         model.EVENT_TYPE = event_type
         model.VERSION = version
-        model.SINK_COLUMNS = (*((("event_id", "text"),) if event_id else ()),
+        model.SINK_COLUMNS = ((IMPLICIT_ID, "text"),
                               *((f.column or n, f.column_type) for n, f in present.items()))
         model.CONVERTED = {f.column or n: _CONVERTED_TIME[f.encoding]
                            for n, f in present.items()
@@ -462,6 +465,6 @@ def _build(event_type: str, spec: ContractSpec, event_id: bool) -> list[type[Con
     return models
 
 
-__all__ = ["ContractSpec", "FieldSpec", "FieldType", "TimeEncoding", "build_versions",
-           "declared_model", "without_event_id"]
+__all__ = ["IMPLICIT_ID", "ContractSpec", "FieldSpec", "FieldType", "TimeEncoding",
+           "build_versions", "declared_model", "optional_event_id"]
 

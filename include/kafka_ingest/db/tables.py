@@ -40,6 +40,7 @@ from psycopg import sql
 
 from kafka_ingest.config import IdentitySource, OnTombstone, Pipeline, UpsertMode
 from kafka_ingest.contracts.columns import Column, ddl_type, millis_to_pg
+from kafka_ingest.contracts.declared import IMPLICIT_ID
 from kafka_ingest.db.schema import MIGRATION_LOCK
 from kafka_ingest.errors import SchemaDrift
 from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
@@ -352,7 +353,13 @@ def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn
                     "added as a nullable column (rows already stored have no value); "
                     f"once they do, ALTER TABLE {table} ALTER COLUMN {name} SET NOT NULL")
         elif (problem := _drift(table, column, have)) is not None:
-            plan.drift.append(problem)
+            if _optional_since(pipeline, column, have):
+                plan.notes.append(
+                    f"{table}.{name} is NOT NULL, from when it identified the records: a "
+                    f"record without one is dead-lettered as rejected_by_database until "
+                    f"ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL")
+            else:
+                plan.drift.append(problem)
     own = {INGESTED_AT}
     if carries_incarnation(pipeline):
         own.add(INCARNATION_COLUMN)
@@ -363,6 +370,17 @@ def _compare(plan: TablePlan, pipeline: Pipeline, actual: dict[str, ActualColumn
                 and not have.has_default and not have.generated:
             plan.drift.append(f"{table}.{name} is NOT NULL without a default and the "
                               "pipeline never fills it: give it a default or drop NOT NULL")
+
+
+def _optional_since(pipeline: Pipeline, column: Column, have: ActualColumn) -> bool:
+    """Whether the only drift of ``column`` is that a table made before holds the declared
+    contract's implicit ``event_id`` NOT NULL, which the pipeline no longer identifies by
+    (it is optional then): the table takes every record with one, as it did, and refuses
+    one without (isolated and dead-lettered), which is a note, not drift."""
+    return (column.name == IMPLICIT_ID and pipeline.model.DECLARATION is not None
+            and IMPLICIT_ID not in pipeline.identity_columns and not have.nullable
+            and fits(column.ddl, have.ddl) and not have.generated
+            and not have.identity_always)
 
 
 def _incarnation(plan: TablePlan, table: str, have: ActualColumn | None) -> None:

@@ -185,8 +185,7 @@ def test_key_and_header_columns_come_between_the_contract_and_the_provenance() -
     [create] = create_statements(accounts)
 
     lines = create.statement.splitlines()
-    # keyed by its record key: the values carry no event_id, the table has none
-    assert lines[4:9] == ['    "tags" text[] NOT NULL,',
+    assert lines[5:10] == ['    "tags" text[] NOT NULL,',
                            '    "account_id" bigint NOT NULL,',
                            '    "trace_id" character varying(256),',
                            '    "tenant" character varying(16) NOT NULL,',
