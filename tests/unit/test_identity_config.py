@@ -195,6 +195,18 @@ def test_a_python_contract_without_event_id_needs_an_identity() -> None:
         nested()
 
 
+def test_append_pipelines_sharing_a_table_must_share_its_identity() -> None:
+    doc = {"contracts": {"order": ORDER}, "pipelines": {
+        "a": {**BASE, "identity": "orderid"},
+        "b": {**BASE, "topic": "more-orders", "dlq_topic": "b-dlq",
+              "identity": ["region", "order_no"]}}}
+    with pytest.raises(ValueError, match=r"pipelines a \(orderid\), b \(region, order_no\) "
+                                         r"all write table 'orders' but identify its records"):
+        parse_pipelines(doc)
+    doc["pipelines"]["b"]["identity"] = "orderid"
+    assert set(parse_pipelines(doc)) == {"a", "b"}
+
+
 # --------------------------------------------------------------------------- the chunk
 
 

@@ -137,7 +137,10 @@ def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
     for pipeline in pipelines.values():
         by_table.setdefault(pipeline.table, []).append(pipeline)
     for table, writers in sorted(by_table.items()):
-        if len(writers) < 2 or all(p.upsert.mode is UpsertMode.APPEND for p in writers):
+        if len(writers) < 2:
+            continue
+        if all(p.upsert.mode is UpsertMode.APPEND for p in writers):
+            _same_identity(table, writers)
             continue
         if len({(p.topic, p.upsert, p.on_tombstone is OnTombstone.DELETE)
                 for p in writers}) > 1:
@@ -150,6 +153,17 @@ def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
                 "version per key, and records of two topics (or two ways of choosing the "
                 "newest, or of honouring a deletion) cannot be ordered against each other; "
                 "give each its own table")
+
+
+def _same_identity(table: str, writers: list[Pipeline]) -> None:
+    """Append pipelines sharing a table must identify records alike: the table has one
+    primary key, which each one's ``ON CONFLICT`` names."""
+    if len({p.conflict_columns for p in writers}) > 1:
+        names = ", ".join(sorted(f"{p.name} ({', '.join(p.conflict_columns)})"
+                                 for p in writers))
+        raise ValueError(f"pipelines {names} all write table {table!r} but identify its "
+                         "records differently: the table has one primary key; give them "
+                         "the same identity, or each its own table")
 
 
 def pipelines_file() -> Path:
