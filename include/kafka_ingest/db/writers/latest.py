@@ -97,28 +97,30 @@ LOG_MARKER_UNORDERABLE = ("OR (mt IS NOT NULL AND NOT (mt = %(topic)s"
                            " AND (mi <> %(inc)s OR mp = p)))")
 LOG_MARKER_STALE = "OR (mt IS NOT NULL AND (mi, mo) >= (%(inc)s, o))"
 
-#: Event-time order: copies are the same record of a key (the same identity: {sid} of a
-#: staged row, {xid} of a stored one, see :func:`same_record`); versions ordered by
-#: (event time, incarnation, offset, partition); nothing is unorderable.
+#: Event-time order: copies are the same record of a key (see :func:`same_record`: {ids}
+#: the identity's columns, {sids}/{lids}/{xids} them staged, looked up and stored,
+#: {stored} the two equal);
+#: versions ordered by (event time, incarnation, offset, partition); nothing is
+#: unorderable.
 TIME_STAGED = """
 WITH s AS (
-  SELECT {k}, {sid} AS rid, {o} AS ts, source_partition AS p, source_offset AS o,
-         row_number() OVER (PARTITION BY {k}, {sid}
+  SELECT {k}{sids}, {o} AS ts, source_partition AS p, source_offset AS o,
+         row_number() OVER (PARTITION BY {k}, {ids}
                             ORDER BY source_offset DESC, source_partition DESC) AS copy,
          dense_rank() OVER (PARTITION BY {k} ORDER BY {o} DESC, source_offset DESC,
                                                       source_partition DESC) AS newest
   FROM {s}),
 f AS (
-  SELECT s.*, x.rid AS xrid, x.{o} AS xts, x.source_incarnation AS xi,
-         x.source_offset AS xo, x.source_partition AS xp
-  FROM s LEFT JOIN LATERAL (SELECT {xid} AS rid, {o}, source_incarnation, source_offset,
-                                   source_partition FROM {t} WHERE {k} = s.{k} LIMIT 1) x
+  SELECT s.*, x.{o} AS xts, x.source_incarnation AS xi, x.source_offset AS xo,
+         x.source_partition AS xp{xids}
+  FROM s LEFT JOIN LATERAL (SELECT {o}, source_incarnation, source_offset,
+                                   source_partition{lids} FROM {t} WHERE {k} = s.{k} LIMIT 1) x
   ON true),
 v AS (
   SELECT f.*, CASE
     WHEN copy > 1 THEN 'copy'
-    WHEN xrid = rid THEN 'stored'
-    WHEN xe IS NOT NULL AND (xts, xi, xo, xp) >= (ts, %(inc)s, o, p) THEN 'stale'
+    WHEN {stored} THEN 'stored'
+    WHEN xp IS NOT NULL AND (xts, xi, xo, xp) >= (ts, %(inc)s, o, p) THEN 'stale'
     WHEN newest > 1 THEN 'superseded'
     ELSE 'write' END AS verdict
   FROM f)
@@ -187,27 +189,29 @@ WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND ({same}
 
 
 def same_record(pipeline: Pipeline) -> dict[str, sql.Composable]:
-    """What tells a latest table's stored version is a staged record (a replay of it), in
-    event-time order: {sid} of a staged row, {xid} of a stored one, {same} of stored row
-    ``x`` and staged row ``s``. Its identity's columns; for one identified by its record
-    key, which is the entity key every version shares, its place in the log (partition,
-    offset, incarnation: one topic writes a latest table)."""
-    by_key = pipeline.identity_source is IdentitySource.RECORD_KEY
-    columns = ("source_partition", "source_offset") if by_key \
-        else pipeline.identity_columns
-
-    def row(alias: str, incarnation: sql.Composable | None) -> sql.Composable:
-        parts: list[sql.Composable] = [sql.SQL(alias + "{}").format(sql.Identifier(c))
-                                       for c in columns]
-        if by_key and incarnation is not None:
-            parts.append(incarnation)
-        return sql.SQL("ROW({})").format(sql.SQL(", ").join(parts))
-
-    stored = sql.SQL("source_incarnation")
-    staged = sql.SQL("%(inc)s::int4")
-    return {"sid": row("", staged), "xid": row("", stored),
-            "same": sql.SQL("{} = {}").format(row("x.", sql.SQL("x.source_incarnation")),
-                                              row("s.", staged))}
+    """What tells, in event-time order, that a latest table's stored version is a staged
+    record (a replay of it): its identity's columns, equal column by column; for a table
+    identified by its record key, which is the entity key every version shares, its place
+    in the log (partition, offset, and the staged rows' incarnation; one topic writes a
+    latest table). The fragments of :data:`TIME_STAGED` ({ids}, {sids}, {lids}, {xids},
+    {stored}) and of the statements on stored row ``x`` and staged row ``s`` ({same})."""
+    if pipeline.identity_source is IdentitySource.RECORD_KEY:
+        place = sql.SQL("source_partition, source_offset")
+        return {"ids": place, "sids": sql.SQL(""), "lids": sql.SQL(""), "xids": sql.SQL(""),
+                "stored": sql.SQL("xp = p AND xo = o AND xi = %(inc)s"),
+                "same": sql.SQL("x.source_partition = s.source_partition AND x.source_offset"
+                                " = s.source_offset AND x.source_incarnation = %(inc)s")}
+    columns = [sql.Identifier(c) for c in pipeline.identity_columns]
+    named = [(c, sql.Identifier(f"sid{n}"), sql.Identifier(f"xid{n}"))
+             for n, c in enumerate(columns)]
+    return {
+        "ids": sql.SQL(", ").join(columns),
+        "sids": sql.SQL("").join(sql.SQL(", {} AS {}").format(c, i) for c, i, _ in named),
+        "lids": sql.SQL("").join(sql.SQL(", {} AS {}").format(c, x) for c, _, x in named),
+        "xids": sql.SQL("").join(sql.SQL(", x.{}").format(x) for _, _, x in named),
+        "stored": sql.SQL(" AND ").join(sql.SQL("{} = {}").format(x, i) for _, i, x in named),
+        "same": sql.SQL(" AND ").join(sql.SQL("x.{c} = s.{c}").format(c=c) for c in columns),
+    }
 
 
 def where(topic: Any, incarnation: Any, partition: Any, offset: Any) -> str:
@@ -263,7 +267,8 @@ class LatestWriter(TableWriter):
         """One of the named statements, formatted for this table."""
         fragments = self.MARKERS if self.log_order else NO_MARKERS
         text = template.format(**fragments, t="{t}", s="{s}", m="{m}", k="{k}", o="{o}",
-                               c="{c}", u="{u}", kt="{kt}", sid="{sid}", xid="{xid}",
+                               c="{c}", u="{u}", kt="{kt}", ids="{ids}", sids="{sids}",
+                               lids="{lids}", xids="{xids}", stored="{stored}",
                                same="{same}")
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
