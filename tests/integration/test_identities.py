@@ -23,12 +23,14 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, ClassVar
 
+import psycopg
 import pytest
 from pydantic import AliasPath, Field
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.contracts import Contract
 from kafka_ingest.contracts.base import short_text
+from kafka_ingest.db.tables import apply_tables, check_table
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
@@ -275,3 +277,33 @@ def test_a_latest_table_keyed_by_its_record_key_needs_no_id_in_its_values(
     backfill = run(v2, clients, db, request=whole(clients, v2.topic))
     assert total(backfill, "inserted") == 0 and total(backfill, "dead_lettered") == 0
     assert state() == final
+
+
+def test_a_record_keyed_table_made_when_event_id_identified_it_runs_on(
+        topics: Callable[..., str], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # the table as the shipped account_balances made it before: event_id NOT NULL
+    body = {"topic": topics(1, "src"), "dlq_topic": topics(1, "dlq"), "table": "balances",
+            "contract": {"event_type": "balance", "version": 1},
+            "record_key": {"column": "account_id", "max_length": 32}, **LATEST["log order"]}
+    then = parse_pipelines({"contracts": BALANCES, "pipelines": {"balances": {
+        **body, "identity": "event_id"}}})["balances"]
+    now = parse_pipelines({"contracts": BALANCES, "pipelines": {"balances": body}})["balances"]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        apply_tables(conn, then)
+        plan = check_table(conn, now)  # no SchemaDrift: the pipeline runs on
+    assert [n for n in plan.notes if "balances.event_id is NOT NULL" in n]
+
+    def balance(account: int, event_id: str | None) -> bytes:
+        doc = {"balance": "1.00", "updatedAt": 1_767_225_600_000 + account}
+        return json.dumps(doc if event_id is None else {**doc, "event_id": event_id}).encode()
+
+    produce(clients, now.topic, [(f"acc-{a}".encode(), balance(a, f"e-{a}" if a % 2 else None),
+                                 0) for a in range(10)])
+    live = run(now, clients, db)
+
+    # with an event_id, stored as before; without, refused by the old column alone
+    assert sorted(r[0] for r in query(pg_dsn, "SELECT event_id FROM balances")) == [
+        f"e-{a}" for a in (1, 3, 5, 7, 9)]
+    assert total(live, "dead_lettered") == 5
+    assert dict(query(pg_dsn, "SELECT error_class, count(*) FROM dead_letters GROUP BY 1")) \
+        == {"rejected_by_database": 5}
