@@ -150,10 +150,13 @@ def test_a_pipeline_without_event_id_travels_to_another_process_as_it_is() -> No
     assert again.sink_columns == orders.sink_columns
 
 
-def test_a_pipeline_dumped_and_loaded_again_keeps_its_identity() -> None:
-    orders = pipeline(identity=["region", "order_no"])
+@pytest.mark.parametrize("identity", [["region", "order_no"], "record_key",
+                                      "source_position", None])
+def test_a_pipeline_dumped_and_loaded_again_keeps_its_identity(identity: Any) -> None:
+    # as a pipelines file is written for a DAG run in another process
+    orders = pipeline(identity=identity, record_key={"column": "order_key"})
     body = orders.model_dump(mode="json", exclude={"name"})
-    assert pipeline(**body).conflict_columns == ("region", "order_no")
+    assert pipeline(**body).conflict_columns == orders.conflict_columns
 
 
 REFUSED = [

@@ -254,7 +254,7 @@ class Pipeline(Strict):
                                  "are different records by their place in the log")
             columns = SOURCE_POSITION_COLUMNS
         else:
-            columns = tuple(self._identity_field(path) for path in identity.fields)
+            columns = tuple(self._identity_field(path) for path in identity.paths)
         if IMPLICIT_ID not in columns:
             self._model = optional_event_id(self._model)
         self._identity, self._identity_columns = identity, columns
@@ -301,9 +301,7 @@ class Pipeline(Strict):
     @property
     def identity_fields(self) -> tuple[str, ...]:
         """The payload paths of a ``payload`` identity (empty for the others)."""
-        if self._identity.source is IdentitySource.PAYLOAD:
-            return self._identity.fields
-        return ()
+        return self._identity.paths
 
     @property
     def identity_columns(self) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from kafka_ingest.config.modes import (
     UpsertMode,
 )
 from kafka_ingest.contracts.columns import Column
+from kafka_ingest.contracts.declared import IMPLICIT_ID
 
 
 def format_error(where: str, exc: ValidationError) -> str:
@@ -152,13 +153,15 @@ class Identity(Strict):
     #: place in the log (topic, incarnation, partition, offset: append pipelines only).
     source: IdentitySource = IdentitySource.PAYLOAD
     #: ``payload`` only: the fields that identify a record together, each by its name in
-    #: the payload or a dotted path (``order.id``); required fields of the contract.
-    fields: tuple[Annotated[str, Field(pattern=PATH_PATTERN, max_length=255)], ...] = (
-        "event_id",)
+    #: the payload or a dotted path (``order.id``); required fields of the contract. None:
+    #: ``event_id``.
+    fields: tuple[Annotated[str, Field(pattern=PATH_PATTERN, max_length=255)], ...] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Identity:
-        if self.source is not IdentitySource.PAYLOAD and "fields" in self.model_fields_set:
+        if self.fields is None:
+            return self
+        if self.source is not IdentitySource.PAYLOAD:
             raise ValueError(f"identity.fields names payload fields: it goes with source "
                              f"'payload', not {self.source.value!r}")
         if not self.fields:
@@ -166,6 +169,13 @@ class Identity(Strict):
         if len(set(self.fields)) != len(self.fields):
             raise ValueError(f"identity.fields names a field twice: {list(self.fields)}")
         return self
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The payload paths of a ``payload`` identity (empty for the others)."""
+        if self.source is not IdentitySource.PAYLOAD:
+            return ()
+        return self.fields or (IMPLICIT_ID,)
 
 
 def identity_shorthand(value: Any) -> Any:
