@@ -155,7 +155,7 @@ def test_an_append_identity_writes_each_record_once_through_runs_backfills_and_r
             "table": f"orders_{case}",
             "contract": {"event_type": "nested_shop_order" if nested else "shop_order",
                          "version": 1},
-            "identity": identity, "auto_create": True, "chunk_size": 40}
+            "identity": identity, "auto_create": True, "auto_evolve": True, "chunk_size": 40}
     v1, v2 = build(body, 1), build(body, 2)
     plan = [(j, 1) for j in range(ORDERS)] + [(j, 1) for j in range(COPIES)] \
         + [(j, 2) for j in range(ORDERS, ORDERS + V2_ORDERS)] \
@@ -227,7 +227,7 @@ def test_a_latest_table_keyed_by_its_record_key_needs_no_id_in_its_values(
     body = {"topic": topics(PARTITIONS, "src"), "dlq_topic": topics(PARTITIONS, "dlq"),
             "table": "balances", "contract": {"event_type": "balance", "version": 1},
             "record_key": {"column": "account_id", "max_length": 32},
-            "auto_create": True, "chunk_size": 25, **LATEST[case]}
+            "auto_create": True, "auto_evolve": True, "chunk_size": 25, **LATEST[case]}
 
     def build_balances(version: int) -> Pipeline:
         entry = {**body, "contract": {"event_type": "balance", "version": version}}

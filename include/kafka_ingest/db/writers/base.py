@@ -122,6 +122,8 @@ class TableWriter:
             with self.conn.transaction():  # a savepoint inside the chunk's transaction
                 return self._upsert_once(rows, source, encoded)
         except ROW_REFUSALS as exc:
+            # The savepoint's rollback took what it made: a staging table made in it too.
+            self._stage_ready = False
             if len(rows) == 1:
                 reason = RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
                 return UpsertResult(0, 0, 0, [(rows[0], reason)])
