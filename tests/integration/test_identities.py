@@ -18,9 +18,14 @@ delete (log order) or are skipped (event-time order), the same replay and backfi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
@@ -33,8 +38,10 @@ from kafka_ingest.contracts.base import short_text
 from kafka_ingest.db.tables import apply_tables, check_table
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
 from kafka_ingest.kafka.clients import KafkaClients
+from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest.requests import LiveRun, OffsetWindow, ReplayFilters, ReplayRequest
 from tests.support.ingest import highs, query, run, total
+from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 
@@ -307,3 +314,40 @@ def test_a_record_keyed_table_made_when_event_id_identified_it_runs_on(
     assert total(live, "dead_lettered") == 5
     assert dict(query(pg_dsn, "SELECT error_class, count(*) FROM dead_letters GROUP BY 1")) \
         == {"rejected_by_database": 5}
+
+
+def test_a_source_position_identity_keeps_the_records_of_a_topic_created_again(
+        topics: Callable[..., str], clients: KafkaClients, db: Any, pg_dsn: str,
+        stack_env: dict[str, str], tmp_path: Path) -> None:
+    # offsets start at 0 again in a re-created topic: without its incarnation in the key,
+    # the new topic's records would be taken for the old one's, and dropped
+    body = {"topic": topics(1, "src"), "dlq_topic": topics(1, "dlq"), "table": "by_place",
+            "contract": {"event_type": "shop_order", "version": 1},
+            "identity": "source_position", "auto_create": True}
+    pipeline = build(body, 1)
+    tag = uuid.uuid4().hex[:6]
+    records = [(b"k", order(tag, j, version=1, nested=False), 0) for j in range(12)]
+    produce(clients, pipeline.topic, records)
+    assert total(run(pipeline, clients, db), "inserted") == len(records)
+
+    admin = clients.admin()
+    admin.delete_topics([pipeline.topic], operation_timeout=30)[pipeline.topic].result(60)
+    deadline = time.monotonic() + 60  # the broker frees the name in the background
+    while pipeline.topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, "the topic is still listed 60 s after deletion"
+        time.sleep(0.2)
+    ensure_topics(clients, {pipeline.topic: 1})
+    produce(clients, pipeline.topic, records)  # the same values at the same offsets
+    env = {**os.environ, "KAFKA_INGEST_PG_DSN": pg_dsn,
+           "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"],
+           "KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline))}
+    reset = subprocess.run([sys.executable, "-m", "kafka_ingest.cli", "reset-offsets",
+                            pipeline.name, "--all", "--to", "earliest", "--yes"], env=env,
+                           capture_output=True, text=True, check=False, timeout=300)
+    assert reset.returncode == 0, reset.stderr
+
+    assert total(run(pipeline, clients, db), "inserted") == len(records)
+    assert total(run(pipeline, clients, db, request=whole(clients, pipeline.topic)),
+                 "inserted") == 0
+    assert query(pg_dsn, "SELECT source_incarnation, count(*) FROM by_place GROUP BY 1"
+                         " ORDER BY 1") == [(1, len(records)), (2, len(records))]
