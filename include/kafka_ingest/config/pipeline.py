@@ -207,8 +207,9 @@ class Pipeline(Strict):
         declared = state["__pydantic_private__"]["_model"]
         if isinstance(declared, tuple):
             private = dict(state["__pydantic_private__"])
-            event_type, version, spec, event_id = declared
-            private["_model"] = declared_model(event_type, version, spec, event_id=event_id)
+            event_type, version, spec, id_required = declared
+            private["_model"] = declared_model(event_type, version, spec,
+                                               id_required=id_required)
             state = {**state, "__pydantic_private__": private}
         super().__setstate__(state)
 

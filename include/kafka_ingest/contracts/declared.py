@@ -369,7 +369,7 @@ class ContractSpec(_Strict):
             if not re.fullmatch(_NAME, column):
                 raise ValueError(f"field {name!r}: {column!r} is not a column name (lower "
                                  "case, digits, _): give it one with 'column'")
-            if column in RESERVED_COLUMNS or name in ("event_id", "version"):
+            if column in RESERVED_COLUMNS or name in (IMPLICIT_ID, "version"):
                 raise ValueError(f"field {name!r}: column {column!r} is reserved (every "
                                  "contract and table has it)")
             refuse_system_column(column, f"field {name!r}", "give it another with 'column'")
@@ -414,23 +414,23 @@ _BUILT: dict[tuple[str, str, bool], list[type[Contract]]] = {}
 
 
 def build_versions(event_type: str, spec: ContractSpec, *,
-                   event_id: bool = True) -> list[type[Contract]]:
+                   id_required: bool = True) -> list[type[Contract]]:
     """The contract's models, one per version 1..``spec.version``, the implicit
-    ``event_id`` required (``event_id``) or optional; the same classes for the same
+    ``event_id`` required (``id_required``) or optional; the same classes for the same
     declaration within a process."""
-    cache_key = (event_type, spec.model_dump_json(exclude_unset=True), event_id)
+    cache_key = (event_type, spec.model_dump_json(exclude_unset=True), id_required)
     if cache_key not in _BUILT:
-        _BUILT[cache_key] = _build(event_type, spec, event_id)
+        _BUILT[cache_key] = _build(event_type, spec, id_required)
     return _BUILT[cache_key]
 
 
 def declared_model(event_type: str, version: int, spec_json: str, *,
-                   event_id: bool = True) -> type[Contract]:
+                   id_required: bool = True) -> type[Contract]:
     """A declared contract's model from its declaration as JSON (see ``DECLARATION``):
     how a model reaches another process (it is made at run time, so pickle cannot find it
-    by name). ``event_id``: whether the implicit ``event_id`` is required."""
+    by name). ``id_required``: whether the implicit ``event_id`` is required."""
     spec = ContractSpec.model_validate_json(spec_json)
-    return build_versions(event_type, spec, event_id=event_id)[version - 1]
+    return build_versions(event_type, spec, id_required=id_required)[version - 1]
 
 
 def optional_event_id(model: type[Contract]) -> type[Contract]:
@@ -438,15 +438,16 @@ def optional_event_id(model: type[Contract]) -> type[Contract]:
     contract as it is: its fields are its own)."""
     if model.DECLARATION is None:
         return model
-    return declared_model(model.EVENT_TYPE, model.VERSION, model.DECLARATION, event_id=False)
+    return declared_model(model.EVENT_TYPE, model.VERSION, model.DECLARATION,
+                          id_required=False)
 
 
-def _build(event_type: str, spec: ContractSpec, event_id: bool) -> list[type[Contract]]:
+def _build(event_type: str, spec: ContractSpec, id_required: bool) -> list[type[Contract]]:
     models: list[type[Contract]] = []
     for version in range(1, spec.version + 1):
         present = {name: f for name, f in spec.fields.items() if f.since <= version}
         definitions: dict[str, Any] = {
-            IMPLICIT_ID: (EventId, ...) if event_id else (EventId | None, None),
+            IMPLICIT_ID: (EventId, ...) if id_required else (EventId | None, None),
             **{(f.column or name): _field(name, f) for name, f in present.items()}}
         definitions["version"] = (int, Field(default=1, ge=1, le=version))
         model: type[Contract] = create_model(

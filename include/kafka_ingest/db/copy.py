@@ -49,13 +49,13 @@ def write_order(pipeline: Pipeline) -> Order:
     if pipeline.upsert.mode is UpsertMode.LATEST:
         return lambda rows: rows
     columns = [c.name for c in row_columns(pipeline)]
-    event_id = row_identity(pipeline)
+    identity = row_identity(pipeline)
     place = itemgetter(*(columns.index(c) for c in ("source_topic", "source_partition",
                                                     "source_offset")))
 
     def order(rows: Sequence[Row]) -> Sequence[Row]:
-        ordered = sorted(rows, key=event_id)
-        ids = list(map(event_id, ordered))
+        ordered = sorted(rows, key=identity)
+        ids = list(map(identity, ordered))
         copies = list(compress(range(1, len(ids)), map(eq, ids, islice(ids, 1, None))))
         if not copies:
             return ordered
