@@ -55,7 +55,8 @@ trap 'kill "$checks_pid" 2>/dev/null' EXIT  # interrupted: the checks go too
 # have the stack alone: tests/support/workers.py.
 echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/)"
 set +e
-python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 "$@"
+python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 \
+    --junitxml=test-artifacts/junit.xml "$@"  # every test's time, for where the time goes
 rc=$?
 wait "$checks_pid"
 checks_rc=$?

@@ -343,7 +343,9 @@ class SharedAirflow:
         assert self.api is not None
         for dag_id in (d.format(name=self.anchor.name) for d in _DAG_FILES):
             token = self.api.get(f"/dags/{dag_id}")["file_token"]
-            self.api.client.put(f"/parseDagFile/{token}").raise_for_status()
+            answer = self.api.client.put(f"/parseDagFile/{token}")
+            if answer.status_code != 409:  # 409: a request for the file is pending already,
+                answer.raise_for_status()  # which the processor takes after this moment
 
     def _parsed(self, dag_ids: list[str]) -> None:
         """Wait until the DAGs are known (asking for a parse of every DAG file first)."""
