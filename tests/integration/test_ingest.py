@@ -246,6 +246,56 @@ def test_rows_postgres_rejects_are_isolated_and_dead_lettered(
     assert stored_offsets(pg_dsn, pipeline) == {0: 50}
 
 
+def test_a_row_postgres_rejects_in_a_latest_tables_first_chunk_is_dead_lettered(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # A latest table's chunk always goes through the staging table, made by the slice's
+    # first transaction inside the savepoint the refused row rolls back: the bisection's
+    # halves must make it again, not fail the slice on a staging table that is gone
+    # (it did, as SchemaMissing, on every retry: the partition stopped for good).
+    pipeline = make_pipeline("device_state", partitions=1, chunk_size=100)
+    execute(pg_dsn, "ALTER TABLE device_state"
+                  " ADD CONSTRAINT small_values CHECK (metric_value < 1000)")
+    bad = {7, 23, 41}
+    values = [metric(f"r-{i}", f"d{i}", float(i), 5_000.0 if i in bad else 1.0)
+              for i in range(50)]
+    produce(clients, pipeline.topic, [(f"k{i}".encode(), v) for i, v in enumerate(values)])
+
+    reports = run(pipeline, clients, db)
+
+    assert (total(reports, "inserted"), total(reports, "dead_lettered")) == (47, 3)
+    assert sorted(_device_state(pg_dsn)) == sorted(f"d{i}" for i in range(50) if i not in bad)
+    assert dead_letter_rows(pg_dsn, pipeline) == {
+        (0, i): ("rejected_by_database", 1) for i in bad}
+    assert stored_offsets(pg_dsn, pipeline) == {0: 50}
+
+
+def test_a_backfill_over_stored_rows_and_a_row_postgres_rejects_counts_it_known_dead(
+        make_pipeline: Callable[..., Any], clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    # The backfill's one chunk tries its keys as new: its COPY meets the stored ones first
+    # (they come first in key order, more than a COPY batch of them, so Postgres checks
+    # their keys before it reaches a refused row), and the chunk takes the staged path in
+    # the slice's first transaction, where the refused row rolls the staging table back
+    # with the savepoint. The live run dead-lettered the refused rows; the backfill counts
+    # them as known, the stored rows as duplicates.
+    pipeline = make_pipeline("telemetry_metrics", partitions=1, chunk_size=2_000)
+    execute(pg_dsn, "ALTER TABLE telemetry_metrics"
+                  " ADD CONSTRAINT small_values CHECK (metric_value < 1000)")
+    count, bad = 1_200, {1_150, 1_180, 1_199}
+    values = [metric(f"r-{i:04d}", "d1", float(i), 5_000.0 if i in bad else 1.0)
+              for i in range(count)]
+    produce(clients, pipeline.topic, [(f"k{i}".encode(), v) for i, v in enumerate(values)])
+    live = run(pipeline, clients, db)
+    assert (total(live, "inserted"), total(live, "dead_lettered")) == (count - 3, 3)
+
+    backfill = run(pipeline, clients, db, request=OffsetWindow(partitions={0: (0, count)}))
+
+    assert [(r.chunks, r.read, r.inserted, r.duplicates, r.dead_lettered, r.known_dead)
+            for r in backfill] == [(1, count, 0, count - 3, 0, 3)]
+    assert sorted(table_ids(pg_dsn, pipeline.table)) == sorted(
+        f"r-{i:04d}" for i in range(count) if i not in bad)
+    assert stored_offsets(pg_dsn, pipeline) == {0: count}
+
+
 def _delete_records(clients: KafkaClients, topic: str, before: int) -> None:
     admin = clients.admin()  # keep it alive: its futures never resolve once it is gone
     futures = admin.delete_records([TopicPartition(topic, 0, before)], operation_timeout=30)

@@ -118,12 +118,13 @@ class TableWriter:
                    encoded: bytes | None = None) -> UpsertResult:
         if not rows:
             return UpsertResult(0, 0, 0, [])
+        stage_ready = self._stage_ready
         try:
             with self.conn.transaction():  # a savepoint inside the chunk's transaction
                 return self._upsert_once(rows, source, encoded)
         except ROW_REFUSALS as exc:
-            # The savepoint's rollback took what it made: a staging table made in it too.
-            self._stage_ready = False
+            # A staging table this savepoint made is gone with it: the halves make it again.
+            self._stage_ready = stage_ready
             if len(rows) == 1:
                 reason = RejectedByDatabase(f"{type(exc).__name__}: {str(exc).strip()}")
                 return UpsertResult(0, 0, 0, [(rows[0], reason)])
