@@ -17,18 +17,24 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import urllib.parse
 import uuid
 import warnings
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from kafka_ingest.decode.codecs.protobuf import WELL_KNOWN
-from kafka_ingest.engine.ingest import run_ingest
+from kafka_ingest.engine.ingest import ingest_range, plan_run, run_ingest
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
+from kafka_ingest.errors import RegistryUnavailable
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from tests.integration.test_registry_formats import (
@@ -44,7 +50,7 @@ from tests.integration.test_registry_formats import (
     registry_pipeline,
     subjects,  # noqa: F401  (the fixture: subjects deleted after the test)
 )
-from tests.support.ingest import query, stored_offsets
+from tests.support.ingest import highs, query, stored_offsets
 
 with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_ingest's registry
     warnings.simplefilter("ignore")
@@ -150,6 +156,82 @@ def test_schema_from_registry_prints_a_contract_for_a_subject_with_references(
                    "customer": {"type": "jsonb"},
                    "tier": {"type": "text", "max_length": 6}},  # "SILVER", "BRONZE"
     }
+
+
+class _HalfDownRegistry(BaseHTTPRequestHandler):
+    """Forwards GETs to the real registry, except the versions of the subjects named in
+    ``server.refused``, answered 503 (a registry half down behind its load balancer)."""
+
+    def do_GET(self) -> None:
+        server: Any = self.server
+        if any(f"/subjects/{subject}/versions/" in self.path for subject in server.refused):
+            self._answer(503, b'{"error_code": 50301, "message": "no healthy backend"}')
+            return
+        answer = httpx.get(server.upstream + self.path, timeout=10)
+        self._answer(answer.status_code, answer.content)
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def half_down(registry_url: str) -> Iterator[Any]:
+    """A proxy of the registry (``.url``, its ccompat URL) refusing the versions of the
+    subjects in ``.refused``; its thread joined afterwards."""
+    parts = urllib.parse.urlsplit(registry_url)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HalfDownRegistry)
+    server.upstream = f"{parts.scheme}://{parts.netloc}"  # type: ignore[attr-defined]
+    server.refused = set()  # type: ignore[attr-defined]
+    server.url = f"http://127.0.0.1:{server.server_port}{parts.path}"  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, name="half-down-registry")
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(5)
+        server.server_close()
+
+
+def test_the_registry_failing_while_references_are_fetched_fails_the_slice_and_dead_letters_nothing(
+        topics: Any, clients: KafkaClients, db: Any, pg_dsn: str, registry_url: str,
+        sr: SchemaRegistryClient, subjects: list[str], half_down: Any) -> None:  # noqa: F811
+    """The schema by id answers, its references' subject versions do not (503): an
+    infrastructure fault, so the slice fails (RegistryUnavailable: Airflow retries),
+    nothing is dead-lettered, no row lands and no offset moves; the retry with the
+    registry whole loads every record."""
+    pipeline = registry_pipeline(topics, "avro", AVRO_CONTRACT)
+    apply(pg_dsn, pipeline)
+    w = avro_writer(sr, pipeline.topic, subjects)
+    produce(clients, pipeline.topic, [w.value(payment(n)) for n in (1, 2, 3)])
+    whole = registry_clients(clients, registry_url)
+    run_id = new_run_id()
+    [planned] = plan_run(pipeline, whole, db, run_id=run_id)
+    offsets_planned = stored_offsets(pg_dsn, pipeline)
+    half_down.refused.add(f"{pipeline.topic}-customer")
+
+    with pytest.raises(RegistryUnavailable, match=r"version 1 of src-\w+-customer failed: "
+                                                  "HTTP 503") as raised:
+        ingest_range(pipeline, planned, registry_clients(clients, half_down.url, **{
+            "max.retries": 0}), db, run_id=run_id)
+
+    print(f"\nthe references unreachable: {raised.value}")
+    assert query(pg_dsn, "SELECT count(*) FROM dead_letters") == [(0,)]
+    assert query(pg_dsn, "SELECT count(*) FROM pay_rows") == [(0,)]
+    assert stored_offsets(pg_dsn, pipeline) == offsets_planned
+    assert highs(clients, pipeline.dlq_topic) == {0: 0}
+
+    summary = run_ingest(pipeline, whole, db, run_id=run_id)  # the retry: the pinned plan
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (3, 3, 0)
+    assert stored_offsets(pg_dsn, pipeline) == {0: 3}
 
 
 # --------------------------------------------------------------------------- Protobuf
