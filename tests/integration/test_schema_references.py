@@ -7,10 +7,13 @@ The producing team registers an Avro enum and a record (the record references th
 then its ``AvroSerializer`` registers the topic's schema with references to both; its
 ``ProtobufSerializer`` registers the file the topic's message imports under the import's
 name, then the topic's schema referencing it. Covered: both formats ingested, exact rows;
-``kafka-ingest schema from-registry`` on a subject with references; a writer schema the
-reader cannot build dead-letters its own records (``schema_unreadable``) while the rest of
-the batch lands and the offsets move on, and the DLQ replay loads them once the registry
-is fixed. Topics and subjects are random per test and deleted after.
+``kafka-ingest schema from-registry`` on a subject with references; the registry failing
+while references are fetched fails the slice and dead-letters nothing (a proxy of the real
+registry refusing the referenced subject's versions); a writer schema the reader cannot
+build dead-letters its own records (``schema_unreadable``) while the rest of the batch
+lands and the offsets move on, and the DLQ replay loads them once the reader is fixed (the
+fix stood in for by the reader's known-type table learning the file). Topics and subjects
+are random per test and deleted after.
 """
 
 from __future__ import annotations
