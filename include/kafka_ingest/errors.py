@@ -28,8 +28,6 @@
     │   ├── ContractMismatch      the pipeline's contract reads none of the subject's
     │   │                         registered versions (a field it requires is missing or of
     │   │                         another type in every one)
-    │   ├── SchemaUnreadable      a registered writer schema this reader cannot build (Avro
-    │   │                         named references, Protobuf imports of other files)
     │   ├── DatabaseRefused       Postgres refused the login: password, certificate, TLS
     │   │                         required by pg_hba.conf, unknown role or database
     │   ├── SettingsError         a connection or setting that cannot work (no host, ...)
@@ -54,6 +52,8 @@
         │                         Confluent wire header (magic byte 0, a schema id)
         ├── UnknownSchema         a schema id the registry does not know (404), beside
         │                         records of the same chunk whose ids it knows
+        ├── SchemaUnreadable      a writer schema the reader cannot build (a reference the
+        │                         registry has no version for, an import nothing defines)
         ├── BadKey                the record key the pipeline reads a column from is
         │                         missing, not UTF-8 / JSON, or out of its bounds
         ├── BadHeader             a header mapped to a column is not UTF-8 text that fits
@@ -300,16 +300,6 @@ class ContractMismatch(PermanentError):
                          "contract or the subject")
 
 
-class SchemaUnreadable(PermanentError):
-    """A writer schema the decoder cannot build: the records are fine, the reader is not
-    (dead-lettering them all would bury a setting to fix under one letter per record)."""
-
-    def __init__(self, schema_id: int, reason: str) -> None:
-        self.schema_id, self.reason = schema_id, reason
-        super().__init__(f"schema id {schema_id} cannot be read: {reason}; its records stay "
-                         "in the topic and load once the reader can build it")
-
-
 class DatabaseRefused(PermanentError):
     """Postgres refused the connection: credentials, certificate, or TLS required."""
 
@@ -445,6 +435,24 @@ class NotWireFormat(DataError):
 
 class UnknownSchema(DataError):
     error_class = "unknown_schema"
+
+
+class SchemaUnreadable(DataError):
+    """A record whose writer schema the reader cannot build (a reference the registry has
+    no version for, a Protobuf import that no reference and no well-known type defines).
+
+    Only the records of that schema id are dead-lettered, the others of the chunk load and
+    the offsets move on: a schema nobody can read must not stop a pipeline at its first
+    record until someone moves the offsets by hand. Once the schema or the reader is fixed
+    its letters load with the DLQ replay (``--error-class schema_unreadable``). The
+    registry unreachable while the schema or its references are fetched is not this
+    error: that is :class:`RegistryUnavailable`, which dead-letters nothing."""
+
+    error_class = "schema_unreadable"
+
+    def __init__(self, schema_id: int, reason: str) -> None:
+        self.schema_id, self.reason = schema_id, reason
+        super().__init__(f"schema id {schema_id} cannot be read: {reason}")
 
 
 class BadKey(DataError):

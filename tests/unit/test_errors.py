@@ -101,8 +101,8 @@ def test_every_error_of_the_package_is_on_exactly_one_branch() -> None:
 def test_every_data_error_has_a_distinct_class_name() -> None:
     names = [c.error_class for c in DATA_ERROR_CLASSES]
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
-                     "too_large", "not_wire_format", "unknown_schema", "bad_key", "bad_header",
-                     "unorderable", "rejected_by_database"]
+                     "too_large", "not_wire_format", "unknown_schema", "schema_unreadable",
+                     "bad_key", "bad_header", "unorderable", "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 

@@ -7,12 +7,14 @@ pipeline's codec (:mod:`~kafka_ingest.decode.codecs`) decodes the payload to wha
 contract validates.
 
 Failures keep the split: no magic byte (:class:`NotWireFormat`), an id the registry does
-not know (:class:`UnknownSchema`) and a payload the writer schema cannot decode
-(:class:`Undecodable`) are data errors; the registry down is transient and raises, and so
-is a chunk none of whose ids the registry knows (:class:`RegistryLacksSchemas`, see
-:meth:`RegistryDecoder.require_a_known_id`); a writer schema the codec cannot build is
-:class:`SchemaUnreadable` (permanent). A writer schema the *contract* cannot read is judged
-record by record (:meth:`RegistryDecoder.explained`).
+not know (:class:`UnknownSchema`), a writer schema the codec cannot build
+(:class:`SchemaUnreadable`: a reference the registry does not serve, an import nothing
+defines; judged once per id, its records dead-lettered, the others load) and a payload the
+writer schema cannot decode (:class:`Undecodable`) are data errors; the registry down is
+transient and raises (the schema's references included), and so is a chunk none of whose
+ids the registry knows (:class:`RegistryLacksSchemas`, see
+:meth:`RegistryDecoder.require_a_known_id`). A writer schema the *contract* cannot read is
+judged record by record (:meth:`RegistryDecoder.explained`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kafka_ingest.errors import (
     ContractViolation,
     DataError,
     RegistryLacksSchemas,
+    SchemaUnreadable,
     SettingsError,
     UnknownSchema,
 )
@@ -95,7 +98,12 @@ class RegistryDecoder:
             raise UnknownSchema(f"schema id {schema_id} is a {schema.schema_type} schema, and "
                                 f"this pipeline reads {self.codec.format.value}")
         self._schemas[schema_id] = schema
-        return self.codec.reader(schema)
+        try:
+            return self.codec.reader(schema)
+        except SchemaUnreadable as exc:
+            log.warning("%s: %s; its records are dead-lettered (schema_unreadable), the others "
+                        "load", self.pipeline.name, exc)
+            return _refusing(exc)
 
     def explained(self, value: bytes, error: DataError) -> DataError:
         """``error`` (the contract refused the record ``value``) with, when the record's
@@ -152,6 +160,17 @@ class RegistryDecoder:
 
     def __repr__(self) -> str:
         return f"RegistryDecoder({self.codec.format.value}, {self.registry.settings!r})"
+
+
+def _refusing(exc: SchemaUnreadable) -> PayloadReader:
+    """The reader of a schema id the codec could not build: each of its records is refused
+    for the same reason, without building it again."""
+    schema_id, reason = exc.schema_id, exc.reason
+
+    def refuse(payload: bytes) -> Any:
+        raise SchemaUnreadable(schema_id, reason)
+
+    return refuse
 
 
 @contextlib.contextmanager

@@ -12,6 +12,14 @@ fault, a data error decided by the caller; the registry unreachable, timing out,
 answering 5xx/429 is :class:`RegistryUnavailable` (transient: the task fails, Airflow
 retries, nothing is dead-lettered); a refused login or a TLS certificate it cannot verify
 is :class:`RegistryRefused` (permanent).
+
+A schema may name others by reference (``references``: an Avro named type, a Protobuf
+import, each registered under a subject of its own, as confluent-kafka's serializers
+register them): every schema this client returns carries the schemas it references,
+fetched by subject and version, recursively, each version once per client (versions never
+change). A reference the registry has no version for is left without its schema, for the
+codec to refuse (:class:`~kafka_ingest.errors.SchemaUnreadable`); the registry down while
+references are fetched is :class:`RegistryUnavailable` like any other request.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import base64
 import ssl
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,6 +58,9 @@ _SECRETS = ("basic.auth.user.info", "ssl.key.password", "bearer.auth.token",
 NOT_FOUND = frozenset({40401, 40402, 40403})
 #: Answers no retry changes: the request or the setting is wrong.
 _PERMANENT_STATUS = frozenset({400, 401, 403, 404, 405, 409, 422})
+#: How deep references are followed (a schema referencing one that references ...): far
+#: beyond any real schema, and a bound on a registry whose references loop.
+MAX_REFERENCE_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -126,14 +137,47 @@ def is_descriptor(text: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """One of a schema's ``references``: the name the schema knows it by (an Avro named
+    type's full name, a Protobuf import's file name) and the subject version registered
+    under it. ``schema`` is that version, its own references resolved; None when the
+    registry has no such version (or the references loop back on themselves)."""
+
+    name: str
+    subject: str
+    version: int
+    schema: WriterSchema | None = None
+
+
+@dataclass(frozen=True)
 class WriterSchema:
-    """A registered schema: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
+    """A registered schema: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text, and
+    the schemas it references (resolved: :class:`Reference`)."""
 
     schema_id: int
     schema_type: str
     text: str
     subject: str | None = None
     version: int | None = None
+    references: tuple[Reference, ...] = ()
+
+    def referenced(self) -> list[Reference]:
+        """Every reference, direct or through another schema, each subject version once,
+        a schema's own references before it (the order a reader defines them in)."""
+        out: list[Reference] = []
+        seen: set[tuple[str, int]] = set()
+
+        def visit(references: tuple[Reference, ...]) -> None:
+            for ref in references:
+                if (ref.subject, ref.version) in seen:
+                    continue
+                seen.add((ref.subject, ref.version))
+                if ref.schema is not None:
+                    visit(ref.schema.references)
+                out.append(ref)
+
+        visit(self.references)
+        return out
 
 
 def _refused_tls(exc: BaseException) -> bool:
@@ -175,6 +219,8 @@ class SchemaRegistry:
         except ValueError as exc:  # an unknown or malformed setting, named by the client
             raise SettingsError(f"schema registry settings: {exc}") from None
         self._by_id: dict[int, WriterSchema | None] = {}
+        #: (subject, version, serialized) -> a referenced schema, resolved.
+        self._referenced: dict[tuple[str, int, bool], WriterSchema | None] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -185,7 +231,8 @@ class SchemaRegistry:
         :func:`is_descriptor`)."""
         if schema_id in self._by_id:
             return self._by_id[schema_id]
-        found = _fetched(lambda fmt: self._schema(schema_id, fmt), serialized)
+        found = self._resolved(_fetched(lambda fmt: self._schema(schema_id, fmt), serialized),
+                               serialized)
         self._by_id[schema_id] = found
         return found
 
@@ -193,11 +240,13 @@ class SchemaRegistry:
         found = self._ask(f"get schema {schema_id}", self._client.get_schema, schema_id, fmt)
         if found is None:
             return None
-        return WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "")
+        return WriterSchema(schema_id, found.schema_type or "AVRO", found.schema_str or "",
+                            references=_references(found.references))
 
     def latest(self, subject: str, *, serialized: bool = False) -> WriterSchema | None:
         """The subject's latest version, or None when there is no such subject."""
-        return _fetched(lambda fmt: self._latest(subject, fmt), serialized)
+        return self._resolved(_fetched(lambda fmt: self._latest(subject, fmt), serialized),
+                              serialized)
 
     def _latest(self, subject: str, fmt: str | None) -> WriterSchema | None:
         found = self._ask(f"latest of {subject}", self._client.get_latest_version, subject, fmt)
@@ -212,13 +261,40 @@ class SchemaRegistry:
     def version(self, subject: str, number: int, *,
                 serialized: bool = False) -> WriterSchema | None:
         """Version ``number`` of the subject, or None when there is no such version."""
-        return _fetched(lambda fmt: self._version(subject, number, fmt), serialized)
+        return self._resolved(_fetched(lambda fmt: self._version(subject, number, fmt),
+                                       serialized), serialized)
 
-    def _version(self, subject: str, number: int, fmt: str | None) -> WriterSchema | None:
+    def _version(self, subject: str, number: int, fmt: str | None, *,
+                 deleted: bool = False) -> WriterSchema | None:
         found = self._ask(f"version {number} of {subject}",
-                          lambda s, fmt: self._client.get_version(s, number, fmt=fmt),
+                          lambda s, fmt: self._client.get_version(s, number, deleted, fmt=fmt),
                           subject, fmt)
         return None if found is None else _registered(subject, found)
+
+    def _resolved(self, found: WriterSchema | None, serialized: bool,
+                  chain: tuple[tuple[str, int], ...] = ()) -> WriterSchema | None:
+        """``found`` with the schemas it references (see :class:`Reference`)."""
+        if found is None or not found.references:
+            return found
+        return replace(found, references=tuple(
+            replace(ref, schema=self._reference(ref, serialized, chain))
+            for ref in found.references))
+
+    def _reference(self, ref: Reference, serialized: bool,
+                   chain: tuple[tuple[str, int], ...]) -> WriterSchema | None:
+        """The subject version ``ref`` names, resolved; fetched once per client. A version
+        deleted softly still serves the schemas that reference it (as the serializers
+        read it: ``deleted=true``)."""
+        at = (ref.subject, ref.version)
+        if not ref.subject or ref.version < 0 or at in chain or len(chain) >= \
+                MAX_REFERENCE_DEPTH:
+            return None
+        key = (ref.subject, ref.version, serialized)
+        if key not in self._referenced:
+            found = _fetched(lambda fmt: self._version(ref.subject, ref.version, fmt,
+                                                       deleted=True), serialized)
+            self._referenced[key] = self._resolved(found, serialized, (*chain, at))
+        return self._referenced[key]
 
     @staticmethod
     def _ask(operation: str, request: Any, what: Any, fmt: str | None) -> Any:
@@ -247,8 +323,17 @@ def _registered(subject: str, found: Any) -> WriterSchema:
     """A ``RegisteredSchema`` (a subject's version) as a :class:`WriterSchema`."""
     schema = found.schema
     return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO",
-                        schema.schema_str or "", subject=subject, version=found.version)
+                        schema.schema_str or "", subject=subject, version=found.version,
+                        references=_references(schema.references))
 
 
-__all__ = ["DEFAULTS", "RegistrySettings", "SchemaRegistry", "WriterSchema", "is_descriptor",
-           "map_registry_error", "registry_settings_from"]
+def _references(found: Any) -> tuple[Reference, ...]:
+    """The client's ``SchemaReference`` list as :class:`Reference` s, not yet resolved (one
+    without a subject or a version is kept, to be refused by name)."""
+    return tuple(Reference(ref.name or "", ref.subject or "",
+                           -1 if ref.version is None else int(ref.version))
+                 for ref in found or ())
+
+
+__all__ = ["DEFAULTS", "MAX_REFERENCE_DEPTH", "Reference", "RegistrySettings", "SchemaRegistry",
+           "WriterSchema", "is_descriptor", "map_registry_error", "registry_settings_from"]

@@ -288,6 +288,8 @@ the contract rejects.
    of a `partition_by` table); a migration, then replay.
 5. `not_wire_format`, `unknown_schema`: a registry format's producer wrote without the
    wire header, or with a schema id the registry does not know ([formats.md](formats.md)).
+   `schema_unreadable`: a writer schema the reader cannot build (the reason names the
+   reference or the import); fix it, then replay with `--error-class schema_unreadable`.
    `bad_key`, `bad_header`: the record key or a header cannot fill its column.
    `unorderable` (log-order pipelines): a key arrived from another partition or topic than
    its stored version ([guarantees.md](guarantees.md#places-in-the-log-partitions-and-topics-created-again)).

@@ -13,10 +13,20 @@ records, enums, arrays, maps, fixed, logical types) by fastavro's ``schemaless_r
 which dispatches on each field's type for every message: on the benchmark's 7-field event
 that dispatch made Avro's ``validate_chunk`` 22 % dearer (fastavro 56,952 instructions a
 message, this reader 46,637; CPU 7.4 against 5.8 µs interleaved on a busy box).
+
+Named types from other subjects (the schema's ``references``, as confluent-kafka's
+``AvroSerializer`` registers them) are defined first, each referenced schema after the
+ones it references itself (:meth:`~kafka_ingest.kafka.registry.WriterSchema.referenced`);
+a reference the registry has no version for, or a schema fastavro cannot parse with them,
+is :class:`~kafka_ingest.errors.SchemaUnreadable`: the records of that schema id are
+dead-lettered, the others load. A schema that is a union of records (one topic, several
+event types, each a reference) offers each record to the contract, as a Protobuf file
+offers each message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import struct
@@ -39,6 +49,7 @@ from kafka_ingest.decode.codecs.base import (
     UUID_,
     Codec,
     Fields,
+    NoSuchRecord,
     PayloadReader,
     WriterField,
 )
@@ -59,17 +70,67 @@ class AvroCodec(Codec):
         return _avro_reader(schema)
 
     def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
-        return [avro_fields(schema.text)]
+        """One set, or one per record of a union (``record`` picks one by full name)."""
+        named = _definitions(schema)
+        records = _records(json.loads(schema.text), named)
+        if record is None:
+            return [avro_fields(r, named) for r in records] or [{}]
+        by_name = {_full_name(r, ""): r for r in records}
+        if record not in by_name:
+            raise NoSuchRecord(f"record {record!r}: not a record of the writer schema "
+                               f"({', '.join(by_name) or 'none'})")
+        return [avro_fields(by_name[record], named)]
 
 
 # --------------------------------------------------------------------------- decoding
 
+#: What fastavro raises for a schema it cannot parse (UnknownType is a ValueError).
+_UNPARSABLE = (ValueError, TypeError, KeyError, AttributeError,
+               fastavro.schema.SchemaParseException)
+
+
+def _named_schemas(schema: WriterSchema) -> dict[str, Any]:
+    """The named types of the schemas ``schema`` references, parsed for fastavro.
+
+    Each referenced schema is parsed after those it references; one that names a type a
+    sibling reference defines (without referencing it itself) is parsed again once the
+    others are in."""
+    named: dict[str, Any] = {}
+    pending = []
+    for ref in schema.referenced():
+        if ref.schema is None:
+            raise SchemaUnreadable(schema.schema_id, f"its reference {ref.name!r} names version "
+                                   f"{ref.version} of subject {ref.subject!r}, which the "
+                                   "registry does not serve")
+        pending.append(ref)
+    while pending:
+        failed, last = [], ""
+        for ref in pending:
+            trial = dict(named)  # a failed parse may leave half a definition behind
+            try:
+                fastavro.parse_schema(json.loads(ref.schema.text),  # type: ignore[union-attr]
+                                      named_schemas=trial)
+            except _UNPARSABLE as exc:
+                failed.append(ref)
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            named = trial
+        if len(failed) == len(pending):
+            raise SchemaUnreadable(schema.schema_id, f"its reference {failed[0].name!r} "
+                                   f"(subject {failed[0].subject!r} version "
+                                   f"{failed[0].version}) does not parse: {last}")
+        pending = failed
+    return named
+
+
 def _avro_reader(schema: WriterSchema) -> PayloadReader:
+    named = _named_schemas(schema)
     try:
-        writer = fastavro.parse_schema(json.loads(schema.text))
-    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
-        raise SchemaUnreadable(schema.schema_id, f"not an Avro schema fastavro can parse "
-                               f"(named references are not supported): {exc}") from None
+        writer = fastavro.parse_schema(json.loads(schema.text), named_schemas=named)
+    except _UNPARSABLE as exc:
+        refs = f" with its {len(named)} referenced named types" if named else ""
+        raise SchemaUnreadable(schema.schema_id, f"not an Avro schema fastavro can parse"
+                               f"{refs}: {type(exc).__name__}: {exc}") from None
     plan = _flat_plan(json.loads(schema.text))
     if plan is not None:
         return _flat_reader(schema.schema_id, plan)
@@ -206,34 +267,109 @@ _AVRO_PRIMITIVE = {"string": STR, "int": INT, "long": INT, "float": FLOAT, "doub
                    "map": OBJECT, "array": LIST, "enum": STR}
 
 
-def _avro_kind(t: Any) -> WriterField:
+#: Named Avro types by full name (``test.ref.Customer``), as their JSON definitions.
+Named = dict[str, dict[str, Any]]
+_NAMED_TYPES = frozenset({"record", "error", "enum", "fixed"})
+
+
+def _full_name(t: dict[str, Any], namespace: str) -> str:
+    name = str(t.get("name", ""))
+    if "." in name:
+        return name
+    space = t.get("namespace", namespace) or ""
+    return f"{space}.{name}" if space else name
+
+
+def _define(t: Any, namespace: str, out: Named) -> None:
+    """Every named type defined in ``t`` (a schema, or a part of one), by full name."""
+    if isinstance(t, list):
+        for branch in t:
+            _define(branch, namespace, out)
+        return
+    if not isinstance(t, dict):
+        return
+    if t.get("type") in _NAMED_TYPES and "name" in t:
+        full = _full_name(t, namespace)
+        out.setdefault(full, t)
+        namespace = full.rpartition(".")[0]
+    for f in t.get("fields", ()) if isinstance(t.get("fields"), list) else ():
+        if isinstance(f, dict):
+            _define(f.get("type"), namespace, out)
+    for key in ("items", "values"):
+        _define(t.get(key), namespace, out)
+    if isinstance(t.get("type"), dict | list):
+        _define(t["type"], namespace, out)
+
+
+def _definitions(schema: WriterSchema) -> Named:
+    """The named types a writer schema can use: its references' and its own."""
+    named: Named = {}
+    for ref in schema.referenced():
+        if ref.schema is not None:
+            with contextlib.suppress(ValueError):
+                _define(json.loads(ref.schema.text), "", named)
+    _define(json.loads(schema.text), "", named)
+    return named
+
+
+def _lookup(name: str, named: Named) -> dict[str, Any] | None:
+    """A named type by its full name, or by its short name when one type has it."""
+    if name in named:
+        return named[name]
+    short = [t for full, t in named.items() if full.rpartition(".")[2] == name]
+    return short[0] if len(short) == 1 else None
+
+
+def _records(schema: Any, named: Named) -> list[dict[str, Any]]:
+    """The record types a value of ``schema`` may be: the record, or each of a union's."""
+    branches = schema if isinstance(schema, list) else [schema]
+    out = []
+    for branch in branches:
+        if isinstance(branch, str):
+            branch = _lookup(branch, named) or branch  # noqa: PLW2901 (the named record)
+        if isinstance(branch, dict) and branch.get("type") in ("record", "error"):
+            out.append(branch)
+    return out
+
+
+def _avro_kind(t: Any, named: Named) -> WriterField:
     if isinstance(t, list):  # a union: [null, X] is an optional X
         rest = [x for x in t if x != "null"]
-        inner = _avro_kind(rest[0]) if len(rest) == 1 else WriterField("", OBJECT)
+        inner = _avro_kind(rest[0], named) if len(rest) == 1 else WriterField("", OBJECT)
         return WriterField("", inner.kind, nullable="null" in t, precision=inner.precision,
                            scale=inner.scale, items=inner.items, max_length=inner.max_length)
     if isinstance(t, str):
-        return WriterField("", _AVRO_PRIMITIVE.get(t, OBJECT))
+        if t in _AVRO_PRIMITIVE:
+            return WriterField("", _AVRO_PRIMITIVE[t])
+        defined = _lookup(t, named)  # a named type, defined before or by a reference
+        return WriterField("", OBJECT) if defined is None else _avro_kind(defined, {})
     logical = t.get("logicalType")
     if logical in _AVRO_LOGICAL:
         return WriterField("", _AVRO_LOGICAL[logical], precision=t.get("precision"),
                            scale=t.get("scale", 0))
+    if isinstance(t.get("type"), list | str) and t.get("type") not in _AVRO_PRIMITIVE:
+        return _avro_kind(t["type"], named)  # {"type": "a.Named"}, {"type": [...]}
     kind = _AVRO_PRIMITIVE.get(t.get("type"), OBJECT)
     if kind == LIST:
-        return WriterField("", LIST, items=_avro_kind(t.get("items")).kind)
+        return WriterField("", LIST, items=_avro_kind(t.get("items"), named).kind)
     if t.get("type") == "enum":
         return WriterField("", STR, max_length=max(map(len, t.get("symbols") or ["x"])))
     return WriterField("", kind)
 
 
-def avro_fields(text: str) -> Fields:
-    """The top-level fields of a record schema (none for any other schema)."""
-    schema = json.loads(text)
+def avro_fields(schema: str | dict[str, Any], named: Named | None = None) -> Fields:
+    """The top-level fields of a record schema (its text or its JSON; none for any other
+    schema); ``named``: the named types it may use by name (:func:`_definitions`)."""
+    if isinstance(schema, str):
+        schema = json.loads(schema)
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return {}
+    if named is None:
+        named = {}
+        _define(schema, "", named)
     fields = {}
     for f in schema.get("fields", []):
-        kind = _avro_kind(f["type"])
+        kind = _avro_kind(f["type"], named)
         fields[f["name"]] = WriterField(f["name"], kind.kind, kind.nullable, kind.precision,
                                         kind.scale, kind.items, kind.max_length)
     return fields

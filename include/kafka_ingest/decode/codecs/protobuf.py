@@ -6,6 +6,13 @@ registry holds ``.proto`` source); its message classes are built from it (no gen
 then the message, which becomes a dict field by field: 64-bit integers stay integers, a
 field without presence holds its zero value, an unset ``optional`` or message field is
 missing, enums are named, a ``Timestamp`` is an aware ``datetime``.
+
+A file's imports are the files its ``references`` name (each registered under a subject
+of its own, as confluent-kafka's ``ProtobufSerializer`` registers them, and fetched by
+the registry client with their own references), and the well-known types the serializers
+leave out (``skip.known.types``). An import neither defines is
+:class:`~kafka_ingest.errors.SchemaUnreadable`: the records of that schema id are
+dead-lettered, the others load.
 """
 
 from __future__ import annotations
@@ -16,14 +23,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf import (
     any_pb2,
+    api_pb2,
     descriptor_pb2,
     descriptor_pool,
     duration_pb2,
     empty_pb2,
     field_mask_pb2,
     message_factory,
+    source_context_pb2,
     struct_pb2,
     timestamp_pb2,
+    type_pb2,
     wrappers_pb2,
 )
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -51,12 +61,15 @@ if TYPE_CHECKING:
     from kafka_ingest.kafka.registry import WriterSchema
 
 #: The well-known types a writer schema imports without a registered reference (what
-#: confluent-kafka's serializers skip: ``skip.known.types``), by file name. Taken from the
-#: modules, not from protobuf's default pool: that holds a file only once some module
-#: imported it (confluent-kafka's serializers do; a worker that imports this package alone
-#: does not).
+#: confluent-kafka's serializers skip: ``skip.known.types``), by file name: every
+#: ``google/protobuf/*.proto`` the protobuf package ships (``descriptor.proto`` for custom
+#: options). Taken from the modules, not from protobuf's default pool: that holds a file
+#: only once some module imported it, so what a worker could read would depend on what it
+#: happened to import. The other files the serializers skip (``google/type/*``,
+#: ``confluent/*``) are not known: a schema importing one is ``schema_unreadable``.
 WELL_KNOWN = {m.DESCRIPTOR.name: m.DESCRIPTOR for m in (
-    any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)}
+    any_pb2, api_pb2, descriptor_pb2, duration_pb2, empty_pb2, field_mask_pb2,
+    source_context_pb2, struct_pb2, timestamp_pb2, type_pb2, wrappers_pb2)}
 
 
 class ProtobufCodec(Codec):
@@ -155,21 +168,79 @@ def _message_type(file: Any, indexes: list[int]) -> Descriptor:
     return found
 
 
+def _descriptor(text: str) -> descriptor_pb2.FileDescriptorProto:
+    return descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+
+
+def _imports(schema: WriterSchema) -> dict[str, descriptor_pb2.FileDescriptorProto | str]:
+    """The files ``schema``'s references define, by import name; a reference the registry
+    does not serve, or one that is no descriptor, maps to why."""
+    files: dict[str, descriptor_pb2.FileDescriptorProto | str] = {}
+    for ref in schema.referenced():
+        if ref.schema is None:
+            files.setdefault(ref.name, f"its reference {ref.name!r} names version "
+                                       f"{ref.version} of subject {ref.subject!r}, which "
+                                       "the registry does not serve")
+            continue
+        try:
+            files.setdefault(ref.name, _descriptor(ref.schema.text))
+        except Exception as exc:  # DecodeError, binascii.Error: not a serialized descriptor
+            files.setdefault(ref.name, f"its reference {ref.name!r} (subject {ref.subject!r} "
+                                       f"version {ref.version}) is no descriptor: {exc}")
+    return files
+
+
+def _known(name: str) -> descriptor_pb2.FileDescriptorProto:
+    """An import no reference defines: a well-known type (:data:`WELL_KNOWN`), else
+    ValueError."""
+    file = WELL_KNOWN.get(name)
+    if file is None:
+        raise ValueError(f"it imports {name!r}, which none of its references defines and "
+                         "which is no well-known type")
+    found = descriptor_pb2.FileDescriptorProto()
+    file.CopyToProto(found)
+    return found
+
+
+def _build(proto: descriptor_pb2.FileDescriptorProto,
+           files: dict[str, descriptor_pb2.FileDescriptorProto | str]) -> Any:
+    """The file ``proto`` in a pool of its own, each import added before the file that
+    imports it: a referenced file, else a known one (:func:`_known`)."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: descriptor_pb2.FileDescriptorProto, path: tuple[str, ...]) -> None:
+        for name in file.dependency:
+            if name in added or name in path:
+                continue
+            found = files.get(name)
+            if isinstance(found, str):
+                raise ValueError(found)
+            if found is None:
+                found = _known(name)
+            elif found.name != name:  # imported by the reference's name, whatever its own
+                found = descriptor_pb2.FileDescriptorProto()
+                found.CopyFrom(files[name])
+                found.name = name
+            add(found, (*path, name))
+        pool.Add(file)
+        added.add(file.name)
+
+    add(proto, (proto.name,))
+    return pool.FindFileByName(proto.name)
+
+
 def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
     try:
-        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema.text))
-        pool = descriptor_pool.DescriptorPool()
-        for dependency in proto.dependency:  # the well-known types it imports
-            known = descriptor_pb2.FileDescriptorProto()
-            (WELL_KNOWN.get(dependency)
-             or descriptor_pool.Default().FindFileByName(dependency)).CopyToProto(known)
-            pool.Add(known)
-        pool.Add(proto)
-        file = pool.FindFileByName(proto.name)
-    except Exception as exc:  # not a serialized descriptor, or one with unknown imports
-        raise SchemaUnreadable(schema.schema_id, f"not a Protobuf descriptor this reader can "
-                               f"build (imports other than the well-known types are not "
-                               f"supported): {exc}") from None
+        proto = _descriptor(schema.text)
+    except Exception as exc:  # DecodeError, binascii.Error
+        raise SchemaUnreadable(schema.schema_id, f"not a serialized Protobuf descriptor: "
+                               f"{exc}") from None
+    try:
+        file = _build(proto, _imports(schema))
+    except Exception as exc:  # an import nothing defines, a type no file declares
+        raise SchemaUnreadable(schema.schema_id, f"the Protobuf file {proto.name!r} cannot be "
+                               f"built: {exc}") from None
     classes: dict[tuple[int, ...], Any] = {}
 
     def decode(payload: bytes) -> Any:
