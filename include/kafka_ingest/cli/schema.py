@@ -1,11 +1,13 @@
 """The commands that make what the pipelines need: the bookkeeping schema and the tables
 (``migrate``, ``schema plan|apply``), the grants, the topics, the Airflow pools, and the
-contracts (``schema show``, ``schema from-registry``)."""
+contracts (``schema show``, ``schema from-registry``, ``schema from-topic``)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import textwrap
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,15 +27,30 @@ from kafka_ingest.config import (
     Pipeline,
     load_declared_contracts,
     load_pipelines,
+    parse_pipelines,
     pool_import_document,
 )
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
-from kafka_ingest.decode.schemas import contract_from_schema
+from kafka_ingest.decode.infer import (
+    Identity,
+    column_name,
+    declaration,
+    infer_fields,
+    sample_identity,
+)
+from kafka_ingest.decode.schemas import (
+    contract_from_schema,
+    key_identity,
+    schema_identity,
+    schema_problems,
+)
+from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.errors import PrivilegeMissing, SettingsError
-from kafka_ingest.kafka.registry import SchemaRegistry
+from kafka_ingest.kafka.reader import sample
+from kafka_ingest.kafka.registry import SchemaRegistry, WriterSchema
 from kafka_ingest.kafka.topics import create_pipeline_topics
 
 
@@ -141,15 +158,18 @@ def cmd_pools(args: argparse.Namespace) -> int:
 
 
 def cmd_schema_from_registry(args: argparse.Namespace) -> int:
-    """A declared contract (YAML for the pipelines file) from a subject's latest schema."""
+    """A pipelines-file document from a subject's latest schema: a declared contract, and
+    a pipeline with the identity its key subject or its fields suggest."""
     settings = registry_settings()
     if settings is None:
         raise MissingSetting("KAFKA_INGEST_SCHEMA_REGISTRY_URL",
                              "KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", what="the schema registry")
     codec = codec_for(args.format)
+    topic = args.topic or args.subject.removesuffix("-value")
     registry = SchemaRegistry(settings)
     try:
         schema = codec.latest(registry, args.subject)
+        key = codec.latest(registry, f"{topic}-key") if schema is not None else None
     finally:
         registry.close()
     if schema is None:
@@ -160,14 +180,115 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     body, skipped = contract_from_schema(codec.format, schema,
                                          text_max_length=args.text_max_length,
                                          record=args.record)
-    print(f"# kafka-ingest schema from-registry {args.subject} --format {codec.format.value}: "
-          f"subject version {schema.version}, schema id {schema.schema_id}")
-    print(f"# text fields without a bound got max_length {args.text_max_length}: adjust them "
-          "to your data (each is its column's width)")
-    for line in skipped:
-        print(f"# left out: {line}")
-    print(yaml.safe_dump({"contracts": {args.event_type: body}}, sort_keys=False), end="")
+    by_key = key_identity(codec.format, key, text_max_length=args.text_max_length,
+                          fields=body["fields"]) if key is not None and codec.reads(key) else None
+    identity = schema_identity(codec.format, schema, topic=topic, key=by_key,
+                               record=args.record)
+    registry_keys: dict[str, Any] = {}
+    if args.subject != f"{topic}-value":
+        skipped.append(f"the subject is not {topic}-value: set schema_registry's "
+                       "subject_strategy and record")
+    document = declaration(
+        event_type=args.event_type, contract=body, pipeline=args.pipeline or _pipeline(topic),
+        topic=topic, identity=identity,
+        extra={"format": codec.format.value, "schema_registry": registry_keys})
+    _refused_by_schema(document, schema)
+    _print_comments([
+        f"kafka-ingest schema from-registry {args.subject} --format {codec.format.value}: "
+        f"subject version {schema.version}, schema id {schema.schema_id}",
+        f"text fields without a bound got max_length {args.text_max_length}: adjust them "
+        "to your data (each is its column's width)",
+        *(f"left out: {line}" for line in skipped),
+        _identity_comment(identity)])
+    print(yaml.safe_dump(document, sort_keys=False), end="")
     return 0
+
+
+def _pipeline(topic: str) -> str:
+    name = column_name(topic)
+    return name if name[:1].isalpha() else f"p_{name}"[:63]
+
+
+def _identity_comment(identity: Identity) -> str:
+    chosen = identity.value or "event_id"
+    return f"identity: {chosen}, because {identity.why}"
+
+
+def _print_comments(lines: Iterable[str]) -> None:
+    for line in lines:
+        for part in textwrap.wrap(line, 96, subsequent_indent="  ") or [""]:
+            print(f"# {part}")
+
+
+def _loaded(document: dict[str, Any]) -> Pipeline:
+    try:
+        (pipeline,) = parse_pipelines(document).values()
+    except ValueError as exc:
+        raise SettingsError(f"the declaration made does not load: {exc}") from exc
+    return pipeline
+
+
+def _refused_by_schema(document: dict[str, Any], schema: WriterSchema) -> None:
+    """The check that what is printed reads what it was made from."""
+    problems = schema_problems(_loaded(document), schema)
+    if problems:
+        raise SettingsError("the contract made would refuse records of the schema it was "
+                            f"made from: {'; '.join(problems)}")
+
+
+def cmd_schema_from_topic(args: argparse.Namespace) -> int:
+    """A pipelines-file document guessed from a sample of a schemaless JSON topic."""
+    if args.sample < 1:
+        raise SettingsError("--sample must be at least 1")
+    clients = kafka_clients()
+    consumer = clients.consumer("kafka-ingest.schema-from-topic")
+    try:
+        messages = sample(consumer, args.topic, args.sample,
+                          idle_timeout_s=clients.request_timeout_s)
+    finally:
+        consumer.close()
+    values = [m for m in messages if m.value() is not None]
+    if not values:
+        raise SettingsError(f"topic {args.topic!r} holds no records to sample"
+                            + (" (only tombstones)" if messages else ""))
+    records = [_json_object(m, args.topic) for m in values]
+    inferred = infer_fields(records)
+    if not inferred.fields:
+        raise SettingsError(f"topic {args.topic!r}: no field of the {len(records)} sampled "
+                            f"records has a type to guess ({'; '.join(inferred.left_out)})")
+    identity = sample_identity(inferred, [m.key() for m in values], topic=args.topic)
+    document = declaration(
+        event_type=args.event_type, pipeline=args.pipeline or _pipeline(args.topic),
+        topic=args.topic, identity=identity,
+        contract={"version": 1, "doc": f"Guessed from {len(records)} records of topic "
+                  f"{args.topic!r}.", "fields": inferred.fields})
+    refused = validate_chunk(values, _loaded(document)).dead
+    if refused:
+        raise SettingsError(f"the contract guessed would refuse {len(refused)} of the sampled "
+                            f"records, e.g. offset {refused[0].source_offset}: "
+                            f"{refused[0].error_class}: {refused[0].error_detail[:300]}")
+    _print_comments([
+        f"kafka-ingest schema from-topic {args.topic} --sample {args.sample}: guessed from "
+        f"{len(records)} records (the oldest of each partition); check each guess against "
+        "what the topic may hold",
+        *(f"{line}" for line in inferred.guesses),
+        *(f"left out: {line}" for line in inferred.left_out),
+        _identity_comment(identity)])
+    print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
+def _json_object(message: Any, topic: str) -> dict[str, Any]:
+    where = f"topic {topic!r} partition {message.partition()} offset {message.offset()}"
+    try:
+        value = json.loads(message.value())
+    except ValueError:
+        raise SettingsError(f"{where}: the value is not JSON (a registry format? use "
+                            "`schema from-registry`)") from None
+    if not isinstance(value, dict):
+        raise SettingsError(f"{where}: the value is a JSON {type(value).__name__}, not an "
+                            "object") from None
+    return value
 
 
 def cmd_schema_show(args: argparse.Namespace) -> int:
@@ -175,7 +296,7 @@ def cmd_schema_show(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    """``migrate``, ``schema`` (plan, apply, show, from-registry), ``topics create``,
+    """``migrate``, ``schema`` (plan, apply, show, from-registry, from-topic), ``topics create``,
     ``pools``."""
     p = sub.add_parser("migrate", help="create or upgrade the schema and every pipeline's "
                        "tables (as the owner role), then grant the runtime role")
@@ -213,7 +334,17 @@ def add_commands(sub: Any) -> None:
                    help="the bound of text fields whose schema gives none")
     p.add_argument("--record", help="Protobuf: the message of the file to read (its full "
                    "name; default: the first)")
+    p.add_argument("--topic", help="the topic (default: the subject without '-value')")
+    p.add_argument("--pipeline", help="the pipeline's name (default: the topic's)")
     p.set_defaults(func=cmd_schema_from_registry)
+    p = schema_sub.add_parser("from-topic", help="print a declared contract and a pipeline "
+                              "guessed from a sample of a schemaless JSON topic")
+    p.add_argument("topic")
+    p.add_argument("--sample", type=int, default=1000, metavar="N",
+                   help="how many records to read (the oldest, spread over the partitions)")
+    p.add_argument("--event-type", required=True, help="the contract's name")
+    p.add_argument("--pipeline", help="the pipeline's name (default: the topic's)")
+    p.set_defaults(func=cmd_schema_from_topic)
     for name, func, doc in (
             ("plan", cmd_schema_plan, "print the DDL the pipelines' tables need (all by "
              "default) and any drift; exit 2 when there is drift"),

@@ -15,7 +15,6 @@ bounds the contract rules need (a ``max_length`` on text, digits and scale on de
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from kafka_ingest.config import Format, Pipeline
@@ -33,6 +32,7 @@ from kafka_ingest.decode.codecs.base import (
     STR,
     UUID_,
 )
+from kafka_ingest.decode.infer import Identity, column_name, id_candidates, key_column
 from kafka_ingest.errors import ContractMismatch
 from kafka_ingest.kafka.registry import SchemaRegistry, WriterSchema
 
@@ -153,27 +153,18 @@ def _declared(field: WriterField, text_max_length: int) -> dict[str, Any] | None
     return spec
 
 
-def _column_name(name: str) -> str:
-    """``updatedAt`` -> ``updated_at``, ``trace-id`` -> ``trace_id``."""
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-    return re.sub(r"[^a-z0-9_]", "_", snake)[:63]
-
-
 def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: int = 256,
                          record: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A declared contract (the ``contracts.<event_type>`` body) reading ``schema``, and
     the writer fields it leaves out (with why). ``event_id`` is the contract's implicit
     field: without it in the writer schema, the pipeline says what identifies a record
-    (``identity``).
+    (``identity``: :func:`schema_identity`).
     ``record``: which record type of a schema of several to read (a Protobuf file's
     message, by its full name; default: the first); :class:`ValueError` when there is
     no such one."""
     fields: Fields = next(iter(codec_for(fmt).record_fields(schema, record)), {})
     declared: dict[str, Any] = {}
     skipped = []
-    if "event_id" not in fields:
-        skipped.append("event_id: the writer schema has none; give the pipeline an "
-                       "identity (a field, several, record_key or source_position)")
     for name, field in fields.items():
         if name in ("event_id", "version"):
             continue
@@ -181,7 +172,7 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
         if spec is None:
             skipped.append(f"{name}: {field.kind} has no column type (decode it yourself)")
             continue
-        column = _column_name(name)
+        column = column_name(name)
         if column != name:
             spec["column"] = column
         declared[name] = spec
@@ -189,4 +180,64 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
             f"(schema id {schema.schema_id}).", "fields": declared}, skipped
 
 
-__all__ = ["check_subject", "contract_from_schema", "contract_problems", "schema_problems"]
+# --------------------------------------------------------------------------- the identity
+
+
+def key_identity(fmt: Format, key: WriterSchema, *, text_max_length: int,
+                 fields: dict[str, Any]) -> Identity | None:
+    """The record key as the identity, from the key subject's schema: a string or an
+    integer key, or the id field of a record key (:func:`id_candidates`); None when the
+    key schema holds nothing a column takes. ``fields``: the contract's, whose columns the
+    key's must not take."""
+    codec = codec_for(fmt)
+    section: dict[str, Any] = {"column": key_column(fields), "format": "registry"}
+    primitive = codec.primitive_kind(key)
+    if primitive == INT:
+        section["type"] = "bigint"
+        return Identity("record_key", f"the key subject {key.subject!r} holds an integer "
+                                      "key", section)
+    if primitive == STR:
+        section["max_length"] = text_max_length
+        return Identity("record_key", f"the key subject {key.subject!r} holds a string key",
+                        section)
+    key_fields = next(iter(codec.record_fields(key)), {})
+    usable = {n: f for n, f in key_fields.items() if f.kind in (INT, STR) and not f.nullable}
+    chosen = next(iter(id_candidates(usable, topic=key.subject or "",
+                                     record=codec.record_name(key))), None)
+    if chosen is None and len(usable) == 1:
+        chosen = (next(iter(usable)), "the key's only field")
+    if chosen is None:
+        return None
+    name, why = chosen
+    section["field"] = name
+    if usable[name].kind == INT:
+        section["type"] = "bigint"
+    else:
+        section["max_length"] = usable[name].max_length or text_max_length
+    return Identity("record_key", f"the key subject {key.subject!r} holds a record; its "
+                                  f"field {why}", section)
+
+
+def schema_identity(fmt: Format, schema: WriterSchema, *, topic: str,
+                    key: Identity | None = None, record: str | None = None) -> Identity:
+    """What identifies a record written with ``schema``: its ``event_id`` (the default),
+    else the record key its key subject describes (``key``), else a required field that
+    names itself an id (:func:`id_candidates`), else its place in the log."""
+    codec = codec_for(fmt)
+    fields: Fields = next(iter(codec.record_fields(schema, record)), {})
+    own = fields.get("event_id")
+    if own is not None and own.kind == STR and not own.nullable:
+        return Identity(None, "'event_id' (the default): the writer schema has one, required")
+    if key is not None:
+        return key
+    usable = [n for n, f in fields.items() if f.kind in (INT, STR) and not f.nullable]
+    for name, why in id_candidates(usable, topic=topic, record=codec.record_name(schema)):
+        return Identity(name, f"{why}; a required field. A second record with the same "
+                              "value is taken for the same record and not loaded again")
+    return Identity("source_position", "no key subject, and no required field names itself "
+                                       "the record's id: each record is identified by its "
+                                       "place in the log")
+
+
+__all__ = ["check_subject", "contract_from_schema", "contract_problems", "key_identity",
+           "schema_identity", "schema_problems"]

@@ -23,7 +23,7 @@ from confluent_kafka import (
 
 from kafka_ingest.errors import KafkaUnavailable, OffsetGapError
 from kafka_ingest.kafka.clients import map_kafka_error
-from kafka_ingest.kafka.metadata import watermarks
+from kafka_ingest.kafka.metadata import partitions_of, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,24 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, 
             pos = chunk_end
     finally:
         consumer.unassign()
+
+
+def sample(consumer: Any, topic: str, n: int, *, idle_timeout_s: float = 30.0) -> list[Any]:
+    """Up to ``n`` of the oldest messages the topic holds, spread over its partitions
+    (each partition's share read from its low watermark with :func:`read_range`); fewer
+    when the topic holds fewer. :class:`~kafka_ingest.errors.TopicMissing` when there is
+    no such topic."""
+    partitions = partitions_of(consumer, topic)
+    marks = watermarks(consumer, topic, partitions)
+    held = {p: high - low for p, (low, high) in marks.items() if high > low}
+    out: list[Any] = []
+    for i, p in enumerate(sorted(held)):
+        share = -(-(n - len(out)) // (len(held) - i))  # what is left, over the partitions left
+        low = marks[p][0]
+        for chunk in read_range(consumer, topic, p, low, low + min(share, held[p]),
+                                chunk_size=max(1, share), idle_timeout_s=idle_timeout_s):
+            out.extend(chunk.messages)
+    return out[:n]
 
 
 @dataclass

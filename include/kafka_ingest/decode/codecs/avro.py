@@ -69,6 +69,18 @@ class AvroCodec(Codec):
     def reader(self, schema: WriterSchema) -> PayloadReader:
         return _avro_reader(schema)
 
+    def record_name(self, schema: WriterSchema) -> str | None:
+        parsed = _parsed(schema)
+        name = parsed.get("name") if isinstance(parsed, dict) else None
+        return name.rsplit(".", 1)[-1] if isinstance(name, str) else None
+
+    def primitive_kind(self, schema: WriterSchema) -> str | None:
+        parsed = _parsed(schema)
+        if isinstance(parsed, dict) and "logicalType" not in parsed:
+            parsed = parsed.get("type")
+        return {"string": STR, "int": INT, "long": INT}.get(parsed) if isinstance(
+            parsed, str) else None
+
     def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
         """One set, or one per record of a union (``record`` picks one by full name)."""
         named = _definitions(schema)
@@ -83,6 +95,14 @@ class AvroCodec(Codec):
 
 
 # --------------------------------------------------------------------------- decoding
+
+
+def _parsed(schema: WriterSchema) -> Any:
+    """The schema's JSON, or None when it is not JSON."""
+    try:
+        return json.loads(schema.text)
+    except ValueError:
+        return None
 
 #: What fastavro raises for a schema it cannot parse (UnknownType is a ValueError).
 _UNPARSABLE = (ValueError, TypeError, KeyError, AttributeError,

@@ -134,6 +134,17 @@ class Codec:
         naming the ones there are when it is not there)."""
         raise NotImplementedError(f"{self.format.value} has no writer schema")
 
+    def record_name(self, schema: WriterSchema) -> str | None:
+        """The name of the record ``schema`` describes (its last part), when the format
+        names its records; a guess of what the records are (an ``orders`` record's
+        ``orderid`` names itself its id)."""
+        return None
+
+    def primitive_kind(self, schema: WriterSchema) -> str | None:
+        """The kind of a schema of one primitive value (a key subject's ``"string"`` or
+        ``"long"``: ``str``, ``int``); None for a record."""
+        return None
+
 
 __all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FLOAT", "INT", "JSON_KINDS",
            "LIST", "OBJECT", "PYTHON_KINDS", "STR", "UUID_", "Codec", "Fields",
