@@ -35,7 +35,7 @@ from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
 from kafka_ingest.decode.infer import (
-    Identity,
+    ProposedIdentity,
     column_name,
     declaration,
     infer_fields,
@@ -180,7 +180,7 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     body, skipped = contract_from_schema(codec.format, schema,
                                          text_max_length=args.text_max_length,
                                          record=args.record)
-    by_key = key_identity(codec.format, key, text_max_length=args.text_max_length,
+    by_key = key_identity(codec.format, key, topic=topic, text_max_length=args.text_max_length,
                           fields=body["fields"]) if key is not None and codec.reads(key) else None
     identity = schema_identity(codec.format, schema, topic=topic, key=by_key,
                                record=args.record)
@@ -209,7 +209,7 @@ def _pipeline(topic: str) -> str:
     return name if name[:1].isalpha() else f"p_{name}"[:63]
 
 
-def _identity_comment(identity: Identity) -> str:
+def _identity_comment(identity: ProposedIdentity) -> str:
     chosen = identity.value or "event_id"
     return f"identity: {chosen}, because {identity.why}"
 
@@ -218,6 +218,11 @@ def _print_comments(lines: Iterable[str]) -> None:
     for line in lines:
         for part in textwrap.wrap(line, 96, subsequent_indent="  ") or [""]:
             print(f"# {part}")
+
+
+def _short(text: str, limit: int = 400) -> str:
+    """An error's detail, bounded (a schema of many fields explains each)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _loaded(document: dict[str, Any]) -> Pipeline:
@@ -233,7 +238,7 @@ def _refused_by_schema(document: dict[str, Any], schema: WriterSchema) -> None:
     problems = schema_problems(_loaded(document), schema)
     if problems:
         raise SettingsError("the contract made would refuse records of the schema it was "
-                            f"made from: {'; '.join(problems)}")
+                            f"made from: {_short('; '.join(problems))}")
 
 
 def cmd_schema_from_topic(args: argparse.Namespace) -> int:
@@ -255,7 +260,7 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
     inferred = infer_fields(records)
     if not inferred.fields:
         raise SettingsError(f"topic {args.topic!r}: no field of the {len(records)} sampled "
-                            f"records has a type to guess ({'; '.join(inferred.left_out)})")
+                            f"records has a type to guess ({_short('; '.join(inferred.left_out))})")
     identity = sample_identity(inferred, [m.key() for m in values], topic=args.topic)
     document = declaration(
         event_type=args.event_type, pipeline=args.pipeline or _pipeline(args.topic),
@@ -266,7 +271,7 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
     if refused:
         raise SettingsError(f"the contract guessed would refuse {len(refused)} of the sampled "
                             f"records, e.g. offset {refused[0].source_offset}: "
-                            f"{refused[0].error_class}: {refused[0].error_detail[:300]}")
+                            f"{refused[0].error_class}: {_short(refused[0].error_detail)}")
     _print_comments([
         f"kafka-ingest schema from-topic {args.topic} --sample {args.sample}: guessed from "
         f"{len(records)} records (the oldest of each partition); check each guess against "

@@ -50,7 +50,7 @@ def text_bound(longest: int) -> int:
 
 
 @dataclass(frozen=True)
-class Identity:
+class ProposedIdentity:
     """A proposed ``identity``: a payload field's name, ``record_key`` (with the
     ``record_key`` section it needs) or ``source_position``; ``None``: the default
     (``event_id``). ``why``: one line for the comment."""
@@ -60,16 +60,16 @@ class Identity:
     record_key: dict[str, Any] | None = None
 
 
-def _entities(names: Iterable[str | None]) -> set[str]:
-    """``orders-7f3a`` -> {orders, order}: the words a topic or record is named by, and
-    their singulars."""
-    out: set[str] = set()
-    for name in names:
-        for word in re.split(r"[^a-z]+", (name or "").lower()):
-            if len(word) > 2:
-                out.add(word)
-                out.add(word[:-1] if word.endswith("s") else word)
-    return out
+def _entities(topic: str, record: str | None) -> set[str]:
+    """What the records are, by the last word of the topic's name and of the record's
+    (``shop.orders.v1`` and ``OrderPlaced``: orders, placed) and their singulars: the
+    words an own id is named after (``orderid``). The last word only: ``user-events``
+    holds events, not users, and its ``userid`` is not its records' id."""
+    words = [w for w in re.split(r"[-_.]", topic.lower()) if w.isalpha() and len(w) > 2][-1:]
+    if record:
+        camel = re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", record.rsplit(".", 1)[-1])
+        words += [w.lower() for w in camel if len(w) > 2][-1:]
+    return {w for word in words for w in (word, word.removesuffix("s"))}
 
 
 def id_candidates(names: Iterable[str], *, topic: str,
@@ -79,7 +79,7 @@ def id_candidates(names: Iterable[str], *, topic: str,
     ``transactions``), then ``id``, then one ``*_id``/``*Id`` field. Several ``*_id``
     fields and none named after the topic say nothing: each may be another entity's
     (``user_id`` in a topic of page views)."""
-    entities = _entities((topic, record))
+    entities = _entities(topic, record)
     own, plain, suffixed = [], [], []
     for name in names:
         bare = re.sub(r"[^a-z0-9]", "", name.lower())
@@ -255,29 +255,30 @@ def _reserved(name: str) -> str | None:
 
 
 def sample_identity(inferred: Inferred, keys: Sequence[bytes | None], *,
-                    topic: str) -> Identity:
+                    topic: str) -> ProposedIdentity:
     """What identifies the sampled records: a field named as an id whose values the
     sample never repeats; else the record key when every record has one and no two share
     it; else the place in the log."""
     n = len(keys)
     if IMPLICIT_ID in inferred.unique:
         inferred.fields.pop(IMPLICIT_ID, None)
-        return Identity(None, f"'event_id' (the default): present and distinct in all {n} "
-                              "sampled records")
+        return ProposedIdentity(None, f"'event_id' (the default): present and distinct in "
+                                      f"all {n} sampled records")
     inferred.fields.pop(IMPLICIT_ID, None)
     for name, why in id_candidates(inferred.unique, topic=topic):
-        return Identity(name, f"{why}; present, non-null and distinct in all {n} sampled "
-                              "records")
+        return ProposedIdentity(name, f"{why}; present, non-null and distinct in all {n} "
+                                      "sampled records")
     texts = [_utf8(k) for k in keys]
     if n and all(t for t in texts) and len(set(texts)) == n:
         longest = max(len(t or "") for t in texts)
-        return Identity("record_key", f"no field names itself an id; every one of the {n} "
-                                      "sampled records has a distinct record key",
-                        {"column": key_column(inferred.fields), "max_length":
-                         text_bound(longest)})
-    return Identity("source_position", "no field names itself an id and is distinct in the "
-                                       f"{n} sampled records, nor is the record key: each "
-                                       "record is identified by its place in the log")
+        section = {"column": key_column(inferred.fields), "max_length": text_bound(longest)}
+        return ProposedIdentity("record_key", f"no field names itself an id; every one of "
+                                              f"the {n} sampled records has a distinct record "
+                                              "key", section)
+    return ProposedIdentity("source_position", f"no field names itself an id and is "
+                                               f"distinct in the {n} sampled records, nor is "
+                                               "the record key: each record is identified by "
+                                               "its place in the log")
 
 
 def _utf8(key: bytes | None) -> str | None:
@@ -299,7 +300,7 @@ def key_column(fields: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def declaration(*, event_type: str, contract: dict[str, Any], pipeline: str, topic: str,
-                identity: Identity, extra: Mapping[str, Any] = {}) -> dict[str, Any]:
+                identity: ProposedIdentity, extra: Mapping[str, Any] = {}) -> dict[str, Any]:
     """The pipelines-file document: the contract, and a pipeline reading ``topic`` with
     it, identified by ``identity`` (``extra``: the format's keys)."""
     body: dict[str, Any] = {
@@ -312,5 +313,5 @@ def declaration(*, event_type: str, contract: dict[str, Any], pipeline: str, top
     return {"contracts": {event_type: contract}, "pipelines": {pipeline: body}}
 
 
-__all__ = ["Identity", "Inferred", "column_name", "declaration", "id_candidates",
+__all__ = ["Inferred", "ProposedIdentity", "column_name", "declaration", "id_candidates",
            "infer_fields", "key_column", "sample_identity", "text_bound"]

@@ -32,7 +32,7 @@ from kafka_ingest.decode.codecs.base import (
     STR,
     UUID_,
 )
-from kafka_ingest.decode.infer import Identity, column_name, id_candidates, key_column
+from kafka_ingest.decode.infer import ProposedIdentity, column_name, id_candidates, key_column
 from kafka_ingest.errors import ContractMismatch
 from kafka_ingest.kafka.registry import SchemaRegistry, WriterSchema
 
@@ -183,8 +183,8 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
 # --------------------------------------------------------------------------- the identity
 
 
-def key_identity(fmt: Format, key: WriterSchema, *, text_max_length: int,
-                 fields: dict[str, Any]) -> Identity | None:
+def key_identity(fmt: Format, key: WriterSchema, *, topic: str, text_max_length: int,
+                 fields: dict[str, Any]) -> ProposedIdentity | None:
     """The record key as the identity, from the key subject's schema: a string or an
     integer key, or the id field of a record key (:func:`id_candidates`); None when the
     key schema holds nothing a column takes. ``fields``: the contract's, whose columns the
@@ -194,15 +194,15 @@ def key_identity(fmt: Format, key: WriterSchema, *, text_max_length: int,
     primitive = codec.primitive_kind(key)
     if primitive == INT:
         section["type"] = "bigint"
-        return Identity("record_key", f"the key subject {key.subject!r} holds an integer "
-                                      "key", section)
+        return ProposedIdentity("record_key", f"the key subject {key.subject!r} holds an "
+                                              "integer key", section)
     if primitive == STR:
         section["max_length"] = text_max_length
-        return Identity("record_key", f"the key subject {key.subject!r} holds a string key",
-                        section)
+        return ProposedIdentity("record_key", f"the key subject {key.subject!r} holds a "
+                                              "string key", section)
     key_fields = next(iter(codec.record_fields(key)), {})
     usable = {n: f for n, f in key_fields.items() if f.kind in (INT, STR) and not f.nullable}
-    chosen = next(iter(id_candidates(usable, topic=key.subject or "",
+    chosen = next(iter(id_candidates(usable, topic=topic,
                                      record=codec.record_name(key))), None)
     if chosen is None and len(usable) == 1:
         chosen = (next(iter(usable)), "the key's only field")
@@ -214,12 +214,13 @@ def key_identity(fmt: Format, key: WriterSchema, *, text_max_length: int,
         section["type"] = "bigint"
     else:
         section["max_length"] = usable[name].max_length or text_max_length
-    return Identity("record_key", f"the key subject {key.subject!r} holds a record; its "
-                                  f"field {why}", section)
+    return ProposedIdentity("record_key", f"the key subject {key.subject!r} holds a "
+                                          f"record; its field {why}", section)
 
 
 def schema_identity(fmt: Format, schema: WriterSchema, *, topic: str,
-                    key: Identity | None = None, record: str | None = None) -> Identity:
+                    key: ProposedIdentity | None = None,
+                    record: str | None = None) -> ProposedIdentity:
     """What identifies a record written with ``schema``: its ``event_id`` (the default),
     else the record key its key subject describes (``key``), else a required field that
     names itself an id (:func:`id_candidates`), else its place in the log."""
@@ -227,16 +228,18 @@ def schema_identity(fmt: Format, schema: WriterSchema, *, topic: str,
     fields: Fields = next(iter(codec.record_fields(schema, record)), {})
     own = fields.get("event_id")
     if own is not None and own.kind == STR and not own.nullable:
-        return Identity(None, "'event_id' (the default): the writer schema has one, required")
+        return ProposedIdentity(None, "'event_id' (the default): the writer schema has one, "
+                                      "required")
     if key is not None:
         return key
     usable = [n for n, f in fields.items() if f.kind in (INT, STR) and not f.nullable]
     for name, why in id_candidates(usable, topic=topic, record=codec.record_name(schema)):
-        return Identity(name, f"{why}; a required field. A second record with the same "
-                              "value is taken for the same record and not loaded again")
-    return Identity("source_position", "no key subject, and no required field names itself "
-                                       "the record's id: each record is identified by its "
-                                       "place in the log")
+        return ProposedIdentity(name, f"{why}; a required field. A second record with the "
+                                      "same value is taken for the same record and not "
+                                      "loaded again")
+    return ProposedIdentity("source_position", "no key subject, and no required field names "
+                                               "itself the record's id: each record is "
+                                               "identified by its place in the log")
 
 
 __all__ = ["check_subject", "contract_from_schema", "contract_problems", "key_identity",

@@ -10,7 +10,7 @@ from typing import Any
 
 from kafka_ingest.config import Format, parse_pipelines
 from kafka_ingest.decode.infer import (
-    Identity,
+    ProposedIdentity,
     declaration,
     id_candidates,
     infer_fields,
@@ -109,6 +109,13 @@ def test_an_id_is_the_topics_own_id_then_id_then_a_lone_star_id() -> None:
     assert [n for n, _ in id_candidates(["payment_id", "amount"], topic="x")] == ["payment_id"]
     # several *_id fields, none the topic's: each may be another entity's
     assert id_candidates(["card_id", "user_id"], topic="x") == []
+    # the last word of the topic says what its records are: user-events holds events
+    assert id_candidates(["userid", "viewtime"], topic="shop.user-events.v1") == []
+    assert [n for n, _ in id_candidates(["userid", "eventid"], topic="user-events")] == [
+        "eventid"]
+    # the record's name, when the topic's says nothing
+    assert [n for n, _ in id_candidates(["paymentId", "card_id", "user_id"], topic="t-9d1",
+                                        record="com.acme.Payment")] == ["paymentId"]
 
 
 def test_the_sample_identity_is_a_distinct_id_field_else_distinct_keys_else_the_position() -> None:
@@ -126,7 +133,7 @@ def test_the_sample_identity_is_a_distinct_id_field_else_distinct_keys_else_the_
     assert "event_id" not in with_event_id.fields  # the contract's own, implicit
 
 
-def _from_registry(schema: dict[str, Any], topic: str, key: Identity | None = None
+def _from_registry(schema: dict[str, Any], topic: str, key: ProposedIdentity | None = None
                    ) -> dict[str, Any]:
     writer = avro(schema, f"{topic}-value")
     body, _ = contract_from_schema(Format.AVRO, writer)
@@ -149,18 +156,20 @@ def test_a_contract_from_a_schema_without_event_id_is_identified_and_reads_the_s
 
 def test_a_key_subject_makes_the_record_key_the_identity() -> None:
     fields: dict[str, Any] = {}
-    string_key = key_identity(Format.AVRO, avro("string", "orders-key"), text_max_length=64,
+    string_key = key_identity(Format.AVRO, avro("string", "orders-key"), topic="orders",
+                              text_max_length=64,
                               fields=fields)
     assert string_key is not None and string_key.record_key == {
         "column": "record_key", "format": "registry", "max_length": 64}
     long_key = key_identity(Format.AVRO, avro({"type": "long"}, "orders-key"),
-                            text_max_length=64, fields=fields)
+                            topic="orders", text_max_length=64, fields=fields)
     assert long_key is not None and long_key.record_key == {
         "column": "record_key", "format": "registry", "type": "bigint"}
     record_key = key_identity(Format.AVRO, avro({"type": "record", "name": "OrderKey",
                                                  "fields": [{"name": "orderid", "type": "int"},
                                                             {"name": "region", "type": "string"}]},
-                                                "orders-key"), text_max_length=64, fields=fields)
+                                                "orders-key"), topic="orders",
+                              text_max_length=64, fields=fields)
     assert record_key is not None and record_key.record_key == {
         "column": "record_key", "format": "registry", "field": "orderid", "type": "bigint"}
     pipeline = _from_registry(PAGEVIEWS, "pageviews", key=string_key)
