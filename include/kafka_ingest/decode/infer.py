@@ -80,12 +80,13 @@ def id_candidates(names: Iterable[str], *, topic: str,
     fields and none named after the topic say nothing: each may be another entity's
     (``user_id`` in a topic of page views)."""
     entities = _entities(topic, record)
+    named_by = f"topic {topic!r}" + (f", record {record!r}" if record else "")
     own, plain, suffixed = [], [], []
     for name in names:
         bare = re.sub(r"[^a-z0-9]", "", name.lower())
         if bare.endswith("id") and bare[:-2] in entities:
-            own.append((name, f"{name!r} names itself the id of a {bare[:-2]} (the topic "
-                              f"is {topic!r})"))
+            own.append((name, f"{name!r} is named as the records' own id ({bare[:-2]}; "
+                              f"{named_by})"))
         elif bare == "id":
             plain.append((name, f"{name!r} is the record's id by its name"))
         elif re.search(r"(_id|Id|_ID)$", name):

@@ -231,7 +231,10 @@ def schema_identity(fmt: Format, schema: WriterSchema, *, topic: str,
         return ProposedIdentity(None, "'event_id' (the default): the writer schema has one, "
                                       "required")
     if key is not None:
-        return key
+        return ProposedIdentity(key.value, f"{key.why}. A second record with the same key is "
+                                           "taken for the same record and not loaded again: "
+                                           "where keys repeat (an entity's events), name a "
+                                           "field or source_position instead", key.record_key)
     usable = [n for n, f in fields.items() if f.kind in (INT, STR) and not f.nullable]
     for name, why in id_candidates(usable, topic=topic, record=codec.record_name(schema)):
         return ProposedIdentity(name, f"{why}; a required field. A second record with the "

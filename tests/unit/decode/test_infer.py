@@ -100,7 +100,7 @@ def test_text_bounds_are_generous() -> None:
 
 def test_an_id_is_the_topics_own_id_then_id_then_a_lone_star_id() -> None:
     assert id_candidates(["ordertime", "orderid", "itemid"], topic="orders-3f") == [
-        ("orderid", "'orderid' names itself the id of a order (the topic is 'orders-3f')")]
+        ("orderid", "'orderid' is named as the records' own id (order; topic 'orders-3f')")]
     assert [n for n, _ in id_candidates(
         ["card_id", "user_id", "transaction_id", "store_id"], topic="transactions")] == [
         "transaction_id"]
