@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+echo "== installed in ${SECONDS} s"
 . .venv/bin/activate
 kafka-ingest stack up --secure --registry
 eval "$(kafka-ingest stack env)"
@@ -53,7 +54,7 @@ trap 'kill "$checks_pid" 2>/dev/null' EXIT  # interrupted: the checks go too
 
 # Two workers (the tests mostly wait); which tests share a worker, in which order, and which
 # have the stack alone: tests/support/workers.py.
-echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/)"
+echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/), at ${SECONDS} s"
 set +e
 python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 \
     --junitxml=test-artifacts/junit.xml "$@"  # every test's time, for where the time goes
@@ -65,6 +66,7 @@ for log in "$checks"/*.log; do
   echo "== $(basename "$log" .log)"; cat "$log"
 done
 echo "== checks"; cat "$checks/summary"
+echo "== make test: ${SECONDS} s in all"
 if [ "$rc" -eq 5 ]; then echo "pytest collected no test" >&2; exit 1; fi
 if [ "$checks_rc" -ne 0 ]; then echo "a check beside the tests failed (see above)" >&2; exit 1; fi
 exit "$rc"

@@ -108,12 +108,20 @@ class TransactionThread(Generic[D]):
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._in_flight: tuple[Future[D], str] | None = None
+        self._queued = False  # whether the hand-off of the one in flight completed
 
     def hand_off(self, job: Callable[[], D], what: str) -> D | None:
         """Wait for the transaction in flight to end, then start ``job`` (``what``'s
-        transaction); return what the one that ended did."""
+        transaction); return what the one that ended did.
+
+        Its future is recorded before the thread is asked to run it: an interrupt landing
+        inside the hand-off leaves a future the way out cancels (if the thread has not
+        started it) or waits for, never a transaction that runs unknown to the slice."""
         done = self.finish()
-        self._in_flight = (self._pool.submit(job), what)
+        future: Future[D] = Future()
+        self._in_flight, self._queued = (future, what), False
+        self._pool.submit(_run, future, job)
+        self._queued = True
         return done
 
     def finish(self) -> D | None:
@@ -139,7 +147,11 @@ class TransactionThread(Generic[D]):
         interrupted: BaseException | None = None
         while self._in_flight is not None:
             try:
-                self._wait(*self._in_flight)
+                future, what = self._in_flight
+                # a hand-off cut short may have queued it or not: it runs to its end if
+                # it started, else never
+                if self._queued or not future.cancel():
+                    self._wait(future, what)
                 self._in_flight = None
             except BaseException as caught:
                 interrupted = interrupted or caught
@@ -160,3 +172,15 @@ class TransactionThread(Generic[D]):
         finally:
             if interrupted is not None:
                 raise interrupted
+
+
+def _run(future: Future[D], job: Callable[[], D]) -> None:
+    """Run ``job`` for ``future`` on the transaction thread, unless it was cancelled."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = job()
+    except BaseException as exc:  # the slice's thread raises it from the future
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -251,3 +251,60 @@ def test_a_long_wait_for_a_transaction_names_its_chunk(
     with caplog.at_level("WARNING", logger="kafka_ingest.engine.stages"):
         run_stages(chunks(2), Recorder(on_transact=transact), name="transaction-test")
     assert nag in caplog.text
+
+
+def test_an_interrupt_inside_the_hand_off_still_waits_for_the_transaction_it_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Airflow's time-out lands inside the hand-off, after the thread was given the
+    # transaction (it runs) but before the hand-off returned, and again while the slice
+    # leaves (in the pool's shutdown, which joins the thread). Leaving must wait for that
+    # transaction all the same: the slice's lock and connection go right after.
+    started, release, ended = threading.Event(), threading.Event(), []
+
+    def job() -> str:
+        started.set()
+        release.wait(WAIT_S)
+        ended.append("chunk 1")
+        return "done"
+
+    transactions: stages.TransactionThread[str] = stages.TransactionThread("transaction-test")
+    pool = transactions._pool
+    real_submit, real_shutdown = pool.submit, pool.shutdown
+
+    def submit_then_interrupt(*args: Any, **kwargs: Any) -> Any:
+        real_submit(*args, **kwargs)
+        assert started.wait(WAIT_S)
+        threading.Timer(0.3, release.set).start()  # the transaction ends a moment later
+        raise TaskTimeout("Timeout, PID: 1")
+
+    def shutdown_interrupted(*args: Any, **kwargs: Any) -> None:
+        raise TaskTimeout("Timeout, PID: 1")  # the second interrupt cuts the join short
+
+    monkeypatch.setattr(pool, "submit", submit_then_interrupt)
+    monkeypatch.setattr(pool, "shutdown", shutdown_interrupted)
+    try:
+        with pytest.raises(TaskTimeout), transactions:
+            transactions.hand_off(job, "chunk 1")
+        assert ended == ["chunk 1"], "the slice left while its transaction ran"
+    finally:
+        release.set()
+        real_shutdown(wait=True)
+    assert no_transaction_thread_left()
+
+
+def test_an_interrupt_before_the_thread_took_the_transaction_cancels_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The time-out lands in the hand-off before the thread was given the transaction: the
+    # way out neither waits for a transaction that will never start (a hang) nor lets it
+    # start later.
+    ran: list[str] = []
+    transactions: stages.TransactionThread[None] = stages.TransactionThread("transaction-test")
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise TaskTimeout("Timeout, PID: 1")
+
+    monkeypatch.setattr(transactions._pool, "submit", interrupted)
+    with pytest.raises(TaskTimeout), transactions:
+        transactions.hand_off(lambda: ran.append("chunk 1"), "chunk 1")
+    assert ran == []
+    assert no_transaction_thread_left()
