@@ -55,10 +55,18 @@ class WriterField:
     scale: int | None = None
     items: str | None = None
     max_length: int | None = None
+    #: A record's (an Avro record, a Protobuf message, a JSON Schema object) own fields,
+    #: read to a depth of :data:`FIELDS_DEPTH`; None for any other kind, or deeper.
+    fields: Fields | None = None
+    #: An integer's width in bits when the schema says it (Avro ``int``: 32).
+    bits: int | None = None
 
 
 #: The top-level fields of one record type of a writer schema, by name.
 Fields = dict[str, WriterField]
+#: How deep the codecs read a record's nested records' fields (a record that contains
+#: itself ends there).
+FIELDS_DEPTH = 8
 
 
 class NoSuchRecord(ValueError):
@@ -135,6 +143,7 @@ class Codec:
         raise NotImplementedError(f"{self.format.value} has no writer schema")
 
 
-__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FLOAT", "INT", "JSON_KINDS",
+__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FIELDS_DEPTH", "FLOAT", "INT",
+           "JSON_KINDS",
            "LIST", "OBJECT", "PYTHON_KINDS", "STR", "UUID_", "Codec", "Fields",
            "NoSuchRecord", "PayloadReader", "WriterField"]

@@ -1,0 +1,222 @@
+"""Nested values on the real stack: records inside records land as columns named by their
+path, arrays of records as ``jsonb``, read by the real engine from real Kafka (and the
+real registry, Apicurio through Confluent's API) into a real Postgres. No mocks.
+
+Covered: Kafka Connect Datagen's ``orders`` quickstart shape (int ``orderid``, long
+``ordertime``, a nested ``address`` record) registered by confluent-kafka's own
+``AvroSerializer``, ``kafka-ingest schema from-registry`` printing a contract with the
+address flattened to ``address_city``/``address_state``/``address_zipcode``, that contract
+used as printed (plus ``identity: orderid``) and the records ingested, each row checked;
+a nested JSON object on a plain-JSON pipeline with a declared ``record`` (and the
+pipeline's identity a dotted path into it), one record missing a nested required field
+dead-lettered naming its path; an array of records inside a nested record landing as
+one ``jsonb`` column. Topics and subjects are random per test and deleted after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+import pytest
+import yaml
+
+from kafka_ingest.config import parse_pipelines
+from kafka_ingest.engine.ingest import run_ingest
+from kafka_ingest.kafka.clients import KafkaClients
+from tests.integration.test_registry_formats import (
+    Writer,
+    _avro_object,
+    _cli,
+    apply,
+    letters,
+    new_run_id,
+    produce,
+    registry_clients,
+    subjects,  # noqa: F401  (the fixture: subjects deleted after the test)
+)
+from tests.support.ingest import query, stored_offsets
+
+with warnings.catch_warnings():  # authlib's notice about httpx2, as the registry client's
+    warnings.simplefilter("ignore")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+pytestmark = pytest.mark.integration
+
+N = 300
+
+#: Kafka Connect Datagen's ``orders`` quickstart schema (ksql.orders), as its producer
+#: registers it.
+ORDERS = {"type": "record", "name": "orders", "namespace": "ksql", "fields": [
+    {"name": "ordertime", "type": "long"},
+    {"name": "orderid", "type": "int"},
+    {"name": "itemid", "type": "string"},
+    {"name": "orderunits", "type": "double"},
+    {"name": "address", "type": {"type": "record", "name": "address", "fields": [
+        {"name": "city", "type": "string"},
+        {"name": "state", "type": "string"},
+        {"name": "zipcode", "type": "long"}]}},
+]}
+
+
+def order(n: int) -> dict[str, Any]:
+    return {"ordertime": 1_500_000_000_000 + n * 1000, "orderid": n, "itemid": f"Item_{n % 7}",
+            "orderunits": n / 4, "address": {"city": f"City_{n % 11}",
+                                             "state": f"State_{n % 5}",
+                                             "zipcode": 10_000 + n}}
+
+
+def _pipeline_document(topic: str, dlq: str, table: str, event_type: str,
+                       contract: dict[str, Any], fmt: str, **body: Any) -> dict[str, Any]:
+    return {"contracts": {event_type: contract}, "pipelines": {"p": {
+        "topic": topic, "dlq_topic": dlq, "table": table, "partitions": 1, "format": fmt,
+        "contract": {"event_type": event_type, "version": 1}, **body}}}
+
+
+def _from_registry(stack_env: dict[str, str], registry_url: str, subject: str,
+                   event_type: str) -> dict[str, Any]:
+    env = {**os.environ, **stack_env, "KAFKA_INGEST_SCHEMA_REGISTRY_URL": registry_url}
+    env.pop("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", None)
+    shown = _cli(env, "schema", "from-registry", subject, "--format", "avro",
+                 "--event-type", event_type)
+    assert shown.returncode == 0, shown.stderr
+    contract: dict[str, Any] = yaml.safe_load(shown.stdout)["contracts"][event_type]
+    return contract
+
+
+def test_datagen_orders_from_the_registry_land_with_the_address_as_path_columns(
+        stack_env: dict[str, str], registry_url: str, topics: Any, clients: KafkaClients,
+        db: Any, pg_dsn: str, sr: SchemaRegistryClient, subjects: list[str]) -> None:  # noqa: F811
+    topic, dlq = topics(1, "src"), topics(1, "dlq")
+    subject = f"{topic}-value"
+    subjects.append(subject)
+    w = Writer("avro", AvroSerializer(sr, json.dumps(ORDERS)), _avro_object, topic)
+    produce(clients, topic, [w.value(order(n)) for n in range(1, N + 1)])
+
+    contract = _from_registry(stack_env, registry_url, subject, "orders")
+
+    assert contract["fields"] == {
+        "ordertime": {"type": "bigint"},
+        "orderid": {"type": "integer"},
+        "itemid": {"type": "text", "max_length": 256},
+        "orderunits": {"type": "float"},
+        "address": {"type": "record", "fields": {
+            "city": {"type": "text", "max_length": 256},
+            "state": {"type": "text", "max_length": 256},
+            "zipcode": {"type": "bigint"}}}}
+    document = _pipeline_document(topic, dlq, "orders", "orders", contract, "avro",
+                                  schema_registry={}, identity="orderid")
+    pipeline = parse_pipelines(json.loads(json.dumps(document)))["p"]
+    apply(pg_dsn, pipeline)
+
+    summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
+                         run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (N, N, 0)
+    rows = query(pg_dsn, "SELECT orderid, ordertime, itemid, orderunits, address_city, "
+                         "address_state, address_zipcode, event_id FROM orders ORDER BY 1")
+    assert rows == [(n, 1_500_000_000_000 + n * 1000, f"Item_{n % 7}", n / 4, f"City_{n % 11}",
+                     f"State_{n % 5}", 10_000 + n, None) for n in range(1, N + 1)]
+    assert query(pg_dsn, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE "
+                         "attrelid = 'orders'::regclass AND attname = 'address_zipcode'") == [
+        ("bigint",)]
+    assert stored_offsets(pg_dsn, pipeline) == {0: N}
+
+
+#: A plain-JSON contract with a nested object declared as a record, itself holding one.
+JSON_CONTRACT = {"fields": {
+    "order": {"type": "record", "fields": {
+        "id": {"type": "bigint"},
+        "ship_to": {"type": "record", "fields": {
+            "city": {"type": "text", "max_length": 32},
+            "zip": {"type": "text", "max_length": 8, "required": False}}}}},
+    "total": {"type": "numeric", "precision": 10, "scale": 2}}}
+
+
+def json_order(n: int) -> dict[str, Any]:
+    ship_to: dict[str, Any] = {"city": f"C{n % 3}"}
+    if n % 2:
+        ship_to["zip"] = f"{n:05d}"
+    return {"order": {"id": n, "ship_to": ship_to, "ignored": [1, 2]}, "total": f"{n}.50"}
+
+
+def test_a_nested_json_object_lands_as_path_columns_identified_by_its_path(
+        topics: Any, clients: KafkaClients, db: Any, pg_dsn: str) -> None:
+    topic, dlq = topics(1, "src"), topics(1, "dlq")
+    document = _pipeline_document(topic, dlq, "json_orders", "json_order", JSON_CONTRACT,
+                                  "json", identity="order.id")
+    pipeline = parse_pipelines(document)["p"]
+    apply(pg_dsn, pipeline)
+    values = [json.dumps(json_order(n)).encode() for n in range(1, N + 1)]
+    values.append(json.dumps({"order": {"id": 999, "ship_to": {}}, "total": "1"}).encode())
+    produce(clients, topic, values)
+
+    summary = run_ingest(pipeline, clients, db, run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (N + 1, N, 1)
+    assert query(pg_dsn, "SELECT order_id, order_ship_to_city, order_ship_to_zip, total::text "
+                         "FROM json_orders ORDER BY 1") == [
+        (n, f"C{n % 3}", f"{n:05d}" if n % 2 else None, f"{n}.50") for n in range(1, N + 1)]
+    # the primary key is the identity's column: order.id's
+    assert query(pg_dsn, "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON "
+                         "a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE "
+                         "i.indrelid = 'json_orders'::regclass AND i.indisprimary") == [
+        ("order_id",)]
+    assert letters(pg_dsn, pipeline) == {N: ("contract_violation", None)}
+    detail = query(pg_dsn, "SELECT error_detail FROM dead_letters WHERE pipeline = %s",
+                   (pipeline.name,))
+    assert "order.ship_to.city" in detail[0][0]
+
+
+#: A nested record holding an array of records and a map: both kept whole as jsonb.
+SHIPMENTS = {"type": "record", "name": "Shipment", "namespace": "test.nested", "fields": [
+    {"name": "shipmentId", "type": "long"},
+    {"name": "route", "type": {"type": "record", "name": "Route", "fields": [
+        {"name": "origin", "type": "string"},
+        {"name": "stops", "type": {"type": "array", "items": {
+            "type": "record", "name": "Stop", "fields": [
+                {"name": "city", "type": "string"}, {"name": "minutes", "type": "int"}]}}},
+        {"name": "labels", "type": {"type": "map", "values": "string"}}]}},
+]}
+
+
+def shipment(n: int) -> dict[str, Any]:
+    return {"shipmentId": n, "route": {
+        "origin": f"O{n}", "stops": [{"city": f"S{n}-{i}", "minutes": i * 10}
+                                     for i in range(n % 3)],
+        "labels": {"lane": str(n % 4)}}}
+
+
+def test_an_array_of_records_and_a_map_inside_a_nested_record_land_as_jsonb(
+        stack_env: dict[str, str], registry_url: str, topics: Any, clients: KafkaClients,
+        db: Any, pg_dsn: str, sr: SchemaRegistryClient, subjects: list[str]) -> None:  # noqa: F811
+    topic, dlq = topics(1, "src"), topics(1, "dlq")
+    subject = f"{topic}-value"
+    subjects.append(subject)
+    w = Writer("avro", AvroSerializer(sr, json.dumps(SHIPMENTS)), _avro_object, topic)
+    produce(clients, topic, [w.value(shipment(n)) for n in range(1, 101)])
+
+    contract = _from_registry(stack_env, registry_url, subject, "shipment")
+
+    assert contract["fields"] == {
+        "shipmentId": {"type": "bigint", "column": "shipment_id"},
+        "route": {"type": "record", "fields": {
+            "origin": {"type": "text", "max_length": 256},
+            "stops": {"type": "jsonb"},
+            "labels": {"type": "jsonb"}}}}
+    document = _pipeline_document(topic, dlq, "shipments", "shipment", contract, "avro",
+                                  schema_registry={}, identity="shipmentId")
+    pipeline = parse_pipelines(document)["p"]
+    apply(pg_dsn, pipeline)
+
+    summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
+                         run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (100, 100, 0)
+    assert query(pg_dsn, "SELECT shipment_id, route_origin, route_stops, route_labels FROM "
+                         "shipments ORDER BY 1") == [
+        (n, f"O{n}", [{"city": f"S{n}-{i}", "minutes": i * 10} for i in range(n % 3)],
+         {"lane": str(n % 4)}) for n in range(1, 101)]
