@@ -10,7 +10,10 @@ used as printed (plus ``identity: orderid``) and the records ingested, each row 
 a nested JSON object on a plain-JSON pipeline with a declared ``record`` (and the
 pipeline's identity a dotted path into it), one record missing a nested required field
 dead-lettered naming its path; an array of records inside a nested record landing as
-one ``jsonb`` column. Topics and subjects are random per test and deleted after.
+one ``jsonb`` column; an Avro field of each type the type table of docs/formats.md
+gives a column of its own (bytes, fixed, decimal, enum, uuid, date, time, timestamps with
+and without a zone) declared by ``schema from-registry`` and landing exactly. Topics and
+subjects are random per test and deleted after.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import pytest
 import yaml
@@ -47,6 +53,7 @@ with warnings.catch_warnings():  # authlib's notice about httpx2, as the registr
 pytestmark = pytest.mark.integration
 
 N = 300
+AT = datetime(2026, 3, 4, 5, 6, 7, 123000, tzinfo=UTC)
 
 #: Kafka Connect Datagen's ``orders`` quickstart schema (ksql.orders), as its producer
 #: registers it.
@@ -220,3 +227,57 @@ def test_an_array_of_records_and_a_map_inside_a_nested_record_land_as_jsonb(
                          "shipments ORDER BY 1") == [
         (n, f"O{n}", [{"city": f"S{n}-{i}", "minutes": i * 10} for i in range(n % 3)],
          {"lane": str(n % 4)}) for n in range(1, 101)]
+
+
+#: One field of each Avro type the type table (docs/formats.md) gives a column of its own.
+TYPED = {"type": "record", "name": "Typed", "namespace": "test.nested", "fields": [
+    {"name": "id", "type": "int"},
+    {"name": "raw", "type": "bytes"},
+    {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6,
+                               "scale": 2}},
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "LONGER"]}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "clock", "type": {"type": "long", "logicalType": "time-micros"}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "wall", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+]}
+
+
+def typed(n: int) -> dict[str, Any]:
+    return {"id": n, "raw": bytes([0, n]), "digest": n.to_bytes(4, "big"),
+            "price": Decimal(f"{n}.25"), "kind": "LONGER" if n % 2 else "A",
+            "ref": UUID(int=n), "day": date(2026, 1, 1) + timedelta(days=n),
+            "clock": time(12, n % 60, 0, n), "at": AT + timedelta(seconds=n),
+            "wall": datetime(2026, 5, 6, 7, 8, 9) + timedelta(minutes=n)}
+
+
+def test_each_avro_type_lands_in_the_column_type_the_table_gives_it(
+        stack_env: dict[str, str], registry_url: str, topics: Any, clients: KafkaClients,
+        db: Any, pg_dsn: str, sr: SchemaRegistryClient, subjects: list[str]) -> None:  # noqa: F811
+    topic, dlq = topics(1, "src"), topics(1, "dlq")
+    subject = f"{topic}-value"
+    subjects.append(subject)
+    w = Writer("avro", AvroSerializer(sr, json.dumps(TYPED)), _avro_object, topic)
+    produce(clients, topic, [w.value(typed(n)) for n in range(1, 51)])
+    contract = _from_registry(stack_env, registry_url, subject, "typed")
+    document = _pipeline_document(topic, dlq, "typed", "typed", contract, "avro",
+                                  schema_registry={}, identity="id")
+    pipeline = parse_pipelines(document)["p"]
+    apply(pg_dsn, pipeline)
+
+    summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
+                         run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (50, 50, 0)
+    columns = [name for name in typed(1)]
+    assert query(pg_dsn, "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                         "WHERE attrelid = 'typed'::regclass AND attname = ANY(%s) "
+                         "ORDER BY attnum", (columns,)) == [
+        ("id", "integer"), ("raw", "bytea"), ("digest", "bytea"), ("price", "numeric(6,2)"),
+        ("kind", "character varying(6)"), ("ref", "uuid"), ("day", "date"),
+        ("clock", "time without time zone"), ("at", "timestamp with time zone"),
+        ("wall", "timestamp without time zone")]
+    assert query(pg_dsn, f"SELECT {', '.join(columns)} FROM typed ORDER BY id") == [
+        tuple(typed(n).values()) for n in range(1, 51)]

@@ -51,7 +51,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, time, timedelta
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from enum import StrEnum
 from typing import Annotated, Any
@@ -64,6 +64,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NaiveDatetime,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -102,6 +103,10 @@ class FieldType(StrEnum):
     NUMERIC = "numeric"
     BOOLEAN = "boolean"
     TIMESTAMPTZ = "timestamptz"
+    #: A wall-clock time without a zone (Avro ``local-timestamp-*``).
+    TIMESTAMP = "timestamp"
+    TIME = "time"
+    INTERVAL = "interval"
     DATE = "date"
     UUID = "uuid"
     JSONB = "jsonb"
@@ -130,6 +135,7 @@ _TRAVEL: dict[FieldType, str] = {
     FieldType.TEXT: "text", FieldType.FLOAT: "float8", FieldType.NUMERIC: "numeric",
     FieldType.BOOLEAN: "bool", FieldType.DATE: "date", FieldType.UUID: "uuid",
     FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz", FieldType.BYTEA: "bytea",
+    FieldType.TIMESTAMP: "timestamp", FieldType.TIME: "time", FieldType.INTERVAL: "interval",
 }
 _CONVERTED_TIME: dict[TimeEncoding, tuple[str, Callable[[Any], Any]]] = {
     TimeEncoding.EPOCH_SECONDS: ("float8", seconds_to_pg),
@@ -162,7 +168,8 @@ def _jsonb_safe(value: Any) -> Any:
 #: Types whose Pydantic type takes no parameters.
 _PLAIN: dict[FieldType, Any] = {
     FieldType.BOOLEAN: bool, FieldType.DATE: date, FieldType.UUID: UUID,
-    FieldType.BYTEA: bytes,
+    FieldType.BYTEA: bytes, FieldType.TIMESTAMP: NaiveDatetime, FieldType.TIME: time,
+    FieldType.INTERVAL: timedelta,
     FieldType.JSONB: Annotated[dict[str, Any] | list[Any], AfterValidator(_jsonb_safe)],
 }
 #: How a payload's value is checked: a default is checked the same way, at load time.
@@ -253,8 +260,10 @@ class FieldSpec(_Strict):
     #: The column's type: ``text``, ``smallint``/``integer``/``bigint`` (bounded by the
     #: column's width), ``float``, ``numeric``, ``boolean``, ``timestamptz``, ``date``,
     #: ``uuid``, ``jsonb`` (an object or array kept whole), ``bytea`` (Avro ``bytes`` and
-    #: ``fixed``, Protobuf ``bytes``), ``array`` of a scalar; or ``record``: an object
-    #: whose ``fields`` each land in a column named by its path (``address_city``).
+    #: ``fixed``, Protobuf ``bytes``), ``timestamp`` (without time zone), ``time``,
+    #: ``interval``, ``array`` of a scalar; or ``record``: an object whose ``fields`` each
+    #: land in a column named by its path (``address_city``). docs/formats.md says which
+    #: type reads which Avro, Protobuf and JSON Schema type.
     type: FieldType
     #: ``text``: the most characters (required: the column is ``character varying(n)``).
     max_length: Annotated[int, Field(ge=1, le=TEXT_MAX)] | None = None

@@ -29,11 +29,14 @@ from kafka_ingest.decode.codecs.base import (
     DATE,
     DATETIME,
     DECIMAL,
+    DURATION,
     FLOAT,
     INT,
     LIST,
+    LOCAL_DATETIME,
     OBJECT,
     STR,
+    TIME_,
     UUID_,
 )
 from kafka_ingest.errors import ContractMismatch
@@ -159,7 +162,8 @@ def check_subject(pipeline: Pipeline, registry: SchemaRegistry) -> WriterSchema 
 
 #: The declared field type of each kind that needs no parameters.
 _DECLARED = {INT: "bigint", FLOAT: "float", BOOL: "boolean", DATETIME: "timestamptz",
-             DATE: "date", UUID_: "uuid", OBJECT: "jsonb", BYTES: "bytea"}
+             DATE: "date", UUID_: "uuid", OBJECT: "jsonb", BYTES: "bytea",
+             LOCAL_DATETIME: "timestamp", TIME_: "time", DURATION: "interval"}
 
 
 def _declared(field: WriterField, text_max_length: int,

@@ -7,19 +7,23 @@ identity names one by its dotted path; the declaration's limits are load errors;
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import fastavro
 import pytest
 import yaml
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from kafka_ingest.config import Format, parse_pipelines
 from kafka_ingest.contracts import json_schema
 from kafka_ingest.contracts.columns import contract_columns, payload_paths
 from kafka_ingest.decode.codecs.avro import avro_fields
 from kafka_ingest.decode.codecs.json_schema import json_schema_fields
+from kafka_ingest.decode.codecs.protobuf import WELL_KNOWN
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.decode.schemas import contract_from_schema, contract_problems
 from kafka_ingest.decode.validate import validate_chunk
@@ -290,3 +294,80 @@ def test_the_contract_s_json_schema_nests_each_path_where_the_payload_holds_it()
         {"city", "zipCode", "geo"}, ["city", "zipCode"])
     assert set(address["properties"]["geo"]["properties"]) == {"lat", "lon"}
     assert "required" not in address["properties"]["geo"]  # an optional record
+
+
+# --------------------------------------------------------------------------- Protobuf
+
+WKT_FILES = ("google/protobuf/timestamp.proto", "google/protobuf/duration.proto",
+             "google/protobuf/wrappers.proto", "google/protobuf/struct.proto")
+
+
+def _shipment_file() -> descriptor_pb2.FileDescriptorProto:
+    f = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="ship.proto", package="acme", syntax="proto3",
+                                            dependency=list(WKT_FILES))
+    address = fd.message_type.add(name="Address")
+    address.field.add(name="city", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    address.field.add(name="zip", number=2, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    msg = fd.message_type.add(name="Shipment")
+    for number, (name, kind, type_name, label) in enumerate([
+            ("id", f.TYPE_INT64, "", f.LABEL_OPTIONAL),
+            ("address", f.TYPE_MESSAGE, ".acme.Address", f.LABEL_OPTIONAL),
+            ("at", f.TYPE_MESSAGE, ".google.protobuf.Timestamp", f.LABEL_OPTIONAL),
+            ("took", f.TYPE_MESSAGE, ".google.protobuf.Duration", f.LABEL_OPTIONAL),
+            ("note", f.TYPE_MESSAGE, ".google.protobuf.StringValue", f.LABEL_OPTIONAL),
+            ("weight", f.TYPE_MESSAGE, ".google.protobuf.DoubleValue", f.LABEL_OPTIONAL),
+            ("extra", f.TYPE_MESSAGE, ".google.protobuf.Struct", f.LABEL_OPTIONAL),
+            ("stops", f.TYPE_MESSAGE, ".acme.Address", f.LABEL_REPEATED),
+            ("raw", f.TYPE_BYTES, "", f.LABEL_OPTIONAL)], start=1):
+        field = msg.field.add(name=name, number=number, type=kind, label=label)
+        if type_name:
+            field.type_name = type_name
+    return fd
+
+
+def test_protobuf_messages_flatten_and_well_known_types_take_their_column_types() -> None:
+    fd = _shipment_file()
+    pool = descriptor_pool.DescriptorPool()
+    for name in WKT_FILES:
+        known = descriptor_pb2.FileDescriptorProto()
+        WELL_KNOWN[name].CopyToProto(known)
+        pool.Add(known)
+    pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("acme.Shipment"))
+    text = base64.b64encode(fd.SerializeToString()).decode()
+    schema = WriterSchema(11, "PROTOBUF", text, subject="s", version=1)
+
+    body, _ = contract_from_schema(Format.PROTOBUF, schema, text_max_length=16,
+                                   record="acme.Shipment")
+
+    assert body["fields"] == {
+        "id": {"type": "bigint"},
+        "address": {"type": "record", "required": False, "fields": {
+            "city": {"type": "text", "max_length": 16},
+            "zip": {"type": "integer"}}},  # int32
+        "at": {"type": "timestamptz", "required": False},
+        "took": {"type": "interval", "required": False},  # Duration
+        "note": {"type": "text", "max_length": 16, "required": False},  # StringValue
+        "weight": {"type": "float", "required": False},  # DoubleValue
+        "extra": {"type": "jsonb", "required": False},  # Struct
+        "stops": {"type": "jsonb"},  # repeated messages
+        "raw": {"type": "bytea"}}
+    made = pipeline({"made": body}, fmt="protobuf", identity="id")
+    full = cls(id=1, address={"city": "Porto", "zip": 4000}, note={"value": "fragile"},
+               weight={"value": 2.5}, stops=[{"city": "A"}, {"city": "B", "zip": 2}],
+               raw=b"\x00\xff")
+    full.at.FromSeconds(1_767_225_600)
+    full.took.FromSeconds(90)
+    full.extra.update({"k": [1, "two"]})
+    bare = cls(id=2)  # every message unset: NULL; a zero int64 arrives as 0
+    header = b"\x00\x00\x00\x00\x0b\x02\x02"  # message index path [1]: Shipment
+    result = validate_chunk([Msg(0, value_=header + full.SerializeToString()),
+                             Msg(1, value_=header + bare.SerializeToString())], made,
+                            RegistryDecoder(made, OneSchema(schema)))  # type: ignore[arg-type]
+    assert result.dead == []
+    assert [row_values(r)[:11] for r in result.rows] == [
+        (None, 1, "Porto", 4000, datetime(2026, 1, 1, tzinfo=UTC), timedelta(seconds=90),
+         "fragile", 2.5, {"k": [1.0, "two"]}, [{"city": "A", "zip": 0}, {"city": "B", "zip": 2}],
+         b"\x00\xff"),
+        (None, 2, None, None, None, None, None, None, None, [], b"")]

@@ -46,8 +46,10 @@ from kafka_ingest.decode.codecs.base import (
     FLOAT,
     INT,
     LIST,
+    LOCAL_DATETIME,
     OBJECT,
     STR,
+    TIME_,
     UUID_,
     Codec,
     Fields,
@@ -263,7 +265,9 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
 # --------------------------------------------------------------------------- the writer's fields
 
 _AVRO_LOGICAL = {"timestamp-millis": DATETIME, "timestamp-micros": DATETIME, "date": DATE,
-                 "uuid": UUID_, "decimal": DECIMAL}
+                 "uuid": UUID_, "decimal": DECIMAL, "local-timestamp-millis": LOCAL_DATETIME,
+                 "local-timestamp-micros": LOCAL_DATETIME, "time-millis": TIME_,
+                 "time-micros": TIME_}
 _AVRO_PRIMITIVE = {"string": STR, "int": INT, "long": INT, "float": FLOAT, "double": FLOAT,
                    "boolean": BOOL, "bytes": BYTES, "fixed": BYTES, "record": OBJECT,
                    "map": OBJECT, "array": LIST, "enum": STR}

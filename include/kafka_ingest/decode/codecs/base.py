@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 STR, INT, FLOAT, BOOL, BYTES, DECIMAL, DATETIME, DATE, UUID_, OBJECT, LIST = (
     "string", "integer", "float", "boolean", "bytes", "decimal", "datetime", "date", "uuid",
     "object", "array")
+#: ... a date and time without a zone, a time of day, a duration.
+LOCAL_DATETIME, TIME_, DURATION = "local datetime", "time", "duration"
 
 #: Kinds a contract column's strict validation accepts (by its ``value_type``), when the
 #: decoded values arrive typed and are validated in Python mode (Avro, Protobuf)...
@@ -31,12 +33,15 @@ PYTHON_KINDS: Mapping[str, frozenset[str]] = {
     "int8": frozenset({INT}), "float8": frozenset({FLOAT, INT}),
     "numeric": frozenset({DECIMAL}), "bool": frozenset({BOOL}),
     "timestamptz": frozenset({DATETIME}), "date": frozenset({DATE}),
-    "uuid": frozenset({UUID_}), "jsonb": frozenset({OBJECT, LIST})}
+    "uuid": frozenset({UUID_}), "jsonb": frozenset({OBJECT, LIST}),
+    "bytea": frozenset({BYTES}), "timestamp": frozenset({LOCAL_DATETIME}),
+    "time": frozenset({TIME_}), "interval": frozenset({DURATION})}
 #: ... and when the payload is JSON, validated as JSON (JSON Schema): text parses.
 JSON_KINDS: Mapping[str, frozenset[str]] = {
     **PYTHON_KINDS, "numeric": frozenset({STR, FLOAT, INT}),
     "timestamptz": frozenset({STR, DATETIME}), "date": frozenset({STR, DATE}),
-    "uuid": frozenset({STR, UUID_})}
+    "uuid": frozenset({STR, UUID_}), "timestamp": frozenset({STR, LOCAL_DATETIME}),
+    "time": frozenset({STR, TIME_}), "interval": frozenset({STR, DURATION})}
 
 #: A decoder: the value's payload (after the wire header) -> what the contract validates
 #: (a dict in Python mode, or the payload's JSON bytes).
@@ -143,7 +148,6 @@ class Codec:
         raise NotImplementedError(f"{self.format.value} has no writer schema")
 
 
-__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FIELDS_DEPTH", "FLOAT", "INT",
-           "JSON_KINDS",
-           "LIST", "OBJECT", "PYTHON_KINDS", "STR", "UUID_", "Codec", "Fields",
-           "NoSuchRecord", "PayloadReader", "WriterField"]
+__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "DURATION", "FIELDS_DEPTH", "FLOAT",
+           "INT", "JSON_KINDS", "LIST", "LOCAL_DATETIME", "OBJECT", "PYTHON_KINDS", "STR",
+           "TIME_", "UUID_", "Codec", "Fields", "NoSuchRecord", "PayloadReader", "WriterField"]
