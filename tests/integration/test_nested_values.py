@@ -12,7 +12,9 @@ pipeline's identity a dotted path into it), one record missing a nested required
 dead-lettered naming its path; an array of records inside a nested record landing as
 one ``jsonb`` column; an Avro field of each type the type table of docs/formats.md
 gives a column of its own (bytes, fixed, decimal, enum, uuid, date, time, timestamps with
-and without a zone) declared by ``schema from-registry`` and landing exactly. Topics and
+and without a zone) declared by ``schema from-registry`` and landing exactly; a Protobuf
+message (``ProtobufSerializer``) whose nested message flattens and whose ``Duration``,
+``StringValue`` and ``Struct`` land as ``interval``, ``text`` and ``jsonb``. Topics and
 subjects are random per test and deleted after.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import warnings
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -28,8 +31,11 @@ from uuid import UUID
 
 import pytest
 import yaml
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from kafka_ingest.config import parse_pipelines
+from kafka_ingest.decode.codecs.protobuf import WELL_KNOWN
 from kafka_ingest.engine.ingest import run_ingest
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.integration.test_registry_formats import (
@@ -49,6 +55,7 @@ with warnings.catch_warnings():  # authlib's notice about httpx2, as the registr
     warnings.simplefilter("ignore")
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
 pytestmark = pytest.mark.integration
 
@@ -281,3 +288,81 @@ def test_each_avro_type_lands_in_the_column_type_the_table_gives_it(
         ("wall", "timestamp without time zone")]
     assert query(pg_dsn, f"SELECT {', '.join(columns)} FROM typed ORDER BY id") == [
         tuple(typed(n).values()) for n in range(1, 51)]
+
+
+def shipment_message_class() -> Any:
+    """``test.nested.Parcel``: a nested ``Address`` message, a ``Duration``, a wrapper and a
+    ``Struct``, as a message class built in a fresh pool (no generated code)."""
+    f = descriptor_pb2.FieldDescriptorProto
+    known = ("google/protobuf/duration.proto", "google/protobuf/wrappers.proto",
+             "google/protobuf/struct.proto")
+    fd = descriptor_pb2.FileDescriptorProto(
+        name=f"test/nested/parcel_{uuid.uuid4().hex[:8]}.proto", package="test.nested",
+        syntax="proto3", dependency=list(known))
+    parcel = fd.message_type.add(name="Parcel")
+    address = parcel.nested_type.add(name="Address")
+    address.field.add(name="city", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    address.field.add(name="zip", number=2, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    parcel.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    for number, (name, type_name) in enumerate([
+            ("address", ".test.nested.Parcel.Address"), ("took", ".google.protobuf.Duration"),
+            ("note", ".google.protobuf.StringValue"), ("extra", ".google.protobuf.Struct")],
+            start=2):
+        parcel.field.add(name=name, number=number, type=f.TYPE_MESSAGE, type_name=type_name,
+                         label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    for name in known:
+        file = descriptor_pb2.FileDescriptorProto()
+        WELL_KNOWN[name].CopyToProto(file)
+        pool.Add(file)
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("test.nested.Parcel"))
+
+
+def test_a_protobuf_message_s_nested_message_and_well_known_types_land_typed(
+        stack_env: dict[str, str], registry_url: str, topics: Any, clients: KafkaClients,
+        db: Any, pg_dsn: str, sr: SchemaRegistryClient, subjects: list[str]) -> None:  # noqa: F811
+    topic, dlq = topics(1, "src"), topics(1, "dlq")
+    subject = f"{topic}-value"
+    subjects.append(subject)
+    cls = shipment_message_class()
+    serialize = ProtobufSerializer(cls, sr)
+
+    def parcel(n: int) -> bytes:
+        message = cls(id=n)
+        if n % 2:  # the others leave every message unset: NULL
+            message.address.city, message.address.zip = f"City{n}", n
+            message.took.FromSeconds(n * 60)
+            message.note.value = f"n{n}"
+            message.extra.update({"n": n})
+        data = serialize(message, SerializationContext(topic, MessageField.VALUE))
+        assert data is not None
+        return data
+
+    produce(clients, topic, [parcel(n) for n in range(1, 101)])
+    env = {**os.environ, **stack_env, "KAFKA_INGEST_SCHEMA_REGISTRY_URL": registry_url}
+    env.pop("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", None)
+    shown = _cli(env, "schema", "from-registry", subject, "--format", "protobuf",
+                 "--event-type", "parcel")
+    assert shown.returncode == 0, shown.stderr
+    contract = yaml.safe_load(shown.stdout)["contracts"]["parcel"]
+    assert contract["fields"] == {
+        "id": {"type": "bigint"},
+        "address": {"type": "record", "required": False, "fields": {
+            "city": {"type": "text", "max_length": 256}, "zip": {"type": "integer"}}},
+        "took": {"type": "interval", "required": False},
+        "note": {"type": "text", "max_length": 256, "required": False},
+        "extra": {"type": "jsonb", "required": False}}
+    document = _pipeline_document(topic, dlq, "parcels", "parcel", contract, "protobuf",
+                                  schema_registry={}, identity="id")
+    pipeline = parse_pipelines(document)["p"]
+    apply(pg_dsn, pipeline)
+
+    summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
+                         run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (100, 100, 0)
+    assert query(pg_dsn, "SELECT id, address_city, address_zip, took, note, extra FROM "
+                         "parcels ORDER BY id") == [
+        (n, f"City{n}", n, timedelta(minutes=n), f"n{n}", {"n": n}) if n % 2
+        else (n, None, None, None, None, None) for n in range(1, 101)]

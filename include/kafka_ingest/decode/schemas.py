@@ -90,6 +90,8 @@ def writer_field(fields: Fields, path: str) -> WriterField | None:
     record ``address``), nullable when a record on the way is; None when the writer has no
     such field, :data:`_UNKNOWN` when an object on the way has fields the schema does not
     say (a map, a JSON Schema object without properties)."""
+    if path in fields:  # a top-level field, even one whose name has a dot
+        return fields[path]
     first, *rest = path.split(".")
     found = fields.get(first)
     nullable = False
