@@ -218,6 +218,20 @@ def _declared_fields(fields: Fields, text_max_length: int, depth: int, skipped: 
     return declared
 
 
+def _fitted(spec: dict[str, Any], column: str) -> dict[str, Any]:
+    """A ``record`` whose path columns would be longer than Postgres' 63-character names
+    kept whole as ``jsonb`` instead (its own ``column`` and ``required`` kept)."""
+    if spec["type"] != "record":
+        return spec
+    fields = {}
+    for name, child in spec["fields"].items():
+        path_column = f"{column}_{child.get('column', name)}"
+        if len(path_column) > 63:
+            return {"type": "jsonb", **{k: spec[k] for k in ("required", "column") if k in spec}}
+        fields[name] = _fitted(child, path_column)
+    return {**spec, "fields": fields}
+
+
 def _column_name(name: str) -> str:
     """``updatedAt`` -> ``updated_at``, ``trace-id`` -> ``trace_id``."""
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
@@ -241,6 +255,7 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
     declared = _declared_fields({n: f for n, f in fields.items()
                                  if n not in ("event_id", "version")},
                                 text_max_length, 1, skipped, "")
+    declared = {name: _fitted(spec, spec.get("column", name)) for name, spec in declared.items()}
     return {"version": 1, "doc": f"From subject {schema.subject!r} version {schema.version} "
             f"(schema id {schema.schema_id}).", "fields": declared}, skipped
 

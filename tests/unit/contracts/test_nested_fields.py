@@ -371,3 +371,22 @@ def test_protobuf_messages_flatten_and_well_known_types_take_their_column_types(
          "fragile", 2.5, {"k": [1.0, "two"]}, [{"city": "A", "zip": 0}, {"city": "B", "zip": 2}],
          b"\x00\xff"),
         (None, 2, None, None, None, None, None, None, None, [], b"")]
+
+
+def test_from_registry_keeps_a_record_whole_when_its_path_columns_would_be_too_long() -> None:
+    """Postgres names are at most 63 characters: a record whose path columns would be
+    longer is one jsonb column, so the printed contract loads."""
+    long = "a" * 40
+    schema = {"type": "record", "name": "Top", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "outer", "type": {"type": "record", "name": "Outer", "fields": [
+            {"name": "short", "type": "int"},
+            {"name": long, "type": {"type": "record", "name": "Inner", "fields": [
+                {"name": "b" * 30, "type": "int"}]}}]}}]}
+    body, _ = contract_from_schema(Format.AVRO, WriterSchema(
+        4, "AVRO", json.dumps(schema), subject="s", version=1))
+    assert body["fields"]["outer"] == {"type": "record", "fields": {
+        "short": {"type": "integer"}, long: {"type": "jsonb"}}}
+    made = pipeline({"made": body}, fmt="avro", identity="id")
+    assert [c.name for c in contract_columns(made.model)] == [
+        "event_id", "id", "outer_short", f"outer_{long}"]
