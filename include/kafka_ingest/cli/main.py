@@ -14,6 +14,9 @@ from kafka_ingest.cli import observe, runs, schema
 from kafka_ingest.errors import IngestError
 from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE
 
+#: Libraries whose INFO lines are for ``-v`` only.
+QUIET_UNLESS_VERBOSE = ("httpx", "httpx2", "httpcore", "httpcore2")
+
 #: The first line of ``kafka-ingest --help``.
 DESCRIPTION = "kafka-ingest: the operator's command line."
 
@@ -37,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         LIBRDKAFKA_LOG.removeFilter(LIBRDKAFKA_ONCE)
     else:
         LIBRDKAFKA_LOG.addFilter(LIBRDKAFKA_ONCE)
+        # the registry client's HTTP library logs each request (its URL) at INFO
+        for name in QUIET_UNLESS_VERBOSE:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.func(args))
     except (IngestError, ValueError) as exc:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import AliasPath
+
 from kafka_ingest.contracts.base import Contract, EventContract
 from kafka_ingest.contracts.orders import OrderCreatedV1
 from kafka_ingest.contracts.telemetry import MetricEventV1, MetricEventV2
@@ -36,8 +38,34 @@ def json_schema(event_type: str, version: int,
     """The JSON Schema of one contract (for producers, docs and schema registries)."""
     model = get_contract(event_type, version, declared)
     schema = model.model_json_schema(mode="validation")
+    _nest_paths(schema, model)
     schema["$id"] = f"urn:kafka-ingest:contract:{model.key()}"
     return schema
+
+
+def _nest_paths(schema: dict[str, Any], model: type[Contract]) -> None:
+    """A field read through a path (``validation_alias=AliasPath("address", "city")``: a
+    declared ``record``'s column) moved to where the payload holds it: pydantic lists it
+    under its column's name, which no producer writes."""
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias
+        if not isinstance(alias, AliasPath) or name not in schema.get("properties", {}):
+            continue
+        *parents, last = [str(part) for part in alias.path]
+        prop = schema["properties"].pop(name)
+        prop.pop("title", None)
+        required = name in schema.get("required", ())
+        if required:
+            schema["required"].remove(name)
+        node = schema
+        for part in parents:
+            if required and part not in node.setdefault("required", []):
+                node["required"].append(part)
+            node = node.setdefault("properties", {}).setdefault(
+                part, {"type": "object", "properties": {}})
+        node.setdefault("properties", {})[last] = prop
+        if required:
+            node.setdefault("required", []).append(last)
 
 
 __all__ = [

@@ -33,6 +33,9 @@ DDL_TYPES: dict[str, str] = {
     "uuid": "uuid",
     "jsonb": "jsonb",
     "bytea": "bytea",
+    "timestamp": "timestamp without time zone",
+    "time": "time without time zone",
+    "interval": "interval",
 }
 
 

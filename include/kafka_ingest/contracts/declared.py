@@ -17,6 +17,11 @@ hand-written contract is, built from the same field helpers, so it is exactly as
                        default: []}
           nickName:   {type: text, max_length: 64, column: nick_name, since: 2,
                        required: false}
+          address:                   # a nested object: a column per field, by its path
+            type: record             # (address_city, address_zip); or {type: jsonb}
+            fields:                  # to keep it whole in one column
+              city: {type: text, max_length: 64}
+              zip:  {type: text, max_length: 16, required: false}
 
 A declared contract has an ``event_id`` too (a text of 1 to 128 characters, the first
 column): required when it identifies the pipeline's records (the default), optional (a
@@ -28,6 +33,16 @@ Every field is required unless it says ``required: false`` (then ``null`` when m
 gives a ``default``. A field added by a later version (``since``) must be optional:
 evolution is additive. The YAML key is the payload's field name; ``column`` renames it
 for the table. Version N accepts payloads of versions 1..N, like a hand-written contract.
+
+A ``record`` field is an object inside the payload whose fields land as columns named by
+their path (``address.city`` -> ``address_city``; the record's ``column`` renames the
+prefix, a nested field's its own part), nested at most :data:`NESTING_MAX` deep. Each such
+column's field reads its value through the path (``validation_alias=AliasPath("address",
+"city")``), so JSON, Avro and Protobuf payloads alike fill it, and a pipeline's
+``identity`` names it by its dotted path (``address.city``), as it names any aliased field
+(:func:`~kafka_ingest.contracts.columns.payload_paths`). A required record's required
+fields are required; an optional record (``required: false``) makes each of its columns
+NULL when the record is missing or null.
 """
 
 from __future__ import annotations
@@ -35,7 +50,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from datetime import date
+from dataclasses import dataclass
+from datetime import date, time, timedelta
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from enum import StrEnum
 from typing import Annotated, Any
@@ -43,10 +59,12 @@ from uuid import UUID
 
 from pydantic import (
     AfterValidator,
+    AliasPath,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
+    NaiveDatetime,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -60,6 +78,9 @@ from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
 _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 _PAYLOAD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+#: How deep records nest in a declaration: ``a.b.c.d`` is a column at the limit; keep a
+#: deeper object whole in a ``jsonb`` field (``schema from-registry`` does).
+NESTING_MAX = 3
 #: The widest ``varchar`` Postgres has.
 TEXT_MAX = 10_485_760
 #: The last epoch millisecond a timestamp takes: 9999-12-31T23:59:59.999Z (see
@@ -82,10 +103,17 @@ class FieldType(StrEnum):
     NUMERIC = "numeric"
     BOOLEAN = "boolean"
     TIMESTAMPTZ = "timestamptz"
+    #: A wall-clock time without a zone (Avro ``local-timestamp-*``).
+    TIMESTAMP = "timestamp"
+    TIME = "time"
+    INTERVAL = "interval"
     DATE = "date"
     UUID = "uuid"
     JSONB = "jsonb"
+    BYTEA = "bytea"
     ARRAY = "array"
+    #: An object inside the payload, its fields declared under ``fields``: a column each.
+    RECORD = "record"
 
 
 class TimeEncoding(StrEnum):
@@ -106,7 +134,8 @@ _INTS: dict[FieldType, tuple[int, int, str]] = {
 _TRAVEL: dict[FieldType, str] = {
     FieldType.TEXT: "text", FieldType.FLOAT: "float8", FieldType.NUMERIC: "numeric",
     FieldType.BOOLEAN: "bool", FieldType.DATE: "date", FieldType.UUID: "uuid",
-    FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz",
+    FieldType.JSONB: "jsonb", FieldType.TIMESTAMPTZ: "timestamptz", FieldType.BYTEA: "bytea",
+    FieldType.TIMESTAMP: "timestamp", FieldType.TIME: "time", FieldType.INTERVAL: "interval",
 }
 _CONVERTED_TIME: dict[TimeEncoding, tuple[str, Callable[[Any], Any]]] = {
     TimeEncoding.EPOCH_SECONDS: ("float8", seconds_to_pg),
@@ -139,6 +168,8 @@ def _jsonb_safe(value: Any) -> Any:
 #: Types whose Pydantic type takes no parameters.
 _PLAIN: dict[FieldType, Any] = {
     FieldType.BOOLEAN: bool, FieldType.DATE: date, FieldType.UUID: UUID,
+    FieldType.BYTEA: bytes, FieldType.TIMESTAMP: NaiveDatetime, FieldType.TIME: time,
+    FieldType.INTERVAL: timedelta,
     FieldType.JSONB: Annotated[dict[str, Any] | list[Any], AfterValidator(_jsonb_safe)],
 }
 #: How a payload's value is checked: a default is checked the same way, at load time.
@@ -147,7 +178,7 @@ _ONLY: dict[str, set[FieldType]] = {
     "max_length": {FieldType.TEXT}, "min_length": {FieldType.TEXT},
     "precision": {FieldType.NUMERIC}, "scale": {FieldType.NUMERIC},
     "encoding": {FieldType.TIMESTAMPTZ}, "items": {FieldType.ARRAY},
-    "max_items": {FieldType.ARRAY},
+    "max_items": {FieldType.ARRAY}, "fields": {FieldType.RECORD},
     "ge": {*_INTS, FieldType.FLOAT, FieldType.NUMERIC},
     "le": {*_INTS, FieldType.FLOAT, FieldType.NUMERIC},
 }
@@ -204,12 +235,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _nesting_problem(spec: FieldSpec) -> str | None:
+    """Why a ``record`` or an ``array`` cannot be as declared (None: it can)."""
+    if spec.type is FieldType.RECORD and not spec.fields:
+        return "a record needs fields (each becomes a column); keep an object whole with type " \
+            "jsonb"
+    if spec.type is FieldType.RECORD and "default" in spec.model_fields_set:
+        return "a record takes no default: give its fields defaults"
+    if spec.type is not FieldType.ARRAY:
+        return None
+    if spec.items is None or spec.items.type in (FieldType.ARRAY, FieldType.JSONB,
+                                                 FieldType.RECORD):
+        return ("an array needs items: a scalar field type (not an array or jsonb, nor a "
+                "record; keep an array of objects in a jsonb field)")
+    if spec.items.type is FieldType.TIMESTAMPTZ and \
+            spec.items.encoding is not TimeEncoding.ISO8601:
+        return "an array of timestamps takes ISO-8601 items only"
+    return None
+
+
 class FieldSpec(_Strict):
     """One field of a declared contract (the YAML keys), under the payload's field name."""
 
     #: The column's type: ``text``, ``smallint``/``integer``/``bigint`` (bounded by the
     #: column's width), ``float``, ``numeric``, ``boolean``, ``timestamptz``, ``date``,
-    #: ``uuid``, ``jsonb`` (an object or array kept whole), ``array`` of a scalar.
+    #: ``uuid``, ``jsonb`` (an object or array kept whole), ``bytea`` (Avro ``bytes`` and
+    #: ``fixed``, Protobuf ``bytes``), ``timestamp`` (without time zone), ``time``,
+    #: ``interval``, ``array`` of a scalar; or ``record``: an object whose ``fields`` each
+    #: land in a column named by its path (``address_city``). docs/formats.md says which
+    #: type reads which Avro, Protobuf and JSON Schema type.
     type: FieldType
     #: ``text``: the most characters (required: the column is ``character varying(n)``).
     max_length: Annotated[int, Field(ge=1, le=TEXT_MAX)] | None = None
@@ -226,18 +280,24 @@ class FieldSpec(_Strict):
     items: FieldSpec | None = None
     #: ``array``: the most items.
     max_items: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    #: ``record``: its fields by their name in the object, declared as the payload's are
+    #: (a ``record`` among them nests, at most 3 deep); each is the column
+    #: ``<record's column>_<field's column>``.
+    fields: dict[Annotated[str, Field(pattern=_PAYLOAD_NAME)], FieldSpec] | None = None
     #: Integers and numbers: the lowest value (narrows the column's range).
     ge: float | int | None = None
     #: Integers and numbers: the highest value.
     le: float | int | None = None
-    #: False: a missing or null value is NULL. A field with a ``default`` is optional.
+    #: False: a missing or null value is NULL (a ``record``'s: each of its columns is NULL
+    #: when the record is missing or null). A field with a ``default`` is optional.
     required: bool = True
     #: The value of a missing field (checked against the field's type when the file loads).
     default: Any = None
     #: The contract version that added the field (it must then be optional: evolution is
     #: additive).
     since: Annotated[int, Field(ge=1)] = 1
-    #: The column's name when it differs from the payload's field name.
+    #: The column's name when it differs from the payload's field name (a ``record``'s:
+    #: the prefix of its fields' columns; a field inside a record: its part after it).
     column: Annotated[str, Field(pattern=_NAME)] | None = None
 
     @model_validator(mode="after")
@@ -253,13 +313,9 @@ class FieldSpec(_Strict):
                                                or self.scale > self.precision):
             raise ValueError("a numeric field needs precision (all digits) and scale (digits "
                              "after the point, at most precision)")
-        if self.type is FieldType.ARRAY:
-            if self.items is None or self.items.type in (FieldType.ARRAY, FieldType.JSONB):
-                raise ValueError("an array needs items: a scalar field type (not an array or "
-                                 "jsonb; keep nested structure in a jsonb field)")
-            if self.items.type is FieldType.TIMESTAMPTZ and \
-                    self.items.encoding is not TimeEncoding.ISO8601:
-                raise ValueError("an array of timestamps takes ISO-8601 items only")
+        shape = _nesting_problem(self)
+        if shape is not None:
+            raise ValueError(shape)
         if "default" in given and "required" in given and self.required:
             raise ValueError("a field with a default is optional: drop 'required: true'")
         empty = _admits_nothing(self)
@@ -347,6 +403,38 @@ class FieldSpec(_Strict):
         return AwareDatetime
 
 
+@dataclass(frozen=True)
+class Leaf:
+    """One column of a declaration: a field of a scalar type, where the payload holds it
+    (its path: ``("address", "city")``), and whether it may be missing (its own
+    ``required``, or a record around it that is optional)."""
+
+    path: tuple[str, ...]
+    column: str
+    spec: FieldSpec
+    optional: bool
+    #: The version that added it (a nested field's, or its record's when that is later).
+    since: int
+
+
+def leaves(fields: dict[str, FieldSpec], path: tuple[str, ...] = (), prefix: str = "",
+           optional: bool = False, since: int = 1) -> list[Leaf]:
+    """Every column of ``fields`` in declaration order, a ``record`` flattened into its
+    fields' columns; ValueError for a record nested deeper than :data:`NESTING_MAX`."""
+    out: list[Leaf] = []
+    for name, spec in fields.items():
+        where, column = (*path, name), prefix + (spec.column or name)
+        maybe, first = optional or spec.optional, max(since, spec.since)
+        if spec.type is not FieldType.RECORD:
+            out.append(Leaf(where, column, spec, maybe, first))
+            continue
+        if len(where) > NESTING_MAX:
+            raise ValueError(f"field {'.'.join(where)!r}: records nest at most {NESTING_MAX} "
+                             "deep; keep this one whole with type jsonb")
+        out += leaves(spec.fields or {}, where, f"{column}_", maybe, first)
+    return out
+
+
 class ContractSpec(_Strict):
     """One declared contract: its newest version and its fields."""
 
@@ -364,50 +452,58 @@ class ContractSpec(_Strict):
         if not self.fields:
             raise ValueError("a contract needs at least one field besides event_id")
         seen: dict[str, str] = {}
-        for name, spec in self.fields.items():
-            column = spec.column or name
-            if not re.fullmatch(_NAME, column):
-                raise ValueError(f"field {name!r}: {column!r} is not a column name (lower "
-                                 "case, digits, _): give it one with 'column'")
-            if column in RESERVED_COLUMNS or name in (IMPLICIT_ID, "version"):
-                raise ValueError(f"field {name!r}: column {column!r} is reserved (every "
-                                 "contract and table has it)")
-            refuse_system_column(column, f"field {name!r}", "give it another with 'column'")
-            if column in seen:
-                raise ValueError(f"fields {seen[column]!r} and {name!r} both make column "
-                                 f"{column!r}")
-            seen[column] = name
-            if spec.since > self.version:
-                raise ValueError(f"field {name!r}: since {spec.since} is after the "
-                                 f"contract's version {self.version}")
-            if spec.since > 1 and not spec.optional:
-                raise ValueError(f"field {name!r} was added in version {spec.since}: it must "
-                                 "be optional (required: false, or a default), since older "
-                                 "payloads do not carry it")
-            try:
-                spec.annotation()  # bounds that leave no value fail here, at load time
-                spec.checked_default()  # and so does a default the field refuses
-            except ValueError as exc:
-                raise ValueError(f"field {name!r}: {exc}") from None
+        for leaf in leaves(self.fields):
+            name = ".".join(leaf.path)
+            if leaf.column in seen:
+                raise ValueError(f"fields {seen[leaf.column]!r} and {name!r} both make column "
+                                 f"{leaf.column!r}")
+            seen[leaf.column] = name
+            _check_leaf(leaf, name, self.version)
         return self
+
+
+def _check_leaf(leaf: Leaf, name: str, version: int) -> None:
+    """ValueError when one column of a declaration cannot be (see :class:`ContractSpec`)."""
+    column, spec = leaf.column, leaf.spec
+    if not re.fullmatch(_NAME, column):
+        where = "the record's or the field's" if len(leaf.path) > 1 else "it one with"
+        raise ValueError(f"field {name!r}: {column!r} is not a column name (lower case, "
+                         f"digits, _, at most 63): give {where} 'column'")
+    if column in RESERVED_COLUMNS or leaf.path in ((IMPLICIT_ID,), ("version",)):
+        raise ValueError(f"field {name!r}: column {column!r} is reserved (every contract "
+                         "and table has it)")
+    refuse_system_column(column, f"field {name!r}", "give it another with 'column'")
+    if leaf.since > version:
+        raise ValueError(f"field {name!r}: since {leaf.since} is after the contract's "
+                         f"version {version}")
+    if leaf.since > 1 and not leaf.optional:
+        raise ValueError(f"field {name!r} was added in version {leaf.since}: it must be "
+                         "optional (required: false, or a default), since older payloads "
+                         "do not carry it")
+    try:
+        spec.annotation()  # bounds that leave no value fail here, at load time
+        spec.checked_default()  # and so does a default the field refuses
+    except ValueError as exc:
+        raise ValueError(f"field {name!r}: {exc}") from None
 
 
 def _class_name(event_type: str, version: int) -> str:
     return "".join(part.title() for part in event_type.split("_")) + f"V{version}"
 
 
-def _field(name: str, spec: FieldSpec) -> tuple[Any, Any]:
-    column = spec.column or name
-    alias = name if column != name else None
+def _field(leaf: Leaf) -> tuple[Any, Any]:
+    """A column's field: read from the payload by its name (an ``alias`` when the column
+    is named otherwise), or through its path (``validation_alias=AliasPath(...)``)."""
+    spec, name = leaf.spec, leaf.path[0]
+    where: dict[str, Any] = (
+        {"validation_alias": AliasPath(*leaf.path)} if len(leaf.path) > 1
+        else {"alias": name if leaf.column != name else None})
     kind = spec.annotation()
-    if not spec.optional:
-        return kind, Field(alias=alias)
-    if "default" in spec.model_fields_set:
-        default = spec.default
-        if default is None:
-            return kind | None, Field(default=None, alias=alias)
-        return kind, Field(default=spec.checked_default(), alias=alias)
-    return kind | None, Field(default=None, alias=alias)
+    if not leaf.optional:
+        return kind, Field(**where)
+    if "default" in spec.model_fields_set and spec.default is not None:
+        return kind, Field(default=spec.checked_default(), **where)
+    return kind | None, Field(default=None, **where)
 
 
 _BUILT: dict[tuple[str, str, bool], list[type[Contract]]] = {}
@@ -445,10 +541,10 @@ def optional_event_id(model: type[Contract]) -> type[Contract]:
 def _build(event_type: str, spec: ContractSpec, id_required: bool) -> list[type[Contract]]:
     models: list[type[Contract]] = []
     for version in range(1, spec.version + 1):
-        present = {name: f for name, f in spec.fields.items() if f.since <= version}
+        present = [leaf for leaf in leaves(spec.fields) if leaf.since <= version]
         definitions: dict[str, Any] = {
             IMPLICIT_ID: (EventId, ...) if id_required else (EventId | None, None),
-            **{(f.column or name): _field(name, f) for name, f in present.items()}}
+            **{leaf.column: _field(leaf) for leaf in present}}
         definitions["version"] = (int, Field(default=1, ge=1, le=version))
         model: type[Contract] = create_model(
             _class_name(event_type, version), __base__=Contract,
@@ -457,15 +553,15 @@ def _build(event_type: str, spec: ContractSpec, id_required: bool) -> list[type[
         model.EVENT_TYPE = event_type
         model.VERSION = version
         model.SINK_COLUMNS = ((IMPLICIT_ID, "text"),
-                              *((f.column or n, f.column_type) for n, f in present.items()))
-        model.CONVERTED = {f.column or n: _CONVERTED_TIME[f.encoding]
-                           for n, f in present.items()
-                           if f.type is FieldType.TIMESTAMPTZ and f.encoding in _CONVERTED_TIME}
+                              *((leaf.column, leaf.spec.column_type) for leaf in present))
+        model.CONVERTED = {leaf.column: _CONVERTED_TIME[leaf.spec.encoding]
+                           for leaf in present if leaf.spec.type is FieldType.TIMESTAMPTZ
+                           and leaf.spec.encoding in _CONVERTED_TIME}
         model.DECLARATION = spec.model_dump_json(exclude_unset=True)
         models.append(model)
     return models
 
 
-__all__ = ["IMPLICIT_ID", "ContractSpec", "FieldSpec", "FieldType", "TimeEncoding",
-           "build_versions", "declared_model", "optional_event_id"]
+__all__ = ["IMPLICIT_ID", "NESTING_MAX", "ContractSpec", "FieldSpec", "FieldType", "Leaf",
+           "TimeEncoding", "build_versions", "declared_model", "leaves", "optional_event_id"]
 

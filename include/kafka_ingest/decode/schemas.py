@@ -15,21 +15,27 @@ bounds the contract rules need (a ``max_length`` on text, digits and scale on de
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from kafka_ingest.config import Format, Pipeline
-from kafka_ingest.contracts.columns import contract_columns
+from kafka_ingest.contracts.columns import contract_columns, payload_paths
+from kafka_ingest.contracts.declared import NESTING_MAX
 from kafka_ingest.decode.codecs import Fields, NoSuchRecord, WriterField, codec_for
 from kafka_ingest.decode.codecs.base import (
     BOOL,
+    BYTES,
     DATE,
     DATETIME,
     DECIMAL,
+    DURATION,
     FLOAT,
     INT,
     LIST,
+    LOCAL_DATETIME,
     OBJECT,
     STR,
+    TIME_,
     UUID_,
 )
 from kafka_ingest.decode.infer import ProposedIdentity, column_name, id_candidates, key_column
@@ -49,11 +55,14 @@ def contract_problems(pipeline: Pipeline, fields: Fields) -> list[str]:
     the rest load; a proto3 message field, for one, is always optional.)"""
     accepts = codec_for(pipeline.format).kinds
     model = pipeline.model
+    paths = {column: path for path, column in reversed(payload_paths(model).items())}
     problems = []
     for column in contract_columns(model):
         spec = model.model_fields[column.name]
-        payload_name = spec.alias or column.name
-        writer = fields.get(payload_name)
+        payload_name = paths.get(column.name, column.name)
+        writer = writer_field(fields, payload_name)
+        if writer is _UNKNOWN:
+            continue  # inside an object the writer schema does not describe (a map)
         required = spec.is_required()
         if writer is None:
             if required:
@@ -70,6 +79,32 @@ def contract_problems(pipeline: Pipeline, fields: Fields) -> list[str]:
             problems.append(f"field {payload_name!r}: the writer sends {writer.kind}, the "
                             f"contract's {column.ddl} column takes {', '.join(sorted(wanted))}")
     return problems
+
+
+#: A field inside an object whose fields the writer schema does not say.
+_UNKNOWN = WriterField("", OBJECT)
+
+
+def writer_field(fields: Fields, path: str) -> WriterField | None:
+    """The writer's field at a dotted ``path`` (``address.city``: the field ``city`` of the
+    record ``address``), nullable when a record on the way is; None when the writer has no
+    such field, :data:`_UNKNOWN` when an object on the way has fields the schema does not
+    say (a map, a JSON Schema object without properties)."""
+    if path in fields:  # a top-level field, even one whose name has a dot
+        return fields[path]
+    first, *rest = path.split(".")
+    found = fields.get(first)
+    nullable = False
+    for part in rest:
+        if found is None or found.kind != OBJECT:
+            return None
+        if found.fields is None:
+            return _UNKNOWN
+        nullable = nullable or found.nullable
+        found = found.fields.get(part)
+    if found is not None and nullable and not found.nullable:
+        found = replace(found, nullable=True)
+    return found
 
 
 def schema_problems(pipeline: Pipeline, schema: WriterSchema) -> list[str]:
@@ -129,14 +164,26 @@ def check_subject(pipeline: Pipeline, registry: SchemaRegistry) -> WriterSchema 
 
 #: The declared field type of each kind that needs no parameters.
 _DECLARED = {INT: "bigint", FLOAT: "float", BOOL: "boolean", DATETIME: "timestamptz",
-             DATE: "date", UUID_: "uuid", OBJECT: "jsonb"}
+             DATE: "date", UUID_: "uuid", OBJECT: "jsonb", BYTES: "bytea",
+             LOCAL_DATETIME: "timestamp", TIME_: "time", DURATION: "interval"}
 
 
-def _declared(field: WriterField, text_max_length: int) -> dict[str, Any] | None:
+def _declared(field: WriterField, text_max_length: int,
+              depth: int = 1, skipped: list[str] | None = None,
+              path: str = "") -> dict[str, Any] | None:
+    """The declared field reading ``field`` at nesting ``depth`` (a top-level field's is
+    1): a record whose fields the schema says is a ``record`` while ``depth`` is within
+    :data:`~kafka_ingest.contracts.declared.NESTING_MAX`, else ``jsonb``."""
     kind = field.kind
     spec: dict[str, Any]
     if kind == STR:
         spec = {"type": "text", "max_length": field.max_length or text_max_length}
+    elif kind == INT and field.bits == 32:
+        spec = {"type": "integer"}
+    elif kind == OBJECT and field.fields and depth <= NESTING_MAX:
+        spec = {"type": "record", "fields": _declared_fields(
+            field.fields, text_max_length, depth + 1, [] if skipped is None else skipped,
+            f"{path}.")}
     elif kind in _DECLARED:
         spec = {"type": _DECLARED[kind]}
     elif kind == DECIMAL:
@@ -145,12 +192,44 @@ def _declared(field: WriterField, text_max_length: int) -> dict[str, Any] | None
         spec = {"type": "array", "items": _declared(WriterField("", field.items or STR),
                                                    text_max_length)}
     elif kind == LIST:
-        spec = {"type": "jsonb"}
+        spec = {"type": "jsonb"}  # an array of records, or of arrays
     else:
-        return None  # bytes: no column type takes them as they are
+        return None
     if field.nullable:
         spec["required"] = False
     return spec
+
+
+def _declared_fields(fields: Fields, text_max_length: int, depth: int, skipped: list[str],
+                     prefix: str) -> dict[str, Any]:
+    declared: dict[str, Any] = {}
+    for name, field in fields.items():
+        spec = _declared(field, text_max_length, depth, skipped, f"{prefix}{name}")
+        if spec is None:
+            skipped.append(f"{prefix}{name}: {field.kind} has no column type (decode it "
+                           "yourself)")
+            continue
+        column = column_name(name)
+        if column != name:
+            spec["column"] = column
+        if spec["type"] == "record" and not spec["fields"]:
+            spec = {"type": "jsonb", **({"required": False} if field.nullable else {})}
+        declared[name] = spec
+    return declared
+
+
+def _fitted(spec: dict[str, Any], column: str) -> dict[str, Any]:
+    """A ``record`` whose path columns would be longer than Postgres' 63-character names
+    kept whole as ``jsonb`` instead (its own ``column`` and ``required`` kept)."""
+    if spec["type"] != "record":
+        return spec
+    fields = {}
+    for name, child in spec["fields"].items():
+        path_column = f"{column}_{child.get('column', name)}"
+        if len(path_column) > 63:
+            return {"type": "jsonb", **{k: spec[k] for k in ("required", "column") if k in spec}}
+        fields[name] = _fitted(child, path_column)
+    return {**spec, "fields": fields}
 
 
 def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: int = 256,
@@ -163,19 +242,11 @@ def contract_from_schema(fmt: Format, schema: WriterSchema, *, text_max_length: 
     message, by its full name; default: the first); :class:`ValueError` when there is
     no such one."""
     fields: Fields = next(iter(codec_for(fmt).record_fields(schema, record)), {})
-    declared: dict[str, Any] = {}
-    skipped = []
-    for name, field in fields.items():
-        if name in ("event_id", "version"):
-            continue
-        spec = _declared(field, text_max_length)
-        if spec is None:
-            skipped.append(f"{name}: {field.kind} has no column type (decode it yourself)")
-            continue
-        column = column_name(name)
-        if column != name:
-            spec["column"] = column
-        declared[name] = spec
+    skipped: list[str] = []
+    declared = _declared_fields({n: f for n, f in fields.items()
+                                 if n not in ("event_id", "version")},
+                                text_max_length, 1, skipped, "")
+    declared = {name: _fitted(spec, spec.get("column", name)) for name, spec in declared.items()}
     return {"version": 1, "doc": f"From subject {schema.subject!r} version {schema.version} "
             f"(schema id {schema.schema_id}).", "fields": declared}, skipped
 

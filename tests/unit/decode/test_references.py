@@ -78,11 +78,22 @@ def test_avro_named_types_of_other_subjects_are_read_through_the_references() ->
     assert [row_values(r)[:4] for r in result.rows] == [
         ("p-1", "acc-1", {"id": "c-1", "tier": "GOLD"}, "SILVER")]
     assert result.dead == []
-    # the contract from the schema: the referenced enum is text, the record jsonb
+    # the contract from the schema: the referenced enum is text, the referenced record
+    # flattened to path columns as a record defined inline is, and those columns filled
     body, _ = contract_from_schema(codec_for("avro").format, schema)
     assert body["fields"] == {"account": {"type": "text", "max_length": 256},
-                              "customer": {"type": "jsonb"},
+                              "customer": {"type": "record", "fields": {
+                                  "id": {"type": "text", "max_length": 256},
+                                  "tier": {"type": "text", "max_length": 6}}},
                               "tier": {"type": "text", "max_length": 6}}
+    made = pipeline(contract={"payment": body})
+    result = validate_chunk([Msg(0, value_=payment_value(5, PAY))], made,
+                            RegistryDecoder(made, OneSchema(schema)))  # type: ignore[arg-type]
+    assert made.model.SINK_COLUMNS == (
+        ("event_id", "text"), ("account", "text"), ("customer_id", "text"),
+        ("customer_tier", "text"), ("tier", "text"))
+    assert [row_values(r)[:5] for r in result.rows] == [
+        ("p-1", "acc-1", "c-1", "GOLD", "SILVER")]
 
 
 def test_a_union_of_referenced_records_offers_each_record() -> None:

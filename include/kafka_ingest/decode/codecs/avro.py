@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import struct
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import fastavro
@@ -41,11 +42,14 @@ from kafka_ingest.decode.codecs.base import (
     DATE,
     DATETIME,
     DECIMAL,
+    FIELDS_DEPTH,
     FLOAT,
     INT,
     LIST,
+    LOCAL_DATETIME,
     OBJECT,
     STR,
+    TIME_,
     UUID_,
     Codec,
     Fields,
@@ -281,7 +285,9 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
 # --------------------------------------------------------------------------- the writer's fields
 
 _AVRO_LOGICAL = {"timestamp-millis": DATETIME, "timestamp-micros": DATETIME, "date": DATE,
-                 "uuid": UUID_, "decimal": DECIMAL}
+                 "uuid": UUID_, "decimal": DECIMAL, "local-timestamp-millis": LOCAL_DATETIME,
+                 "local-timestamp-micros": LOCAL_DATETIME, "time-millis": TIME_,
+                 "time-micros": TIME_}
 _AVRO_PRIMITIVE = {"string": STR, "int": INT, "long": INT, "float": FLOAT, "double": FLOAT,
                    "boolean": BOOL, "bytes": BYTES, "fixed": BYTES, "record": OBJECT,
                    "map": OBJECT, "array": LIST, "enum": STR}
@@ -352,29 +358,39 @@ def _records(schema: Any, named: Named) -> list[dict[str, Any]]:
     return out
 
 
-def _avro_kind(t: Any, named: Named) -> WriterField:
+def _avro_kind(t: Any, named: Named, depth: int = 0) -> WriterField:
     if isinstance(t, list):  # a union: [null, X] is an optional X
         rest = [x for x in t if x != "null"]
-        inner = _avro_kind(rest[0], named) if len(rest) == 1 else WriterField("", OBJECT)
-        return WriterField("", inner.kind, nullable="null" in t, precision=inner.precision,
-                           scale=inner.scale, items=inner.items, max_length=inner.max_length)
+        inner = (_avro_kind(rest[0], named, depth) if len(rest) == 1
+                 else WriterField("", OBJECT))
+        return replace(inner, nullable="null" in t)
     if isinstance(t, str):
         if t in _AVRO_PRIMITIVE:
-            return WriterField("", _AVRO_PRIMITIVE[t])
+            return WriterField("", _AVRO_PRIMITIVE[t], bits=32 if t == "int" else None)
         defined = _lookup(t, named)  # a named type, defined before or by a reference
-        return WriterField("", OBJECT) if defined is None else _avro_kind(defined, {})
+        return WriterField("", OBJECT) if defined is None else _avro_kind(defined, named,
+                                                                         depth)
     logical = t.get("logicalType")
     if logical in _AVRO_LOGICAL:
         return WriterField("", _AVRO_LOGICAL[logical], precision=t.get("precision"),
                            scale=t.get("scale", 0))
     if isinstance(t.get("type"), list | str) and t.get("type") not in _AVRO_PRIMITIVE:
-        return _avro_kind(t["type"], named)  # {"type": "a.Named"}, {"type": [...]}
+        return _avro_kind(t["type"], named, depth)  # {"type": "a.Named"}, {"type": [...]}
     kind = _AVRO_PRIMITIVE.get(t.get("type"), OBJECT)
     if kind == LIST:
-        return WriterField("", LIST, items=_avro_kind(t.get("items"), named).kind)
+        return WriterField("", LIST, items=_avro_kind(t.get("items"), named, depth).kind)
     if t.get("type") == "enum":
         return WriterField("", STR, max_length=max(map(len, t.get("symbols") or ["x"])))
-    return WriterField("", kind)
+    if t.get("type") in ("record", "error") and depth < FIELDS_DEPTH:
+        return WriterField("", OBJECT, fields=_record_fields(t, named, depth + 1))
+    return WriterField("", kind, bits=32 if t.get("type") == "int" else None)
+
+
+def _record_fields(schema: dict[str, Any], named: Named, depth: int) -> Fields:
+    fields = {}
+    for f in schema.get("fields", []):
+        fields[f["name"]] = replace(_avro_kind(f["type"], named, depth), name=f["name"])
+    return fields
 
 
 def avro_fields(schema: str | dict[str, Any], named: Named | None = None) -> Fields:
@@ -387,12 +403,7 @@ def avro_fields(schema: str | dict[str, Any], named: Named | None = None) -> Fie
     if named is None:
         named = {}
         _define(schema, "", named)
-    fields = {}
-    for f in schema.get("fields", []):
-        kind = _avro_kind(f["type"], named)
-        fields[f["name"]] = WriterField(f["name"], kind.kind, kind.nullable, kind.precision,
-                                        kind.scale, kind.items, kind.max_length)
-    return fields
+    return _record_fields(schema, named, 0)
 
 
 __all__ = ["AvroCodec", "avro_fields"]

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 STR, INT, FLOAT, BOOL, BYTES, DECIMAL, DATETIME, DATE, UUID_, OBJECT, LIST = (
     "string", "integer", "float", "boolean", "bytes", "decimal", "datetime", "date", "uuid",
     "object", "array")
+#: ... a date and time without a zone, a time of day, a duration.
+LOCAL_DATETIME, TIME_, DURATION = "local datetime", "time", "duration"
 
 #: Kinds a contract column's strict validation accepts (by its ``value_type``), when the
 #: decoded values arrive typed and are validated in Python mode (Avro, Protobuf)...
@@ -31,12 +33,15 @@ PYTHON_KINDS: Mapping[str, frozenset[str]] = {
     "int8": frozenset({INT}), "float8": frozenset({FLOAT, INT}),
     "numeric": frozenset({DECIMAL}), "bool": frozenset({BOOL}),
     "timestamptz": frozenset({DATETIME}), "date": frozenset({DATE}),
-    "uuid": frozenset({UUID_}), "jsonb": frozenset({OBJECT, LIST})}
+    "uuid": frozenset({UUID_}), "jsonb": frozenset({OBJECT, LIST}),
+    "bytea": frozenset({BYTES}), "timestamp": frozenset({LOCAL_DATETIME}),
+    "time": frozenset({TIME_}), "interval": frozenset({DURATION})}
 #: ... and when the payload is JSON, validated as JSON (JSON Schema): text parses.
 JSON_KINDS: Mapping[str, frozenset[str]] = {
     **PYTHON_KINDS, "numeric": frozenset({STR, FLOAT, INT}),
     "timestamptz": frozenset({STR, DATETIME}), "date": frozenset({STR, DATE}),
-    "uuid": frozenset({STR, UUID_})}
+    "uuid": frozenset({STR, UUID_}), "timestamp": frozenset({STR, LOCAL_DATETIME}),
+    "time": frozenset({STR, TIME_}), "interval": frozenset({STR, DURATION})}
 
 #: A decoder: the value's payload (after the wire header) -> what the contract validates
 #: (a dict in Python mode, or the payload's JSON bytes).
@@ -55,10 +60,18 @@ class WriterField:
     scale: int | None = None
     items: str | None = None
     max_length: int | None = None
+    #: A record's (an Avro record, a Protobuf message, a JSON Schema object) own fields,
+    #: read to a depth of :data:`FIELDS_DEPTH`; None for any other kind, or deeper.
+    fields: Fields | None = None
+    #: An integer's width in bits when the schema says it (Avro ``int``: 32).
+    bits: int | None = None
 
 
 #: The top-level fields of one record type of a writer schema, by name.
 Fields = dict[str, WriterField]
+#: How deep the codecs read a record's nested records' fields (a record that contains
+#: itself ends there).
+FIELDS_DEPTH = 8
 
 
 class NoSuchRecord(ValueError):
@@ -146,6 +159,6 @@ class Codec:
         return None
 
 
-__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "FLOAT", "INT", "JSON_KINDS",
-           "LIST", "OBJECT", "PYTHON_KINDS", "STR", "UUID_", "Codec", "Fields",
-           "NoSuchRecord", "PayloadReader", "WriterField"]
+__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "DURATION", "FIELDS_DEPTH", "FLOAT",
+           "INT", "JSON_KINDS", "LIST", "LOCAL_DATETIME", "OBJECT", "PYTHON_KINDS", "STR",
+           "TIME_", "UUID_", "Codec", "Fields", "NoSuchRecord", "PayloadReader", "WriterField"]

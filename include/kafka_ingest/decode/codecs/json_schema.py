@@ -11,6 +11,7 @@ from kafka_ingest.decode.codecs.base import (
     BOOL,
     DATE,
     DATETIME,
+    FIELDS_DEPTH,
     FLOAT,
     INT,
     LIST,
@@ -58,7 +59,10 @@ _JSON_FORMATS = {"date-time": DATETIME, "date": DATE, "uuid": UUID_}
 
 def json_schema_fields(text: str) -> Fields:
     """The properties of an object schema (a property not ``required`` may be missing)."""
-    schema = json.loads(text)
+    return _properties(json.loads(text), 0)
+
+
+def _properties(schema: dict[str, Any], depth: int) -> Fields:
     required = set(schema.get("required", []))
     fields = {}
     for name, prop in (schema.get("properties") or {}).items():
@@ -70,8 +74,10 @@ def json_schema_fields(text: str) -> Fields:
         if kind == STR and prop.get("format") in _JSON_FORMATS:
             kind = _JSON_FORMATS[prop["format"]]
         items = _JSON.get((prop.get("items") or {}).get("type", ""))
+        nested = (_properties(prop, depth + 1) if kind == OBJECT and prop.get("properties")
+                  and depth < FIELDS_DEPTH else None)
         fields[name] = WriterField(name, kind, nullable, items=items,
-                                   max_length=prop.get("maxLength"))
+                                   max_length=prop.get("maxLength"), fields=nested)
     return fields
 
 

@@ -18,7 +18,10 @@ dead-lettered, the others load.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf import (
@@ -29,6 +32,7 @@ from google.protobuf import (
     duration_pb2,
     empty_pb2,
     field_mask_pb2,
+    json_format,
     message_factory,
     source_context_pb2,
     struct_pb2,
@@ -44,6 +48,8 @@ from kafka_ingest.decode.codecs.base import (
     BOOL,
     BYTES,
     DATETIME,
+    DURATION,
+    FIELDS_DEPTH,
     FLOAT,
     INT,
     LIST,
@@ -88,11 +94,11 @@ class ProtobufCodec(Codec):
         message indexes, not the subject), or the one ``record`` names."""
         names = protobuf_messages(schema.text)
         if record is None:
-            return [protobuf_fields(schema.text, i) for i in range(len(names))]
+            return [protobuf_fields(schema.text, i, schema) for i in range(len(names))]
         if record not in names:
             raise NoSuchRecord(f"message {record!r}: not a top-level message of the writer "
                              f"schema ({', '.join(names) or 'none'})")
-        return [protobuf_fields(schema.text, names.index(record))]
+        return [protobuf_fields(schema.text, names.index(record), schema)]
 
 
 # --------------------------------------------------------------------------- decoding
@@ -125,11 +131,24 @@ def message_indexes(payload: bytes) -> tuple[list[int], bytes]:
     return indexes, payload[pos:]
 
 
+#: Well-known message types that arrive as the value they stand for: a ``Timestamp`` an
+#: aware ``datetime``, a ``Duration`` a ``timedelta``, a wrapper (``StringValue``, ...) its
+#: value (an unset one is missing: NULL), ``Struct``/``ListValue``/``Value`` their JSON.
+_WELL_KNOWN_VALUES: dict[str, Callable[[Any], Any]] = {
+    "google.protobuf.Timestamp": lambda m: m.ToDatetime(tzinfo=UTC),
+    "google.protobuf.Duration": lambda m: m.ToTimedelta(),
+    **dict.fromkeys((f"google.protobuf.{w}Value" for w in (
+        "Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")),
+        attrgetter("value")),
+    **dict.fromkeys(("google.protobuf.Struct", "google.protobuf.ListValue",
+                     "google.protobuf.Value"), json_format.MessageToDict),
+}
+
+
 def _proto_value(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        if field.message_type.full_name == "google.protobuf.Timestamp":
-            return value.ToDatetime(tzinfo=UTC)
-        return proto_to_dict(value)
+        known = _WELL_KNOWN_VALUES.get(field.message_type.full_name)
+        return proto_to_dict(value) if known is None else known(value)
     if field.type == FieldDescriptor.TYPE_ENUM:
         named = field.enum_type.values_by_number.get(value)
         return named.name if named is not None else value
@@ -267,12 +286,65 @@ _PROTO = {FieldDescriptor.TYPE_STRING: STR, FieldDescriptor.TYPE_BOOL: BOOL,
           FieldDescriptor.TYPE_MESSAGE: OBJECT}
 
 
-def protobuf_fields(text: str, message_index: int = 0) -> Fields:
+#: Well-known message types by the kind of value they arrive as (see
+#: :data:`_WELL_KNOWN_VALUES`).
+_WELL_KNOWN_KINDS = {
+    "google.protobuf.Timestamp": DATETIME, "google.protobuf.Duration": DURATION,
+    "google.protobuf.DoubleValue": FLOAT, "google.protobuf.FloatValue": FLOAT,
+    "google.protobuf.Int64Value": INT, "google.protobuf.UInt64Value": INT,
+    "google.protobuf.Int32Value": INT, "google.protobuf.UInt32Value": INT,
+    "google.protobuf.BoolValue": BOOL, "google.protobuf.StringValue": STR,
+    "google.protobuf.BytesValue": BYTES, "google.protobuf.Struct": OBJECT,
+    "google.protobuf.ListValue": LIST, "google.protobuf.Value": OBJECT}
+#: Integer types of 32 bits whose values fit an ``integer`` (``uint32`` does not).
+_INT32 = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32,
+          FieldDescriptor.TYPE_SFIXED32}
+
+
+def protobuf_fields(text: str, message_index: int = 0,
+                    schema: WriterSchema | None = None) -> Fields:
     """The fields of the file's first message, or of its ``message_index``-th (a serialized
-    ``FileDescriptorProto``)."""
-    file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
-    if not file.message_type:
+    ``FileDescriptorProto``), each nested message's own (``schema``: the writer schema
+    whose references define the files it imports)."""
+    proto = _descriptor(text)
+    if not proto.message_type:
         return {}
+    try:
+        file = _build(proto, {} if schema is None else _imports(schema))
+    except Exception:  # an import nothing defines: what the file itself says
+        return _declared_fields(proto, message_index)
+    return _message_fields(list(file.message_types_by_name.values())[message_index], 0)
+
+
+def _message_fields(message: Descriptor, depth: int) -> Fields:
+    fields = {}
+    for f in message.fields:
+        field = _field_kind(f, depth)
+        is_map = f.message_type is not None and f.message_type.GetOptions().map_entry
+        if f.is_repeated and not is_map:  # a map is an object, anything else a list
+            field = WriterField(f.name, LIST, items=field.kind)
+        fields[f.name] = replace(field, name=f.name, nullable=f.has_presence)
+    return fields
+
+
+def _field_kind(f: FieldDescriptor, depth: int) -> WriterField:
+    if f.type == FieldDescriptor.TYPE_ENUM:
+        return WriterField(f.name, STR, max_length=max((len(v.name) for v in f.enum_type.values),
+                                                       default=1))
+    if f.type != FieldDescriptor.TYPE_MESSAGE:
+        return WriterField(f.name, _PROTO.get(f.type, INT),
+                           bits=32 if f.type in _INT32 else None)
+    name = f.message_type.full_name
+    if name in _WELL_KNOWN_KINDS:
+        return WriterField(f.name, _WELL_KNOWN_KINDS[name])
+    if f.message_type.GetOptions().map_entry or depth >= FIELDS_DEPTH:
+        return WriterField(f.name, OBJECT)
+    return WriterField(f.name, OBJECT, fields=_message_fields(f.message_type, depth + 1))
+
+
+def _declared_fields(file: descriptor_pb2.FileDescriptorProto, message_index: int) -> Fields:
+    """The fields a file's message declares, read from the file alone (its imports not
+    built): a message field is an object, a ``Timestamp`` a datetime."""
     fields = {}
     for f in file.message_type[message_index].field:
         repeated = f.label == FieldDescriptor.LABEL_REPEATED
