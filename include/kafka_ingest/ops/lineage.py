@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kafka_ingest.contracts.columns import payload_paths
@@ -225,7 +225,26 @@ def completeness(reports: Iterable[Mapping[str, Any]], max_records: int) -> dict
             "offsets": offset_ranges(slices)}
 
 
+def latest_watermark(extras: Iterable[Mapping[str, Any]]) -> datetime | None:
+    """The newest watermark of some Asset events' ``extra`` (an Asset-scheduled run may
+    come from several events; one without a watermark advanced nothing)."""
+    marks = [datetime.fromisoformat(x["watermark"]) for x in extras if x.get("watermark")]
+    return max(marks, default=None)
+
+
+def complete_windows(mark: datetime, width: timedelta, count: int) -> list[tuple[datetime,
+                                                                                 datetime]]:
+    """The last ``count`` windows ``[start, end)`` of ``width`` (aligned on the Unix epoch)
+    that end at or before the watermark ``mark``: complete, by the watermark's meaning."""
+    if width <= timedelta(0) or count < 1:
+        raise ValueError("complete_windows needs a positive width and count")
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    end = epoch + (mark - epoch) // width * width
+    return [(end - (i + 1) * width, end - i * width) for i in reversed(range(count))]
+
+
 __all__ = ["OFFSETS_FACET", "PRODUCER", "DatasetRef", "RunLineage", "caught_up",
-           "column_lineage_facet", "column_sources", "completeness", "kafka_namespace",
+           "column_lineage_facet", "column_sources", "complete_windows", "completeness",
+           "kafka_namespace", "latest_watermark",
            "offset_ranges", "offsets_facet", "postgres_dataset", "run_lineage",
            "schema_facet", "table_columns", "watermark"]

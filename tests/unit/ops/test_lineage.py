@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,8 +11,10 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.ops.lineage import (
     OFFSETS_FACET,
     column_lineage_facet,
+    complete_windows,
     completeness,
     kafka_namespace,
+    latest_watermark,
     run_lineage,
     schema_facet,
     watermark,
@@ -117,3 +119,20 @@ def test_completeness_is_the_asset_extra() -> None:
     assert extra == {"watermark": "2026-01-01T00:00:00+00:00", "offsets": [
         {"topic": "telemetry-metrics", "partition": 0, "start": 3, "end": 10, "mode": "live",
          "resumed_from": 5}]}
+
+
+def test_complete_windows_end_at_or_before_the_watermark() -> None:
+    mark = datetime(2026, 1, 1, 10, 7, 30, tzinfo=UTC)
+    at = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
+    # [10:05, 10:10) holds 10:07:30 and later: not complete yet
+    assert complete_windows(mark, timedelta(minutes=5), 2) == [
+        (at - timedelta(minutes=5), at), (at, at + timedelta(minutes=5))]
+    # a watermark on a boundary completes the window that ends there
+    assert complete_windows(at, timedelta(minutes=5), 1)[-1][1] == at
+
+
+def test_latest_watermark_of_several_events() -> None:
+    assert latest_watermark([{"watermark": "2026-01-01T00:00:02+00:00"},
+                             {"watermark": None}, {"watermark": "2026-01-01T00:00:05+00:00"},
+                             {}]) == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert latest_watermark([{"watermark": None}]) is None
