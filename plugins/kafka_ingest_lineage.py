@@ -16,36 +16,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from functools import cache
 from typing import Any
+
+from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
 
 log = logging.getLogger(__name__)
 
 
-@cache
-def _operator_class() -> type:
-    from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
+class SliceLineageOperator(_PythonDecoratedOperator):
+    """``@task`` whose OpenLineage comes from the slice report it returns."""
 
-    class SliceLineageOperator(_PythonDecoratedOperator):
-        """``@task`` whose OpenLineage comes from the slice report it returns."""
+    custom_operator_name = "@task"
 
-        custom_operator_name = "@task"
+    def __init__(self, *, lineage: Callable[[Mapping[str, Any]], Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lineage = lineage
+        self.slice_report: Mapping[str, Any] | None = None
 
-        def __init__(self, *, lineage: Callable[[Mapping[str, Any]], Any] | None = None,
-                     **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.lineage = lineage
-            self.slice_report: Mapping[str, Any] | None = None
+    def execute(self, context: Any) -> Any:
+        result = super().execute(context)
+        self.slice_report = result if isinstance(result, Mapping) else None
+        return result
 
-        def execute(self, context: Any) -> Any:
-            result = super().execute(context)
-            self.slice_report = result if isinstance(result, Mapping) else None
-            return result
-
-        def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-            return openlineage_of(self.lineage, self.slice_report)
-
-    return SliceLineageOperator
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return openlineage_of(self.lineage, self.slice_report)
 
 
 def openlineage_of(lineage: Callable[[Mapping[str, Any]], Any] | None,
@@ -82,5 +77,5 @@ def slice_task(pipeline: Any, *, replay: bool = False, **kwargs: Any) -> Any:
         servers = str(KafkaIngestHook(pipeline.kafka_conn_id).clients.config["bootstrap.servers"])
         return run_lineage(pipeline, [report], bootstrap_servers=servers, replay=replay)
 
-    return task_decorator_factory(decorated_operator_class=_operator_class(),
+    return task_decorator_factory(decorated_operator_class=SliceLineageOperator,
                                   lineage=lineage, **kwargs)

@@ -161,7 +161,9 @@ def run_lineage(pipeline: Any, reports: Iterable[Mapping[str, Any]], *,
                 bootstrap_servers: str, replay: bool = False) -> RunLineage:
     """The lineage of slice reports of one pipeline: an ingest (or backfill) reads the
     source topic and writes the table and the dead-letter topic; a replay reads the
-    dead-letter topic and writes the table (its letters stay where they are)."""
+    dead-letter topic and writes the table (its letters stay where they are). A dry run
+    read its input and wrote nothing: no outputs."""
+    reports = list(reports)
     done = [r for r in reports if not r.get("dry_run")]
     namespace = kafka_namespace(bootstrap_servers)
     topic = pipeline.dlq_topic if replay else pipeline.topic
@@ -174,12 +176,12 @@ def run_lineage(pipeline: Any, reports: Iterable[Mapping[str, Any]], *,
                 "columnLineage": column_lineage_facet(pipeline, namespace, topic)},
         io_facets={"outputStatistics": _facet(
             "outputStatistics", rowCount=_sum(done, "inserted"))})
-    outputs = [table]
-    if not replay:
+    outputs = [table] if done else []
+    if done and not replay:
         outputs.append(DatasetRef(namespace, pipeline.dlq_topic, io_facets={
             "outputStatistics": _facet("outputStatistics",
                                        rowCount=_sum(done, "dead_lettered"))}))
-    return RunLineage([source], outputs, {OFFSETS_FACET: offsets_facet(list(reports))})
+    return RunLineage([source], outputs, {OFFSETS_FACET: offsets_facet(reports)})
 
 
 # ------------------------------------------------------------------ completeness

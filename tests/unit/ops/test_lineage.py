@@ -65,6 +65,14 @@ def test_replay_reads_the_dlq_and_writes_the_table_only(shipped: dict[str, Pipel
     assert [d.name for d in lineage.outputs] == ["kafka_ingest.public.telemetry_metrics"]
 
 
+def test_a_dry_run_wrote_nothing(shipped: dict[str, Pipeline]) -> None:
+    lineage = run_lineage(shipped["telemetry_metrics"],
+                          [_report(0, 0, 3, mode="replay", read=3) | {"dry_run": True}],
+                          bootstrap_servers="k1:9092", replay=True)
+    assert [d.name for d in lineage.inputs] == ["telemetry-metrics-dlq"]
+    assert lineage.outputs == []
+
+
 def test_schema_facet_lists_the_table_columns_in_order(shipped: dict[str, Pipeline]) -> None:
     fields = schema_facet(shipped["orders_created"])["fields"]
     assert fields[0] == {"name": "event_id", "type": "character varying(128)"}
