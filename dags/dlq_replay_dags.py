@@ -17,9 +17,11 @@ from airflow.sdk import DAG, dag, get_current_context, task
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_replay
+from kafka_ingest.ops.lineage import completeness
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import ReplayForm, ReplayRequest, replay_request
 from kafka_ingest_hook import pipeline_clients, postgres_database
+from kafka_ingest_lineage import slice_task
 from kafka_ingest_tasks import (
     dag_default_args,
     emit_metrics,
@@ -56,8 +58,9 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
                                      run_id=get_current_context()["run_id"], request=_request())
             return [r.to_dict() for r in ranges]
 
-        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
-              **slice_task_args(pipeline))
+        @slice_task(pipeline, replay=True,
+                    map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
+                    **slice_task_args(pipeline))
         def replay(offset_range: dict[str, Any]) -> dict[str, Any]:
             with fail_without_retry():
                 request = _request()
@@ -72,11 +75,13 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             summary = summarize_replay(results or [], dry_run=_request().dry_run)
             print(f"{pipeline.name} DLQ replay: {summary}")
+            summary["completeness"] = completeness(results or [],
+                                                   pipeline.max_records_per_partition)
             if not summary["dry_run"]:
                 emit_metrics("replay", pipeline.name, {**summary, **summary["outcomes"]})
             return summary
 
-        summary = report(replay.expand(offset_range=plan()))  # type: ignore[arg-type]
+        summary = report(replay.expand(offset_range=plan()))
         table_updated_task(pipeline)(summary)
 
     return replay_dag()

@@ -31,9 +31,11 @@ from airflow.sdk import (
 
 from kafka_ingest import Pipeline, load_pipelines
 from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
+from kafka_ingest.ops.lineage import completeness
 from kafka_ingest.ranges import OffsetRange
 from kafka_ingest.requests import IngestForm, RangeRequest, ingest_request
 from kafka_ingest_hook import pipeline_clients, postgres_database
+from kafka_ingest_lineage import slice_task
 from kafka_ingest_tasks import (
     dag_default_args,
     emit_metrics,
@@ -119,8 +121,9 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
                                   run_id=context["run_id"], request=_request(context))
             return [r.to_dict() for r in ranges]
 
-        @task(map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
-              **slice_task_args(pipeline))
+        @slice_task(pipeline,
+                    map_index_template="{{ task.op_kwargs['offset_range']['partition'] }}",
+                    **slice_task_args(pipeline))
         def ingest(offset_range: dict[str, Any]) -> dict[str, Any]:
             with fail_without_retry():
                 report = ingest_range(pipeline, OffsetRange.from_dict(offset_range),
@@ -133,10 +136,12 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
         def report(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             summary = summarize(results or [])
             print(f"{pipeline.name}: {summary}")
+            summary["completeness"] = completeness(results or [],
+                                                   pipeline.max_records_per_partition)
             emit_metrics("ingest", pipeline.name, summary)
             return summary
 
-        summary = report(ingest.expand(offset_range=plan()))  # type: ignore[arg-type]
+        summary = report(ingest.expand(offset_range=plan()))
         table_updated_task(pipeline)(summary)
 
     return ingest_dag()

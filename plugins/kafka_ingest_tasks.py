@@ -92,18 +92,26 @@ def table_updated_task(pipeline: Any) -> Any:
     (inserted, updated or deleted: :func:`~kafka_ingest.engine.ingest.rows_changed`).
 
     Asset-scheduled downstream DAGs then run on new data, not on every empty
-    micro-batch; with nothing changed the task is skipped and no Asset event is sent.
+    micro-batch; with nothing changed the task is skipped and no Asset event is sent. The
+    event's ``extra`` is the summary's ``completeness``
+    (:func:`~kafka_ingest.ops.lineage.completeness`: the event-time watermark, the offset
+    ranges).
     """
     from airflow.sdk import Asset, task
 
-    @task(task_id="table_updated", outlets=[Asset(pipeline.asset_uri)])
-    def table_updated(summary: dict[str, Any]) -> int:
+    asset = Asset(pipeline.asset_uri)
+
+    @task(task_id="table_updated", outlets=[asset])
+    def table_updated(summary: dict[str, Any], outlet_events: Any = None) -> int:
         if summary.get("dry_run"):
             raise AirflowSkipException("a dry run wrote nothing: the table's Asset is not updated")
         changed = rows_changed(summary)
         if not changed:
             raise AirflowSkipException("no row was inserted, updated or deleted: the table's "
                                        "Asset is not updated")
+        if summary.get("completeness") and outlet_events is not None:
+            # the run's event-time watermark and offset ranges (docs/lineage.md)
+            outlet_events[asset].extra.update(summary["completeness"])
         return changed
 
     return table_updated

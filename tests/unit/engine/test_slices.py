@@ -986,3 +986,17 @@ def test_a_process_frozen_before_the_slice_is_left_frozen_as_it_was(pipeline: Pi
         assert len(seen) == 1 and seen[0] <= frozen and gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_slice_reports_the_latest_kafka_timestamp_it_loaded(pipeline: Pipeline) -> None:
+    # What the run's event-time watermark is made of (ops/lineage.py): the greatest
+    # timestamp of the committed chunks, not the last one in log order (a producer's
+    # CreateTime may go back), and a record without one counts for nothing.
+    stamps = {i: (1, 1_767_225_600_000 + 1000 * i) for i in range(LOG_SIZE)}
+    stamps[5] = (1, 1_767_225_600_000 + 60_000)  # late in time, early in the log
+    stamps[9] = (0, -1)  # no timestamp
+    log = [Msg(i, value_=metric(i), key_=b"device", topic_=pipeline.topic,
+               partition_=PARTITION, timestamp_=stamps[i]) for i in range(LOG_SIZE)]
+    report = World(pipeline, log).ingest()
+    assert report.max_timestamp_ms == 1_767_225_600_000 + 60_000
+    assert report.to_dict()["max_timestamp_ms"] == report.max_timestamp_ms
