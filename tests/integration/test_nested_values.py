@@ -49,6 +49,7 @@ from tests.integration.test_registry_formats import (
     registry_clients,
     subjects,  # noqa: F401  (the fixture: subjects deleted after the test)
 )
+from tests.support.datagen import ORDERS
 from tests.support.ingest import query, stored_offsets
 
 with warnings.catch_warnings():  # authlib's notice about httpx2, as the registry client's
@@ -62,18 +63,6 @@ pytestmark = pytest.mark.integration
 N = 300
 AT = datetime(2026, 3, 4, 5, 6, 7, 123000, tzinfo=UTC)
 
-#: Kafka Connect Datagen's ``orders`` quickstart schema (ksql.orders), as its producer
-#: registers it.
-ORDERS = {"type": "record", "name": "orders", "namespace": "ksql", "fields": [
-    {"name": "ordertime", "type": "long"},
-    {"name": "orderid", "type": "int"},
-    {"name": "itemid", "type": "string"},
-    {"name": "orderunits", "type": "double"},
-    {"name": "address", "type": {"type": "record", "name": "address", "fields": [
-        {"name": "city", "type": "string"},
-        {"name": "state", "type": "string"},
-        {"name": "zipcode", "type": "long"}]}},
-]}
 
 
 def order(n: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import pytest
 
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.integration.test_registry_formats import _cli, subjects  # noqa: F401
+from tests.support.datagen import ORDERS, PAGEVIEWS, TRANSACTIONS
 from tests.support.ingest import query
 
 with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_ingest's registry
@@ -36,21 +37,6 @@ with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_inges
 
 pytestmark = pytest.mark.integration
 
-#: The Datagen quickstart schemas, as the connector registers them (its generator's
-#: ``arg.properties`` left out).
-ORDERS = {"type": "record", "name": "orders", "namespace": "ksql", "fields": [
-    {"name": "ordertime", "type": "long"}, {"name": "orderid", "type": "int"},
-    {"name": "itemid", "type": "string"}, {"name": "orderunits", "type": "double"},
-    {"name": "address", "type": {"type": "record", "name": "address", "fields": [
-        {"name": "city", "type": "string"}, {"name": "state", "type": "string"},
-        {"name": "zipcode", "type": "long"}]}}]}
-TRANSACTIONS = {"type": "record", "name": "transactions", "namespace": "ksql", "fields": [
-    {"name": "transaction_id", "type": "long"}, {"name": "card_id", "type": "long"},
-    {"name": "user_id", "type": "string"}, {"name": "purchase_id", "type": "long"},
-    {"name": "store_id", "type": "int"}]}
-PAGEVIEWS = {"type": "record", "name": "pageviews", "namespace": "ksql", "fields": [
-    {"name": "viewtime", "type": "long"}, {"name": "userid", "type": "string"},
-    {"name": "pageid", "type": "string"}]}
 N = 40
 
 

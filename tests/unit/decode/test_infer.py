@@ -25,22 +25,8 @@ from kafka_ingest.decode.schemas import (
 )
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.registry import WriterSchema
-from tests.unit.conftest import Msg
-
-#: The Kafka Connect Datagen quickstart schemas (their ``arg.properties`` left out).
-ORDERS = {"type": "record", "name": "orders", "namespace": "ksql", "fields": [
-    {"name": "ordertime", "type": "long"}, {"name": "orderid", "type": "int"},
-    {"name": "itemid", "type": "string"}, {"name": "orderunits", "type": "double"},
-    {"name": "address", "type": {"type": "record", "name": "address", "fields": [
-        {"name": "city", "type": "string"}, {"name": "state", "type": "string"},
-        {"name": "zipcode", "type": "long"}]}}]}
-TRANSACTIONS = {"type": "record", "name": "transactions", "namespace": "ksql", "fields": [
-    {"name": "transaction_id", "type": "long"}, {"name": "card_id", "type": "long"},
-    {"name": "user_id", "type": "string"}, {"name": "purchase_id", "type": "long"},
-    {"name": "store_id", "type": "int"}]}
-PAGEVIEWS = {"type": "record", "name": "pageviews", "namespace": "ksql", "fields": [
-    {"name": "viewtime", "type": "long"}, {"name": "userid", "type": "string"},
-    {"name": "pageid", "type": "string"}]}
+from tests.support.datagen import ORDERS, PAGEVIEWS, TRANSACTIONS
+from tests.support.fakes import Msg
 
 
 def avro(schema: Any, subject: str = "s-value") -> WriterSchema:
