@@ -50,7 +50,7 @@ checks() {
 }
 checks &
 checks_pid=$!
-trap 'kill "$checks_pid" 2>/dev/null' EXIT  # interrupted: the checks go too
+trap 'kill "$checks_pid" 2>/dev/null || true' EXIT  # interrupted: the checks go too
 
 # Two workers (the tests mostly wait); which tests share a worker, in which order, and which
 # have the stack alone: tests/support/workers.py.
@@ -61,6 +61,7 @@ python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 
 rc=$?
 wait "$checks_pid"
 checks_rc=$?
+trap - EXIT  # nothing left to stop
 set -e
 for log in "$checks"/*.log; do
   echo "== $(basename "$log" .log)"; cat "$log"
