@@ -86,14 +86,20 @@ def rows(dsn: str, table: str) -> dict[str, tuple[Any, ...]]:
     return {r[0]: tuple(r[1:]) for r in found}
 
 
+def cli_env(pipeline: Any, pg_dsn: str, stack_env: dict[str, str],
+            tmp_path: Path) -> dict[str, str]:
+    """The CLI's environment for ``pipeline`` alone, on the test's database."""
+    return {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
+            "KAFKA_INGEST_PG_DSN": pg_dsn,
+            "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+
+
 @pytest.fixture
 def balances(stack_env: dict[str, str], pg_dsn: str, make_pipeline: Any,
              tmp_path: Path) -> Iterator[dict[str, Any]]:
     pipeline = make_pipeline("account_balances", partitions=1, chunk_size=64,
                              auto_create=True)
-    env = {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
-           "KAFKA_INGEST_PG_DSN": pg_dsn,
-           "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+    env = cli_env(pipeline, pg_dsn, stack_env, tmp_path)
     yield {"env": env, "pipeline": pipeline}
 
 
@@ -168,9 +174,7 @@ def test_a_key_in_a_second_partition_is_dead_lettered_not_guessed(
         tmp_path: Path) -> None:
     pipeline = make_pipeline("account_balances", partitions=2, chunk_size=64,
                              auto_create=True)
-    env = {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
-           "KAFKA_INGEST_PG_DSN": pg_dsn,
-           "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+    env = cli_env(pipeline, pg_dsn, stack_env, tmp_path)
     # Partition 0 holds acct-0 at offsets 0..9; then a producer hashing differently writes
     # a newer-looking update and a tombstone of it to partition 1 (offsets 0 and 1).
     produce(clients, pipeline.topic, [(b"acct-0", balance(0, f"{i}.00")) for i in range(10)],
@@ -201,9 +205,7 @@ def test_a_topic_recreated_with_fewer_partitions_runs_again_after_the_advised_re
     # enough to run again (partition 1 cannot be named: the topic has no such partition).
     pipeline = make_pipeline("account_balances", partitions=2, chunk_size=64,
                              auto_create=True)
-    env = {"KAFKA_INGEST_PIPELINES": str(write_pipelines_file(tmp_path / "p.yaml", pipeline)),
-           "KAFKA_INGEST_PG_DSN": pg_dsn,
-           "KAFKA_BOOTSTRAP_SERVERS": stack_env["KAFKA_BOOTSTRAP_SERVERS"]}
+    env = cli_env(pipeline, pg_dsn, stack_env, tmp_path)
     produce(clients, pipeline.topic, [(b"acct-0", balance(0, "1.00"))], partition=0)
     produce(clients, pipeline.topic, [(b"acct-1", balance(1, "1.00"))], partition=1)
     assert run_ok(env, pipeline.name)["inserted"] == 2

@@ -5,6 +5,8 @@ faults, deadlines, the session's scheduling on xdist workers. Imported as
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from kafka_ingest.contracts.columns import PG_EPOCH_S
+
 #: The repository's root.
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,4 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def pg_to_datetime(us: int | None) -> datetime | None:
     """A binary ``timestamptz`` value (microseconds since 2000-01-01 UTC, as
     ``kafka_ingest.contracts.columns.seconds_to_pg`` makes it) as a datetime (UTC)."""
-    return None if us is None else datetime(2000, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
+    if us is None:
+        return None
+    return datetime.fromtimestamp(PG_EPOCH_S, tz=UTC) + timedelta(microseconds=us)
