@@ -232,6 +232,8 @@ def config(s: Settings, node: PgNode) -> str:
         "max_connections = 200\n"
         "shared_buffers = 128MB\n"
         "fsync = on\n"
+        # Debezium's Postgres source connector (the mirror's tests) decodes the WAL.
+        "wal_level = logical\n"
         "password_encryption = 'scram-sha-256'\n"
         "log_min_messages = warning\n"
         "log_line_prefix = '%m [%p] %q%u@%d '\n"
