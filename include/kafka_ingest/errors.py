@@ -472,6 +472,13 @@ class Unorderable(DataError):
     error_class = "unorderable"
 
 
+class BadEnvelope(DataError):
+    """A change event (``envelope: debezium``) that is not one: no object, no or an unknown
+    ``op``, no ``after`` row for an insert or update, or a truncate the pipeline refuses."""
+
+    error_class = "bad_envelope"
+
+
 class RejectedByDatabase(DataError):
     error_class = "rejected_by_database"
 

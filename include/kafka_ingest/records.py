@@ -46,9 +46,24 @@ class MessageLike(Protocol):
     def headers(self) -> list[tuple[str, bytes | None]] | None: ...
 
 
+class _EveryKey:
+    """The key of a truncate: every key of the table placed before it (see
+    :data:`EVERY_KEY`)."""
+
+    def __repr__(self) -> str:
+        return "EVERY_KEY"
+
+
+#: A :class:`Tombstone`'s key when it is a truncate of the source table (a change event's
+#: ``op: t``): every row placed before it in its partition goes, each as if by a tombstone
+#: of its own key at the truncate's place.
+EVERY_KEY: Any = _EveryKey()
+
+
 class Tombstone(NamedTuple):
-    """A null-valued record of a pipeline that deletes: its key's row goes, unless the
-    table holds a newer version (by log order)."""
+    """A record of a pipeline that deletes (a null value, a change event's delete or
+    truncate): its key's row goes, unless the table holds a newer version (by log
+    order)."""
 
     key: Any
     topic: str

@@ -20,6 +20,7 @@ from kafka_ingest.db import Database, map_psycopg_error
 from kafka_ingest.db.connection import connection_defaults
 from kafka_ingest.errors import (
     DATA_ERROR_CLASSES,
+    BadEnvelope,
     BadHeader,
     BadKey,
     CommitOutcomeUnknown,
@@ -102,7 +103,8 @@ def test_every_data_error_has_a_distinct_class_name() -> None:
     names = [c.error_class for c in DATA_ERROR_CLASSES]
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
                      "too_large", "not_wire_format", "unknown_schema", "schema_unreadable",
-                     "bad_key", "bad_header", "unorderable", "rejected_by_database"]
+                     "bad_key", "bad_header", "unorderable", "bad_envelope",
+                     "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 
@@ -160,6 +162,7 @@ ONE_OF_EACH: list[IngestError] = [
     UnknownSchema("schema id 99 is not registered"),
     BadKey("the record has no key"),
     BadHeader("header 'trace-id' is not UTF-8"),
+    BadEnvelope("op 'x' is not one of Debezium's"),
     RejectedByDatabase("NUL"),
     Unorderable("key 'a' at partition 1: stored from partition 0"),
     TopicRecreated("p", "t", "old-id", "new-id", [0, 2], dlq=True),

@@ -20,7 +20,6 @@ from kafka_ingest.config.modes import (
     DEFAULT_POOL,
     DEFAULT_POOL_SLOTS,
     NAME_PATTERN,
-    OnTombstone,
     UpsertMode,
 )
 from kafka_ingest.config.pipeline import Pipeline
@@ -142,11 +141,11 @@ def shared_tables(pipelines: Mapping[str, Pipeline]) -> None:
         if all(p.upsert.mode is UpsertMode.APPEND for p in writers):
             _same_identity(table, writers)
             continue
-        if len({(p.topic, p.upsert, p.on_tombstone is OnTombstone.DELETE)
+        if len({(p.topic, p.upsert, p.deletes)
                 for p in writers}) > 1:
             names = ", ".join(sorted(
                 f"{p.name} ({p.topic}, {p.upsert.mode.value}"
-                f"{', deletes' if p.on_tombstone is OnTombstone.DELETE else ''})"
+                f"{', deletes' if p.deletes else ''})"
                 for p in writers))
             raise ValueError(
                 f"pipelines {names} all write table {table!r}: a latest table keeps one "

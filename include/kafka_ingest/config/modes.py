@@ -38,6 +38,32 @@ class OnTombstone(StrEnum):
     DELETE = "delete"
 
 
+class Envelope(StrEnum):
+    """What a record value is wrapped in. ``debezium``: Debezium's change-event envelope
+    (``before``, ``after``, ``op``, ``source``), as Kafka Connect's JsonConverter (with or
+    without its schema) or a registry format writes it."""
+
+    DEBEZIUM = "debezium"
+
+
+#: What Debezium writes in place of a column it did not read (a TOASTed value an update
+#: left unchanged; ``unavailable.value.placeholder``'s default): the column keeps its
+#: stored value.
+UNAVAILABLE = "__debezium_unavailable_value"
+#: The same in a ``jsonb`` column (Debezium's ``Json`` is text, and the placeholder is no
+#: JSON): a one-element array, which the writer recognises.
+UNAVAILABLE_JSON = (UNAVAILABLE,)
+
+
+class OnTruncate(StrEnum):
+    """A change event's truncate (``op: t``): ``skip`` it (counted), or ``truncate``: delete
+    every row of the table that came before it in the log (each leaves a deletion marker,
+    so a replay of older offsets cannot bring a row back)."""
+
+    SKIP = "skip"
+    TRUNCATE = "truncate"
+
+
 class KeyFormat(StrEnum):
     """How the record key is read: UTF-8 text, JSON (a string or integer, or one ``field``
     of a JSON object), or ``registry``: the pipeline's registry format (Avro, Protobuf or

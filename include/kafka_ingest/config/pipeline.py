@@ -22,11 +22,13 @@ from kafka_ingest.config.modes import (
     SOURCE_POSITION_COLUMNS,
     TOPIC_PATTERN,
     DlqHeaderStyle,
+    Envelope,
     Format,
     IdentitySource,
     KeyFormat,
     OnOffsetGap,
     OnTombstone,
+    OnTruncate,
     StartPolicy,
     UpsertMode,
 )
@@ -101,6 +103,12 @@ class Pipeline(Strict):
     on_tombstone: OnTombstone = OnTombstone.SKIP
     #: How values are encoded; the registry formats need ``schema_registry``.
     format: Format = Format.JSON
+    #: What values are wrapped in: ``debezium`` for change events (the contract validates
+    #: their ``after`` row; a delete deletes the record key's row). Such a pipeline is a
+    #: ``latest`` table keyed by the record key in log order (the default ``upsert``).
+    envelope: Envelope | None = None
+    #: ``envelope: debezium``: what a truncate of the source table does to the table.
+    on_truncate: OnTruncate = OnTruncate.SKIP
     #: The registry of a registry format's writer schemas (``{}`` takes the defaults).
     schema_registry: SchemaRegistry | None = None
     #: The record key as a column.
@@ -219,6 +227,7 @@ class Pipeline(Strict):
         self._model = get_contract(self.contract.event_type, self.contract.version, declared)
         if self.dlq_topic == self.topic:
             raise ValueError("dlq_topic must differ from topic")
+        self._check_envelope()
         self._resolve_identity()
         self._check_columns()
         if self.upsert.mode is UpsertMode.LATEST:
@@ -364,6 +373,43 @@ class Pipeline(Strict):
                              "order a key's records only within the one partition its record "
                              "key sends it to")
 
+    def _check_envelope(self) -> None:
+        """A change-event pipeline mirrors a table: one row per record key, in log order,
+        deleted by its change events (the tombstones that follow them are skipped)."""
+        if self.envelope is None:
+            if self.on_truncate is not OnTruncate.SKIP:
+                raise ValueError("on_truncate is for change events: set envelope: debezium")
+            return
+        if self.record_key is None or self.record_key.format is KeyFormat.STRING:
+            raise ValueError("envelope 'debezium' reads the row's primary key from the record "
+                             "key: set record_key with format json (or registry) and field "
+                             "(the key column, e.g. {column: id, format: json, field: id, "
+                             "type: bigint})")
+        key = self.record_key
+        if key.column not in self.contract_column_names:
+            raise ValueError(f"envelope 'debezium': record_key.column {key.column!r} must be "
+                             "the source table's primary key, a field of the contract "
+                             f"({', '.join(self.contract_column_names)})")
+        if key.field is None:  # the key struct's field of that name
+            object.__setattr__(self, "record_key", key.model_copy(update={"field": key.column}))
+        if "upsert" not in self.model_fields_set:  # the mirror's own: frozen, so set once
+            object.__setattr__(self, "upsert", Upsert(
+                mode=UpsertMode.LATEST, key=self.record_key.column, order_by=LOG_ORDER))
+        if (self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER
+                or self.upsert.key != self.record_key.column):
+            raise ValueError("envelope 'debezium' mirrors a table: upsert.mode 'latest' keyed "
+                             f"by the record key ({self.record_key.column!r}) in log order "
+                             f"({LOG_ORDER!r}); leave upsert out for that")
+        if self.on_tombstone is not OnTombstone.SKIP:
+            raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
+                             "tombstone after it is skipped, so on_tombstone must stay 'skip'")
+
+    @property
+    def deletes(self) -> bool:
+        """Whether records delete rows (tombstones, or change events' deletes): the table
+        keeps deletion markers."""
+        return self.on_tombstone is OnTombstone.DELETE or self.envelope is not None
+
     def _check_tombstones(self) -> None:
         if self.on_tombstone is not OnTombstone.DELETE:
             return
@@ -398,10 +444,16 @@ class Pipeline(Strict):
         return tuple(name for name, _ in self.model.SINK_COLUMNS)
 
     @property
+    def key_column(self) -> RecordKey | None:
+        """The record key as a column of its own: a change event's key is its row's
+        primary key, which its ``after`` row carries (read for deletes only)."""
+        return self.record_key if self.envelope is None else None
+
+    @property
     def message_columns(self) -> tuple[Column, ...]:
         """The columns filled from the record key and headers, in row order (after the
         contract's)."""
-        key = (self.record_key.as_column(),) if self.record_key else ()
+        key = (self.key_column.as_column(),) if self.key_column else ()
         return (*key, *(h.as_column() for h in self.headers.values()))
 
     @cached_property

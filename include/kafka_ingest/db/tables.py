@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.config import IdentitySource, OnTombstone, Pipeline, UpsertMode
+from kafka_ingest.config import IdentitySource, Pipeline, UpsertMode
 from kafka_ingest.contracts.columns import Column, ddl_type, millis_to_pg
 from kafka_ingest.contracts.declared import IMPLICIT_ID
 from kafka_ingest.db.schema import MIGRATION_LOCK
@@ -102,7 +102,7 @@ def derived_name(table: str, *, prefix: str = "", suffix: str = "") -> str:
 def marker_table(pipeline: Pipeline) -> str | None:
     """The table of a deleting pipeline's deletion markers (see
     :mod:`kafka_ingest.db.writers.deleting`)."""
-    if pipeline.on_tombstone is not OnTombstone.DELETE:
+    if not pipeline.deletes:
         return None
     return derived_name(pipeline.table, suffix=MARKER_SUFFIX)
 

@@ -50,9 +50,14 @@ def _structured(spec: RecordKey, raw: bytes, decoder: RegistryDecoder | None) ->
     """A JSON or registry-encoded key, decoded."""
     if spec.format is KeyFormat.JSON:
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except (ValueError, RecursionError):
             raise BadKey("record key is not JSON") from None
+        # Kafka Connect's JsonConverter with its schema: {"schema": ..., "payload": key}
+        if isinstance(value, dict) and value.keys() == {"schema", "payload"} \
+                and spec.field not in value:
+            return value["payload"]
+        return value
     if decoder is None:  # refused when the pipeline loads; here for the type checker
         raise BadKey("record key: the pipeline has no registry format to read it with")
     try:
@@ -97,7 +102,7 @@ def _header(name: str, spec: HeaderColumn, headers: list[tuple[str, bytes | None
 def column_reader(pipeline: Pipeline,
                   decoder: RegistryDecoder | None = None) -> ColumnReader | None:
     """What fills the pipeline's key and header columns, or None when it has none."""
-    key, headers = pipeline.record_key, tuple(pipeline.headers.items())
+    key, headers = pipeline.key_column, tuple(pipeline.headers.items())
     if key is None and not headers:
         return None
 

@@ -17,11 +17,12 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from kafka_ingest.config import OnTombstone, Pipeline
+from kafka_ingest.config import OnTombstone, OnTruncate, Pipeline
 from kafka_ingest.contracts.base import Contract, hot_validation, sink_getter
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.codecs import codec_for
 from kafka_ingest.decode.decoder import RegistryDecoder
+from kafka_ingest.decode.envelopes import UPSERTS, EnvelopeReader
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
@@ -33,6 +34,7 @@ from kafka_ingest.errors import (
 )
 from kafka_ingest.kafka.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.records import (
+    EVERY_KEY,
     MAX_TIMESTAMP_MS,
     MessageLike,
     Row,
@@ -89,6 +91,8 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
                    decoder: RegistryDecoder | None = None) -> ValidationResult:
     """Validate each message against the pipeline's contract (a registry format decoded
     by ``decoder`` first); never raises a DataError."""
+    if pipeline.envelope is not None:
+        return validate_changes(messages, pipeline, decoder)
     model = pipeline.model
     validation = hot_validation(model)
     parse = _parser(validation.validator, decoder)
@@ -121,6 +125,50 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
             continue
         rows_append(build(event, msg, more))
     result.read, result.bytes = read, size
+    return result
+
+
+def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
+                     decoder: RegistryDecoder | None = None) -> ValidationResult:
+    """:func:`validate_chunk` of a change-event pipeline (``envelope: debezium``, see
+    :mod:`~kafka_ingest.decode.envelopes`): an upsert's ``after`` row validated by the
+    contract, a delete (a truncate, by ``on_truncate``) a delete by key; never raises a
+    DataError."""
+    validation = hot_validation(pipeline.model)
+    validator = validation.validator
+    envelopes = EnvelopeReader(decoder)
+    extra = column_reader(pipeline, decoder)
+    build = row_builder(pipeline.model, by_key=validation.by_key)
+    truncates = pipeline.on_truncate is OnTruncate.TRUNCATE
+    result = ValidationResult()
+    for msg in messages:
+        result.read += 1
+        value, row = msg.value(), None
+        if value is None:  # the tombstone after a delete: the delete was its change event
+            result.tombstones += 1
+            continue
+        result.bytes += len(value)
+        try:
+            if len(value) > pipeline.max_message_bytes:
+                raise TooLarge(f"value is {len(value)} bytes, over the limit "
+                               f"{pipeline.max_message_bytes}")
+            op, row = envelopes.read(value)
+            if op in UPSERTS:
+                event = (validator.validate_json(row) if isinstance(row, bytes)
+                         else validator.validate_python(row))
+                result.rows.append(build(event, msg, () if extra is None else extra(msg)))
+                continue
+            if op == "d" or truncates:
+                key = EVERY_KEY if op == "t" else key_value(
+                    pipeline.record_key, msg.key(), decoder)  # type: ignore[arg-type]
+                result.deletes.append(Tombstone(key, msg.topic() or pipeline.topic,
+                                                msg.partition() or 0, msg.offset() or 0))
+            result.tombstones += 1
+        except ValidationError as exc:
+            payload = row if isinstance(row, bytes) else b"{}"
+            result.dead.append(dead_letter(msg, pipeline, classify(payload, exc)))
+        except DataError as exc:
+            result.dead.append(dead_letter(msg, pipeline, exc))
     return result
 
 

@@ -107,8 +107,8 @@ def column_sources(pipeline: Any) -> dict[str, str]:
     """Each column filled from the record -> the record's field it comes from (module
     docstring for the names); ``ingested_at`` comes from none."""
     sources = {column: path for path, column in payload_paths(pipeline.model).items()}
-    if pipeline.record_key is not None:
-        key = pipeline.record_key
+    if pipeline.key_column is not None:
+        key = pipeline.key_column
         sources[key.column] = f"kafka.key.{key.field}" if key.field else "kafka.key"
     for name, header in pipeline.headers.items():
         sources[header.column] = f"kafka.headers.{name}"

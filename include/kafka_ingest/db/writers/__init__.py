@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from kafka_ingest.config import OnTombstone, Pipeline, UpsertMode
+from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.writers.append import AppendWriter, NewKeys
 from kafka_ingest.db.writers.base import DeleteResult, TableWriter, UpsertResult
@@ -23,7 +23,7 @@ def writer_for(conn: psycopg.Connection[Any], pipeline: Pipeline, *,
     if pipeline.upsert.mode is UpsertMode.APPEND:
         return AppendWriter(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s,
                             new_keys=new_keys)
-    kind = DeletingWriter if pipeline.on_tombstone is OnTombstone.DELETE else LatestWriter
+    kind = DeletingWriter if pipeline.deletes else LatestWriter
     return kind(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s)
 
 

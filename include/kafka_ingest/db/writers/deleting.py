@@ -47,7 +47,7 @@ from kafka_ingest.db.writers.latest import (
     where,
 )
 from kafka_ingest.errors import DataError
-from kafka_ingest.records import Source, Tombstone
+from kafka_ingest.records import EVERY_KEY, Source, Tombstone
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,11 @@ WHERE {m}.source_topic = EXCLUDED.source_topic
   AND ({m}.source_incarnation, {m}.source_offset)
       < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
 """
+#: A truncate's keys: every row of the table placed before it (%(p)s, %(o)s) in the log.
+TRUNCATED = """
+SELECT {k} FROM {t} WHERE source_topic = %(topic)s AND (source_incarnation < %(inc)s
+  OR (source_incarnation = %(inc)s AND source_partition = %(p)s AND source_offset < %(o)s))
+"""
 #: The outcome: each key ends deleted at least as late, or with a newer row.
 DELETES_MISSING = """
 SELECT count(*) FROM d
@@ -131,6 +136,7 @@ class DeletingWriter(LatestWriter):
         self._delete_older = self.statement(TOMBSTONES + DELETE_OLDER)
         self._mark_deleted = self.statement(TOMBSTONES + MARK_DELETED)
         self._deletes_missing = self.statement(TOMBSTONES + DELETES_MISSING)
+        self._truncated = self.statement(TRUNCATED)
 
     @property
     def _marker(self) -> sql.Identifier:
@@ -155,6 +161,7 @@ class DeletingWriter(LatestWriter):
             return DeleteResult(0)
         if source is None:
             raise TypeError("deletes need the tombstones' source (topic and incarnation)")
+        tombstones = self._every_key(tombstones, source)
         for attempt in range(1, RACE_ATTEMPTS + 1):
             try:
                 with self.conn.transaction():  # a savepoint: a race rolls back to here
@@ -192,10 +199,27 @@ class DeletingWriter(LatestWriter):
         return DeleteResult(deleted, missing, rejected)
 
 
+    def _every_key(self, tombstones: Sequence[Tombstone],
+                   source: Source) -> Sequence[Tombstone]:
+        """The tombstones with each truncate (:data:`~kafka_ingest.records.EVERY_KEY`)
+        replaced by a tombstone of every key placed before it, at its place (the chunk's
+        rows are written by now: those before it go too, those after stay)."""
+        if not any(t.key is EVERY_KEY for t in tombstones):
+            return tombstones
+        expanded = [t for t in tombstones if t.key is not EVERY_KEY]
+        for t in tombstones:
+            if t.key is EVERY_KEY:
+                params = {"topic": source.topic, "inc": source.incarnation,
+                          "p": t.partition, "o": t.offset}
+                expanded += [t._replace(key=k) for (k,) in self.conn.execute(
+                    self._truncated, params)]
+        return expanded
+
+
 def _tombstone_params(tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
     return {"keys": [t.key for t in tombstones], "parts": [t.partition for t in tombstones],
             "offs": [t.offset for t in tombstones]}
 
 
 __all__ = ["CLEAR_MARKERS", "DELETES_MISSING", "DELETE_OLDER", "MARK_DELETED", "TOMBSTONES",
-           "TOMBSTONES_UNORDERABLE", "DeletingWriter"]
+           "TOMBSTONES_UNORDERABLE", "TRUNCATED", "DeletingWriter"]

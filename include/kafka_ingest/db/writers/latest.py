@@ -33,6 +33,7 @@ a chunk, or one group of a replay's letters).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -41,7 +42,13 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from kafka_ingest.config import LOG_ORDER, IdentitySource, Pipeline
+from kafka_ingest.config import (
+    LOG_ORDER,
+    UNAVAILABLE,
+    UNAVAILABLE_JSON,
+    IdentitySource,
+    Pipeline,
+)
 from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
 from kafka_ingest.errors import DataError, Unorderable
@@ -214,6 +221,25 @@ def same_record(pipeline: Pipeline) -> dict[str, sql.Composable]:
     }
 
 
+#: A change event's placeholder of a column Debezium left out, by the column's value type
+#: (the types whose values Postgres TOASTs; see :mod:`~kafka_ingest.decode.envelopes`).
+_UNAVAILABLE: dict[str, sql.Composable] = {
+    "text": sql.Literal(UNAVAILABLE),
+    "bytea": sql.SQL("convert_to({}, 'UTF8')").format(sql.Literal(UNAVAILABLE)),
+    "jsonb": sql.SQL("{}::jsonb").format(sql.Literal(json.dumps(list(UNAVAILABLE_JSON)))),
+}
+
+
+def kept_columns(pipeline: Pipeline) -> dict[str, sql.Composable]:
+    """The columns an update keeps when they carry the placeholder of a change event
+    (``envelope: debezium``: a TOASTed value the update left unchanged), each with its
+    placeholder as SQL; none for other pipelines."""
+    if pipeline.envelope is None:
+        return {}
+    return {c.name: _UNAVAILABLE[c.value_type] for c in pipeline.sink_columns
+            if c.value_type in _UNAVAILABLE}
+
+
 def where(topic: Any, incarnation: Any, partition: Any, offset: Any) -> str:
     return f"topic {topic!r} partition {partition} (incarnation {incarnation}) offset {offset}"
 
@@ -270,8 +296,11 @@ class LatestWriter(TableWriter):
                                c="{c}", u="{u}", kt="{kt}", ids="{ids}", sids="{sids}",
                                lids="{lids}", xids="{xids}", stored="{stored}",
                                same="{same}")
+        kept = kept_columns(self.pipeline)
         updates = sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) if c not in kept
+            else sql.SQL("{c} = CASE WHEN EXCLUDED.{c} = {p} THEN {t}.{c} ELSE EXCLUDED.{c} "
+                         "END").format(c=sql.Identifier(c), p=kept[c], t=self.table)
             for c in self.columns if c != self.key)
         key_type = next((c.value_type for c in self.pipeline.sink_columns
                          if c.name == self.key), "text")
@@ -341,4 +370,4 @@ class LatestWriter(TableWriter):
 
 
 __all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
-           "same_record", "unorderable", "where"]
+           "kept_columns", "same_record", "unorderable", "where"]

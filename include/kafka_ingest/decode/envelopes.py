@@ -1,0 +1,235 @@
+"""Change events: Debezium's envelope, between the codec and the contract.
+
+A pipeline with ``envelope: debezium`` mirrors a table. Its record values are change
+events (``before``, ``after``, ``source``, ``op``, ``ts_ms``), as Kafka Connect's
+JsonConverter writes them with its schema in every message (``{"schema": ...,
+"payload": ...}``) or without it, or as a registry format decodes them; its record keys
+are the row's primary key (a JsonConverter key's ``payload`` is unwrapped,
+:func:`~kafka_ingest.decode.message_columns.key_value`). Each event becomes:
+
+- ``c`` (insert), ``r`` (a snapshot's read) and ``u`` (update): an upsert of ``after``,
+  validated by the contract like any payload; with the schema in the message, Debezium's
+  semantic types are decoded first to the Python value the contract's column takes
+  (:func:`semantic`: ``Decimal`` bytes to a decimal, ``MicroTimestamp`` to a datetime, ...).
+  A column Debezium left out of an update (a TOASTed value the update did not change:
+  :data:`~kafka_ingest.config.UNAVAILABLE`) keeps its stored value (the writer's update skips it,
+  :func:`~kafka_ingest.db.writers.latest.kept_columns`);
+- ``d`` (delete): a delete of the record key's row, with a deletion marker, as a
+  tombstone of ``on_tombstone: delete`` is (the null-valued tombstone after it is
+  skipped: the delete was its change event);
+- ``t`` (truncate): ``on_truncate`` says: skipped, or every row of the table placed before
+  it in its partition deleted (:data:`~kafka_ingest.records.EVERY_KEY`);
+- anything else (no ``op``, an unknown one, an insert without ``after``, no object at
+  all) is dead-lettered as ``bad_envelope``, and a row the contract refuses as any
+  payload is.
+
+A delete and a skipped truncate count as ``tombstones`` (records that write no row).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from pydantic_core import from_json, to_json
+
+from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
+from kafka_ingest.decode.decoder import RegistryDecoder
+from kafka_ingest.errors import BadEnvelope, Undecodable
+
+#: The operations that carry a row to write.
+UPSERTS = frozenset({"c", "r", "u"})
+_OPS = "c (insert), r (snapshot read), u (update), d (delete), t (truncate)"
+
+_EPOCH_DAY = date(1970, 1, 1)
+#: Debezium's ``Timestamp`` types are local times (a ``timestamp`` column): zone-less.
+_EPOCH = datetime(1970, 1, 1)
+
+#: A value of one column as the message carries it -> the value the contract validates.
+Convert = Callable[[Any], Any]
+#: A change event's ``after`` row, as the message carries it -> what the contract
+#: validates (a dict of Python values, or the row's JSON bytes when no schema says more).
+RowReader = Callable[[dict[str, Any]], Any]
+
+
+def _unscaled(value: Any) -> int:
+    """A Connect ``Decimal``'s unscaled value: big-endian two's complement bytes, as
+    JsonConverter writes them (base64)."""
+    raw = base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def _decimal(scale: int) -> Convert:
+    return lambda value: Decimal(_unscaled(value)).scaleb(-scale)
+
+
+def _variable_decimal(value: Any) -> Decimal:
+    return Decimal(_unscaled(value["value"])).scaleb(-int(value["scale"]))
+
+
+def _time_of_day(per_second: int) -> Convert:
+    def convert(value: Any) -> time:
+        return (_EPOCH + timedelta(microseconds=value * 1_000_000 // per_second)).time()
+    return convert
+
+
+def _local_timestamp(per_second: int) -> Convert:
+    def convert(value: Any) -> datetime:
+        return _EPOCH + timedelta(microseconds=value * 1_000_000 // per_second)
+    return convert
+
+
+def _zoned(value: Any) -> datetime:
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _json(value: Any) -> Any:
+    return list(UNAVAILABLE_JSON) if value == UNAVAILABLE else json.loads(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
+
+
+#: Debezium's and Kafka Connect's semantic types (the field schema's ``name``) -> how a
+#: value of it becomes the Python value its Postgres type takes.
+SEMANTIC: dict[str, Convert] = {
+    "io.debezium.data.VariableScaleDecimal": _variable_decimal,
+    "io.debezium.time.Date": lambda days: _EPOCH_DAY + timedelta(days=days),
+    "org.apache.kafka.connect.data.Date": lambda days: _EPOCH_DAY + timedelta(days=days),
+    "io.debezium.time.Time": _time_of_day(1_000),
+    "org.apache.kafka.connect.data.Time": _time_of_day(1_000),
+    "io.debezium.time.MicroTime": _time_of_day(1_000_000),
+    "io.debezium.time.NanoTime": _time_of_day(1_000_000_000),
+    "io.debezium.time.Timestamp": _local_timestamp(1_000),
+    "org.apache.kafka.connect.data.Timestamp": _local_timestamp(1_000),
+    "io.debezium.time.MicroTimestamp": _local_timestamp(1_000_000),
+    "io.debezium.time.NanoTimestamp": _local_timestamp(1_000_000_000),
+    "io.debezium.time.ZonedTimestamp": _zoned,
+    "io.debezium.time.MicroDuration": lambda micros: timedelta(microseconds=micros),
+    "io.debezium.data.Json": _json,
+    "io.debezium.data.Uuid": UUID,
+    "io.debezium.data.Bits": _bytes,
+}
+
+
+def semantic(field: dict[str, Any]) -> Convert | None:
+    """How a value of the Connect field schema ``field`` is decoded (None: as it is)."""
+    name, kind = field.get("name"), field.get("type")
+    if name == "org.apache.kafka.connect.data.Decimal":
+        return _decimal(int((field.get("parameters") or {}).get("scale", 0)))
+    if name in SEMANTIC:
+        return SEMANTIC[name]
+    if kind == "bytes":
+        return _bytes
+    if kind == "array" and isinstance(field.get("items"), dict):
+        item = semantic(field["items"])
+        if item is not None:
+            return lambda values: [None if v is None else item(v) for v in values]
+    return None
+
+
+def _guarded(convert: Convert) -> Convert:
+    """``convert`` for a column value: null and the placeholder pass as they are (a jsonb
+    column's placeholder becomes :data:`~kafka_ingest.config.UNAVAILABLE_JSON`)."""
+    def value(raw: Any) -> Any:
+        if raw is None or (raw == UNAVAILABLE and convert is not _json):
+            return raw
+        return convert(raw)
+    return value
+
+
+def row_reader(schema: Any) -> RowReader | None:
+    """The reader of ``after`` rows of the envelope schema ``schema`` (a Connect schema,
+    JSON): each column of a semantic type decoded; None when the schema says nothing of
+    the row (no ``after`` struct)."""
+    if not isinstance(schema, dict):
+        return None
+    after = next((f for f in schema.get("fields") or () if isinstance(f, dict)
+                  and f.get("field") == "after"), None)
+    if after is None or not isinstance(after.get("fields"), list):
+        return None
+    converts = {f["field"]: _guarded(c) for f in after["fields"]
+                if isinstance(f, dict) and "field" in f and (c := semantic(f)) is not None}
+
+    def read(row: dict[str, Any]) -> dict[str, Any]:
+        for name, convert in converts.items():
+            if name in row:
+                try:
+                    row[name] = convert(row[name])
+                except (ValueError, TypeError, KeyError, OverflowError,
+                        binascii.Error) as exc:
+                    raise BadEnvelope(f"after.{name}: not a value of its schema's type "
+                                      f"({exc})") from None
+        return row
+
+    return read
+
+
+def _schemaless(row: dict[str, Any]) -> bytes:
+    """An ``after`` row without a schema: validated as JSON, as a plain payload is."""
+    return to_json(row)
+
+
+class EnvelopeReader:
+    """Change events' bytes -> (op, the row to validate or None), for one slice: the row
+    reader of each envelope schema built once (JsonConverter repeats the schema in every
+    message; it is looked up by its bytes, not parsed again)."""
+
+    #: How JsonConverter's messages with their schema begin, and where the payload starts.
+    _HEAD, _PAYLOAD = b'{"schema":', b',"payload":'
+
+    def __init__(self, decoder: RegistryDecoder | None) -> None:
+        self.decoder = decoder
+        self._readers: dict[bytes, RowReader | None] = {}
+
+    def read(self, value: bytes) -> tuple[str, Any]:
+        payload, reader = self._payload(value)
+        if not isinstance(payload, dict):
+            raise BadEnvelope("the value is not a change event (an object with 'op', 'before' "
+                              "and 'after')")
+        op = payload.get("op")
+        if op in UPSERTS:
+            after = payload.get("after")
+            if not isinstance(after, dict):
+                raise BadEnvelope(f"op {op!r} without an 'after' row")
+            return op, (reader or _schemaless)(after)
+        if op in ("d", "t"):
+            return op, None
+        raise BadEnvelope(f"op {op!r} is not one of Debezium's: {_OPS}" if op is not None
+                          else f"no 'op': not a change event ({_OPS})")
+
+    def _payload(self, value: bytes) -> tuple[Any, RowReader | None]:
+        if self.decoder is not None:
+            decoded = self.decoder.read(value)
+            if isinstance(decoded, bytes | bytearray):  # JSON Schema: the payload's JSON
+                return _parsed(bytes(decoded)), None
+            return decoded, lambda row: row  # Avro, Protobuf: typed by their codec
+        at = value.find(self._PAYLOAD) if value.startswith(self._HEAD) else -1
+        if at > 0 and value.endswith(b"}"):  # the schema's bytes cannot hold ',"payload":'
+            schema = value[len(self._HEAD):at]
+            if schema not in self._readers:
+                self._readers[schema] = row_reader(_parsed(schema))
+            return _parsed(value[at + len(self._PAYLOAD):-1]), self._readers[schema]
+        document = _parsed(value)
+        if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
+            return document["payload"], row_reader(document["schema"])
+        return document, None
+
+
+def _parsed(value: bytes) -> Any:
+    try:
+        return from_json(value)
+    except ValueError as exc:
+        raise Undecodable(f"not JSON: {exc}") from None
+
+
+__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader",
+           "row_reader", "semantic"]

@@ -1,0 +1,252 @@
+"""Change events (``envelope: debezium``, #34): Debezium's envelope read between the codec
+and the contract. The messages here are shaped as Kafka Connect's JsonConverter writes
+Debezium's Postgres events (the real connector's are in
+``tests/integration/test_debezium_mirror.py``); no service is touched."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from kafka_ingest.config import UNAVAILABLE, parse_pipelines
+from kafka_ingest.decode.envelopes import EnvelopeReader, row_reader
+from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.records import EVERY_KEY
+from tests.support.fakes import Msg
+
+CUSTOMER: dict[str, Any] = {"fields": {
+    "id": {"type": "bigint"},
+    "name": {"type": "text", "max_length": 64},
+    "balance": {"type": "numeric", "precision": 12, "scale": 2, "required": False},
+    "born": {"type": "date", "required": False},
+    "seen_at": {"type": "timestamp", "required": False},
+    "changed_at": {"type": "timestamptz", "required": False},
+    "opens": {"type": "time", "required": False},
+    "ref": {"type": "uuid", "required": False},
+    "profile": {"type": "jsonb", "required": False},
+    "notes": {"type": "text", "max_length": 100_000, "required": False},
+    "photo": {"type": "bytea", "required": False},
+}}
+MIRROR: dict[str, Any] = {
+    "topic": "pg.public.customers", "contract": {"event_type": "customer", "version": 1},
+    "table": "customers", "dlq_topic": "customers-dlq", "envelope": "debezium",
+    "record_key": {"column": "id", "format": "json", "field": "id", "type": "bigint"}}
+
+#: The Connect schemas of the source table's columns, as Debezium's Postgres connector
+#: writes them (decimal.handling.mode precise, time.precision.mode adaptive).
+COLUMNS: list[dict[str, Any]] = [
+    {"type": "int64", "optional": False, "field": "id"},
+    {"type": "string", "optional": False, "field": "name"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+     "field": "balance"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1,
+     "field": "born"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp",
+     "version": 1, "field": "seen_at"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp",
+     "version": 1, "field": "changed_at"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTime", "version": 1,
+     "field": "opens"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Uuid", "version": 1,
+     "field": "ref"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1,
+     "field": "profile"},
+    {"type": "string", "optional": True, "field": "notes"},
+    {"type": "bytes", "optional": True, "field": "photo"},
+]
+
+
+def envelope_schema(columns: list[dict[str, Any]]) -> dict[str, Any]:
+    row = {"type": "struct", "fields": columns, "optional": True,
+           "name": "pg.public.customers.Value"}
+    return {"type": "struct", "name": "pg.public.customers.Envelope", "optional": False,
+            "version": 2, "fields": [
+                {**row, "field": "before"}, {**row, "field": "after"},
+                {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql"
+                 ".Source", "field": "source", "fields": [
+                     {"type": "string", "optional": False, "field": "connector"},
+                     {"type": "int64", "optional": True, "field": "lsn"}]},
+                {"type": "string", "optional": False, "field": "op"},
+                {"type": "int64", "optional": True, "field": "ts_ms"}]}
+
+
+def change(op: str, after: dict[str, Any] | None, *, before: Any = None,
+           schema: bool = True, columns: list[dict[str, Any]] | None = None) -> bytes:
+    payload = {"before": before, "after": after,
+               "source": {"connector": "postgresql", "lsn": 1234}, "op": op,
+               "ts_ms": 1_767_225_600_000}
+    if not schema:
+        return json.dumps(payload).encode()
+    # JsonConverter's own layout: compact, the schema first
+    return json.dumps({"schema": envelope_schema(columns or COLUMNS), "payload": payload},
+                      separators=(",", ":")).encode()
+
+
+def key(value: int, *, schema: bool = True) -> bytes:
+    if not schema:
+        return json.dumps({"id": value}).encode()
+    return json.dumps({"schema": {"type": "struct", "optional": False,
+                                  "name": "pg.public.customers.Key",
+                                  "fields": [{"type": "int64", "optional": False,
+                                              "field": "id"}]},
+                       "payload": {"id": value}}, separators=(",", ":")).encode()
+
+
+def mirror(**body: Any) -> Any:
+    return parse_pipelines({"contracts": {"customer": CUSTOMER},
+                            "pipelines": {"m": {**MIRROR, **body}}}, source="t.yaml")["m"]
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+FULL_ROW: dict[str, Any] = {
+    "id": 7, "name": "Ada", "balance": b64((123456).to_bytes(3, "big", signed=True)),
+    "born": 19_000, "seen_at": 1_700_000_000_123_456,
+    "changed_at": "2026-01-02T03:04:05.123456Z", "opens": 9 * 3600 * 1_000_000,
+    "ref": "0b7e1bd0-8d3f-4a3c-9d1e-0123456789ab", "profile": '{"tier": "gold"}',
+    "notes": "x" * 40, "photo": b64(b"\x00\x01\xff")}
+
+
+def test_a_mirror_pipeline_is_a_latest_table_keyed_by_the_record_key_in_log_order() -> None:
+    p = mirror()
+    assert (p.upsert.mode.value, p.upsert.key, p.upsert.order_by) == (
+        "latest", "id", "source_offset")
+    assert p.deletes and p.conflict_columns == ("id",)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"record_key": None}, "reads the row's primary key from the record key"),
+    ({"record_key": {"column": "id"}}, "reads the row's primary key from the record key"),
+    ({"upsert": {"mode": "append"}}, "mirrors a table"),
+    ({"on_tombstone": "dead_letter"}, "on_tombstone must stay 'skip'"),
+])
+def test_a_mirror_that_could_not_mirror_is_refused_at_load(body: dict[str, Any],
+                                                           says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        mirror(**body)
+
+
+def test_on_truncate_without_an_envelope_is_refused() -> None:
+    with pytest.raises(ValueError, match="on_truncate is for change events"):
+        parse_pipelines({"contracts": {"customer": CUSTOMER}, "pipelines": {"m": {
+            **{k: v for k, v in MIRROR.items() if k not in ("envelope", "record_key")},
+            "contract": {"event_type": "customer", "version": 1},
+            "identity": "id", "on_truncate": "truncate"}}}, source="t.yaml")
+
+
+def test_semantic_types_are_decoded_to_the_columns_python_values() -> None:
+    result = validate_chunk([Msg(0, change("c", dict(FULL_ROW)), key(7))], mirror())
+    assert not result.dead, result.dead
+    (row,) = result.rows
+    values = dict(zip(mirror().column_names, row, strict=False))
+    assert values["balance"] == Decimal("1234.56")
+    assert values["born"] == date(1970, 1, 1) + timedelta(days=19_000)
+    assert values["seen_at"] == datetime(2023, 11, 14, 22, 13, 20, 123456)
+    assert values["changed_at"] == datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    assert values["opens"] == time(9)
+    assert values["ref"] == UUID("0b7e1bd0-8d3f-4a3c-9d1e-0123456789ab")
+    assert values["profile"] == {"tier": "gold"}
+    assert values["photo"] == b"\x00\x01\xff"
+    assert values["id"] == 7 and values["name"] == "Ada"
+
+
+@pytest.mark.parametrize("op", ["c", "r", "u"])
+def test_inserts_snapshot_reads_and_updates_are_upserts_of_after(op: str) -> None:
+    result = validate_chunk([Msg(3, change(op, {"id": 7, "name": "Ada"}), key(7))], mirror())
+    assert len(result.rows) == 1 and not result.deletes and not result.dead
+
+
+def test_without_the_schema_the_row_is_validated_as_json() -> None:
+    msgs = [Msg(0, change("c", {"id": 7, "name": "Ada", "born": "2026-01-02"}, schema=False),
+                key(7, schema=False)),
+            Msg(1, change("c", {"id": 8, "name": "Bo", "born": 19_000}, schema=False),
+                key(8, schema=False))]
+    result = validate_chunk(msgs, mirror())
+    assert [dict(zip(mirror().column_names, r, strict=False))["id"] for r in result.rows] == [7]
+    (letter,) = result.dead
+    assert letter.source_offset == 1 and letter.error_class == "contract_violation"
+    assert "born" in letter.error_detail
+
+
+def test_a_delete_deletes_its_key_and_the_tombstone_after_it_is_skipped() -> None:
+    msgs = [Msg(0, change("c", {"id": 7, "name": "Ada"}), key(7)),
+            Msg(1, change("d", None, before={"id": 7, "name": None}), key(7)),
+            Msg(2, None, key(7))]
+    result = validate_chunk(msgs, mirror())
+    assert [(t.key, t.offset) for t in result.deletes] == [(7, 1)]
+    assert result.tombstones == 2 and len(result.rows) == 1 and not result.dead
+
+
+def test_a_truncate_is_skipped_or_deletes_every_key_before_it() -> None:
+    msgs = [Msg(5, change("t", None), None)]
+    skipped = validate_chunk(msgs, mirror())
+    assert skipped.tombstones == 1 and not skipped.deletes and not skipped.dead
+    truncated = validate_chunk(msgs, mirror(on_truncate="truncate"))
+    assert [(t.key, t.offset) for t in truncated.deletes] == [(EVERY_KEY, 5)]
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (json.dumps({"before": None, "after": {"id": 1}}).encode(), "no 'op'"),
+    (json.dumps({"op": "x", "after": {"id": 1}}).encode(), "op 'x' is not one of"),
+    (json.dumps({"op": "u", "after": None}).encode(), "op 'u' without an 'after' row"),
+    (b"[1, 2]", "not a change event"),
+])
+def test_malformed_change_events_are_dead_lettered_with_the_reason(value: bytes,
+                                                                   says: str) -> None:
+    result = validate_chunk([Msg(0, value, key(1))], mirror())
+    (letter,) = result.dead
+    assert letter.error_class == "bad_envelope" and says in letter.error_detail
+    assert not result.rows and not result.deletes
+
+
+def test_not_json_and_a_delete_without_its_key_are_dead_lettered() -> None:
+    """An upsert's key is its ``after`` row's own column: its record key is not read."""
+    result = validate_chunk([Msg(0, b"{not json", key(1)),
+                             Msg(1, change("d", None), b'{"other": 1}'),
+                             Msg(2, change("d", None), None),
+                             Msg(3, change("c", {"id": 2, "name": "x"}), b"nope")], mirror())
+    assert [(d.source_offset, d.error_class) for d in result.dead] == [
+        (0, "undecodable"), (1, "bad_key"), (2, "bad_key")]
+    assert len(result.rows) == 1 and not result.deletes
+
+
+def test_a_value_not_of_its_semantic_type_is_dead_lettered() -> None:
+    bad = change("c", {**FULL_ROW, "balance": "%%% not base64"})
+    (letter,) = validate_chunk([Msg(0, bad, key(7))], mirror()).dead
+    assert letter.error_class == "bad_envelope" and "after.balance" in letter.error_detail
+
+
+def test_the_toast_placeholder_passes_validation_to_be_kept_by_the_writer() -> None:
+    row = {"id": 7, "name": "Ada", "notes": UNAVAILABLE, "profile": UNAVAILABLE,
+           "photo": b64(UNAVAILABLE.encode())}
+    result = validate_chunk([Msg(0, change("u", row), key(7))], mirror())
+    assert not result.dead, result.dead
+    values = dict(zip(mirror().column_names, result.rows[0], strict=False))
+    assert values["notes"] == UNAVAILABLE
+    assert values["profile"] == [UNAVAILABLE]
+    assert values["photo"] == UNAVAILABLE.encode()
+
+
+def test_each_schema_is_read_once_and_a_new_column_is_decoded_by_its_own() -> None:
+    reader = EnvelopeReader(None)
+    added = [*COLUMNS, {"type": "int32", "optional": True, "name": "io.debezium.time.Date",
+                        "field": "joined"}]
+    for _ in range(3):
+        reader.read(change("c", {"id": 1, "name": "a", "born": 1}))
+    op, row = reader.read(change("c", {"id": 1, "name": "a", "joined": 2}, columns=added))
+    assert len(reader._readers) == 2
+    assert op == "c" and row["joined"] == date(1970, 1, 3)
+
+
+def test_a_schema_with_no_after_struct_decodes_nothing() -> None:
+    assert row_reader({"type": "struct", "fields": []}) is None
+    assert row_reader(None) is None
