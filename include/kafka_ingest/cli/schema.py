@@ -34,6 +34,7 @@ from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
+from kafka_ingest.decode.envelopes import key_declaration, row_declaration
 from kafka_ingest.decode.infer import (
     ProposedIdentity,
     column_name,
@@ -257,6 +258,8 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
         raise SettingsError(f"topic {args.topic!r} holds no records to sample"
                             + (" (only tombstones)" if messages else ""))
     records = [_json_object(m, args.topic) for m in values]
+    if _is_change_event(records[0]):
+        return _from_change_events(args, values, records)
     inferred = infer_fields(records)
     if not inferred.fields:
         raise SettingsError(f"topic {args.topic!r}: no field of the {len(records)} sampled "
@@ -267,19 +270,58 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
         topic=args.topic, identity=identity,
         contract={"version": 1, "doc": f"Guessed from {len(records)} records of topic "
                   f"{args.topic!r}.", "fields": inferred.fields})
-    refused = validate_chunk(values, _loaded(document)).dead
-    if refused:
-        raise SettingsError(f"the contract guessed would refuse {len(refused)} of the sampled "
-                            f"records, e.g. offset {refused[0].source_offset}: "
-                            f"{refused[0].error_class}: {_short(refused[0].error_detail)}")
-    _print_comments([
+    _print_checked(document, values, [
         f"kafka-ingest schema from-topic {args.topic} --sample {args.sample}: guessed from "
         f"{len(records)} records (the oldest of each partition); check each guess against "
         "what the topic may hold",
         *(f"{line}" for line in inferred.guesses),
         *(f"left out: {line}" for line in inferred.left_out),
         _identity_comment(identity)])
+    return 0
+
+
+def _print_checked(document: dict[str, Any], sampled: list[Any], comments: list[str]) -> None:
+    """Print ``document`` after its comments, unless its pipeline refuses a sampled
+    record (a declaration that refuses the records it was made from is never printed)."""
+    refused = validate_chunk(sampled, _loaded(document)).dead
+    if refused:
+        raise SettingsError(f"the contract guessed would refuse {len(refused)} of the sampled "
+                            f"records, e.g. offset {refused[0].source_offset}: "
+                            f"{refused[0].error_class}: {_short(refused[0].error_detail)}")
+    _print_comments(comments)
     print(yaml.safe_dump(document, sort_keys=False), end="")
+
+
+def _is_change_event(record: dict[str, Any]) -> bool:
+    """Whether a sampled value is a Debezium change event with its schema (Kafka Connect's
+    JsonConverter with ``schemas.enable``)."""
+    payload = record.get("payload")
+    return record.keys() == {"schema", "payload"} and isinstance(payload, dict) \
+        and "op" in payload and isinstance(record["schema"], dict)
+
+
+def _from_change_events(args: argparse.Namespace, values: list[Any],
+                        records: list[dict[str, Any]]) -> int:
+    """A mirror's declaration (``envelope: debezium``) from the change events' own schema:
+    the newest sampled schema's row, its primary key from the record key's schema."""
+    keyed = next((m for m in reversed(values) if m.key()), None)
+    try:
+        fields, guesses, left_out = row_declaration(records[-1]["schema"])
+        key_schema = json.loads(keyed.key()).get("schema") if keyed is not None else None
+        key = key_declaration(key_schema, fields)
+    except (ValueError, AttributeError) as exc:
+        raise SettingsError(f"topic {args.topic!r}: {exc}") from None
+    document = declaration(
+        event_type=args.event_type, pipeline=args.pipeline or _pipeline(args.topic),
+        topic=args.topic, identity=ProposedIdentity(None, ""),
+        extra={"envelope": "debezium", "record_key": key},
+        contract={"version": 1, "doc": f"The rows of the change events of topic "
+                  f"{args.topic!r}.", "fields": fields})
+    _print_checked(document, values, [
+        f"kafka-ingest schema from-topic {args.topic}: Debezium change events; the contract "
+        "is their schema's row (the newest sampled), the table's key the record key's "
+        f"{key['column']!r}",
+        *guesses, *(f"left out: {line}" for line in left_out)])
     return 0
 
 

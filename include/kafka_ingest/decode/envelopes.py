@@ -40,6 +40,7 @@ from uuid import UUID
 from pydantic_core import from_json, to_json
 
 from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
+from kafka_ingest.contracts.declared import TEXT_MAX
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadEnvelope, Undecodable
 
@@ -231,5 +232,103 @@ def _parsed(value: bytes) -> Any:
         raise Undecodable(f"not JSON: {exc}") from None
 
 
-__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader",
-           "row_reader", "semantic"]
+# --------------------------------------------------------------------------- declarations
+
+#: Connect's primitive types -> the declared field type (a string's width: the source
+#: column's length when Debezium propagates it, else the widest a declared text takes).
+_PRIMITIVE = {"int8": "smallint", "int16": "smallint", "int32": "integer",
+              "int64": "bigint", "float32": "float", "float64": "float",
+              "boolean": "boolean", "string": "text", "bytes": "bytea"}
+#: Semantic types -> the declared field type of the column they came from.
+_SEMANTIC_TYPES = {
+    "io.debezium.time.Date": "date", "org.apache.kafka.connect.data.Date": "date",
+    "io.debezium.time.Time": "time", "org.apache.kafka.connect.data.Time": "time",
+    "io.debezium.time.MicroTime": "time", "io.debezium.time.NanoTime": "time",
+    "io.debezium.time.Timestamp": "timestamp",
+    "org.apache.kafka.connect.data.Timestamp": "timestamp",
+    "io.debezium.time.MicroTimestamp": "timestamp",
+    "io.debezium.time.NanoTimestamp": "timestamp",
+    "io.debezium.time.ZonedTimestamp": "timestamptz",
+    "io.debezium.time.MicroDuration": "interval", "io.debezium.data.Json": "jsonb",
+    "io.debezium.data.Uuid": "uuid", "io.debezium.data.Enum": "text",
+    "io.debezium.data.Bits": "bytea"}
+
+
+def _field_spec(field: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The declared field of one Connect field schema of a row, and what it is (or None
+    and why it is left out)."""
+    name, kind = field.get("name"), field.get("type")
+    params = field.get("parameters") or {}
+    spec: dict[str, Any]
+    if name == "org.apache.kafka.connect.data.Decimal":
+        precision = params.get("connect.decimal.precision")
+        if precision is None:
+            return None, "a decimal without a precision (declare it: numeric needs one)"
+        spec = {"type": "numeric", "precision": int(precision),
+                "scale": int(params.get("scale", 0))}
+    elif name in _SEMANTIC_TYPES:
+        spec = {"type": _SEMANTIC_TYPES[name]}
+    elif name is not None and name.startswith("io.debezium."):
+        return None, f"Debezium's {name} has no column type here (declare it as jsonb)"
+    elif kind == "array" and isinstance(field.get("items"), dict):
+        items, why = _field_spec({**field["items"], "optional": False})
+        if items is None:
+            return None, f"an array of {why}"
+        if items["type"] in ("jsonb", "bytea"):
+            return None, f"an array of {items['type']} (declare it as jsonb)"
+        spec = {"type": "array", "items": items}
+    elif kind in _PRIMITIVE:
+        spec = {"type": _PRIMITIVE[kind]}
+    else:
+        return None, f"a {kind} has no column type here (declare it as jsonb)"
+    if spec["type"] == "text":
+        length = params.get("__debezium.source.column.length")
+        spec["max_length"] = int(length) if length else TEXT_MAX
+    if field.get("optional", False):
+        spec["required"] = False
+    return spec, f"{name or kind} -> {spec['type']}"
+
+
+def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The declared fields of the rows a change event's schema (``envelope``: the
+    JsonConverter schema of the value) describes: (fields, what each is, what was left
+    out and why)."""
+    after = next((f for f in envelope.get("fields") or ()
+                  if isinstance(f, dict) and f.get("field") == "after"), None)
+    if after is None or not isinstance(after.get("fields"), list):
+        raise ValueError("the schema has no 'after' row: not a change event's")
+    fields: dict[str, Any] = {}
+    guesses, left_out = [], []
+    for field in after["fields"]:
+        spec, what = _field_spec(field)
+        if spec is None:
+            left_out.append(f"{field.get('field')}: {what}")
+        else:
+            fields[field["field"]] = spec
+            guesses.append(f"{field['field']}: {what}")
+    return fields, guesses, left_out
+
+
+def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """The ``record_key`` section of a mirror whose record keys have the Connect schema
+    ``key_schema`` (the primary key's struct): its one field, a column of the row."""
+    columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
+    if len(columns) != 1:
+        raise ValueError(f"the primary key has {len(columns)} columns "
+                         f"({', '.join(map(str, columns))}): a mirror reads a primary key of "
+                         "one column")
+    column = columns[0]
+    spec = fields.get(column)
+    if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):
+        raise ValueError(f"the primary key column {column!r} is not an integer, text or uuid "
+                         "column of the row")
+    spec.pop("required", None)
+    numeric = spec["type"] in ("smallint", "integer", "bigint")
+    section = {"column": column, "format": "json", "type": "bigint" if numeric else "text"}
+    if not numeric:
+        section["max_length"] = min(spec.get("max_length", 36), 10_000)
+    return section
+
+
+__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "key_declaration",
+           "row_declaration", "row_reader", "semantic"]

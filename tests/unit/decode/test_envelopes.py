@@ -15,7 +15,12 @@ from uuid import UUID
 import pytest
 
 from kafka_ingest.config import UNAVAILABLE, parse_pipelines
-from kafka_ingest.decode.envelopes import EnvelopeReader, row_reader
+from kafka_ingest.decode.envelopes import (
+    EnvelopeReader,
+    key_declaration,
+    row_declaration,
+    row_reader,
+)
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.records import EVERY_KEY
 from tests.support.fakes import Msg
@@ -250,3 +255,30 @@ def test_each_schema_is_read_once_and_a_new_column_is_decoded_by_its_own() -> No
 def test_a_schema_with_no_after_struct_decodes_nothing() -> None:
     assert row_reader({"type": "struct", "fields": []}) is None
     assert row_reader(None) is None
+
+
+def test_the_declaration_from_a_change_events_schema_reads_its_events() -> None:
+    fields, guesses, left_out = row_declaration(envelope_schema(
+        [*COLUMNS, {"type": "struct", "optional": True, "name": "io.debezium.data.geometry"
+                    ".Point", "field": "spot", "fields": []}]))
+    assert left_out == ["spot: Debezium's io.debezium.data.geometry.Point has no column type "
+                        "here (declare it as jsonb)"]
+    assert {name: spec["type"] for name, spec in fields.items()} == {
+        "id": "bigint", "name": "text", "balance": "numeric", "born": "date",
+        "seen_at": "timestamp", "changed_at": "timestamptz", "opens": "time", "ref": "uuid",
+        "profile": "jsonb", "notes": "text", "photo": "bytea"}
+    assert (fields["balance"]["precision"], fields["balance"]["scale"]) == (12, 2)
+    assert "required" not in fields["id"] and fields["born"]["required"] is False
+    assert "born: io.debezium.time.Date -> date" in guesses
+    key_section = key_declaration(json.loads(key(7))["schema"], fields)
+    assert key_section == {"column": "id", "format": "json", "type": "bigint"}
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": {**MIRROR, "record_key": key_section}}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", dict(FULL_ROW)), key(7))], declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead
+
+
+def test_a_composite_primary_key_is_refused_with_the_reason() -> None:
+    two = {"fields": [{"type": "int64", "field": "a"}, {"type": "string", "field": "b"}]}
+    with pytest.raises(ValueError, match=r"2 columns \(a, b\): a mirror reads a primary key"):
+        key_declaration(two, {"a": {"type": "bigint"}, "b": {"type": "text"}})
