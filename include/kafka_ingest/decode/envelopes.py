@@ -259,34 +259,39 @@ def _field_spec(field: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     and why it is left out)."""
     name, kind = field.get("name"), field.get("type")
     params = field.get("parameters") or {}
-    spec: dict[str, Any]
-    if name == "org.apache.kafka.connect.data.Decimal":
-        precision = params.get("connect.decimal.precision")
-        if precision is None:
-            return None, "a decimal without a precision (declare it: numeric needs one)"
-        spec = {"type": "numeric", "precision": int(precision),
-                "scale": int(params.get("scale", 0))}
-    elif name in _SEMANTIC_TYPES:
-        spec = {"type": _SEMANTIC_TYPES[name]}
-    elif name is not None and name.startswith("io.debezium."):
-        return None, f"Debezium's {name} has no column type here (declare it as jsonb)"
-    elif kind == "array" and isinstance(field.get("items"), dict):
-        items, why = _field_spec({**field["items"], "optional": False})
-        if items is None:
-            return None, f"an array of {why}"
-        if items["type"] in ("jsonb", "bytea"):
-            return None, f"an array of {items['type']} (declare it as jsonb)"
-        spec = {"type": "array", "items": items}
-    elif kind in _PRIMITIVE:
-        spec = {"type": _PRIMITIVE[kind]}
-    else:
-        return None, f"a {kind} has no column type here (declare it as jsonb)"
+    spec, why = _column_type(field, name, kind, params)
+    if spec is None:
+        return None, why
     if spec["type"] == "text":
         length = params.get("__debezium.source.column.length")
         spec["max_length"] = int(length) if length else TEXT_MAX
     if field.get("optional", False):
         spec["required"] = False
     return spec, f"{name or kind} -> {spec['type']}"
+
+
+def _column_type(field: dict[str, Any], name: Any, kind: Any,
+                 params: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    if name == "org.apache.kafka.connect.data.Decimal":
+        precision = params.get("connect.decimal.precision")
+        if precision is None:
+            return None, "a decimal without a precision (declare it: numeric needs one)"
+        return {"type": "numeric", "precision": int(precision),
+                "scale": int(params.get("scale", 0))}, ""
+    if name in _SEMANTIC_TYPES:
+        return {"type": _SEMANTIC_TYPES[name]}, ""
+    if name is not None and name.startswith("io.debezium."):
+        return None, f"Debezium's {name} has no column type here (declare it as jsonb)"
+    if kind == "array" and isinstance(field.get("items"), dict):
+        items, why = _field_spec({**field["items"], "optional": False})
+        if items is None:
+            return None, f"an array of {why}"
+        if items["type"] in ("jsonb", "bytea"):
+            return None, f"an array of {items['type']} (declare it as jsonb)"
+        return {"type": "array", "items": items}, ""
+    if kind in _PRIMITIVE:
+        return {"type": _PRIMITIVE[kind]}, ""
+    return None, f"a {kind} has no column type here (declare it as jsonb)"
 
 
 def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
