@@ -104,6 +104,15 @@ class RecordKey(Strict):
                              "set format: json or registry")
         return self
 
+    def unwrapped(self, value: Any) -> Any:
+        """A decoded JSON key as its producer meant it: Kafka Connect's JsonConverter with
+        its schema writes ``{"schema": ..., "payload": key}``, whose ``payload`` is the key
+        (unless ``field`` names one of those two)."""
+        if isinstance(value, dict) and value.keys() == {"schema", "payload"} \
+                and self.field not in value:
+            return value["payload"]
+        return value
+
     def as_column(self) -> Column:
         ddl = "bigint" if self.type is KeyType.BIGINT else f"character varying({self.max_length})"
         copy = "int8" if self.type is KeyType.BIGINT else "text"

@@ -50,14 +50,9 @@ def _structured(spec: RecordKey, raw: bytes, decoder: RegistryDecoder | None) ->
     """A JSON or registry-encoded key, decoded."""
     if spec.format is KeyFormat.JSON:
         try:
-            value = json.loads(raw)
+            return spec.unwrapped(json.loads(raw))
         except (ValueError, RecursionError):
             raise BadKey("record key is not JSON") from None
-        # Kafka Connect's JsonConverter with its schema: {"schema": ..., "payload": key}
-        if isinstance(value, dict) and value.keys() == {"schema", "payload"} \
-                and spec.field not in value:
-            return value["payload"]
-        return value
     if decoder is None:  # refused when the pipeline loads; here for the type checker
         raise BadKey("record key: the pipeline has no registry format to read it with")
     try:

@@ -195,7 +195,7 @@ def _key_text(record_key: RecordKey | None, key: bytes | None) -> str | None:
         text = key.decode("utf-8")
         if record_key.format is KeyFormat.STRING:
             return text
-        doc = json.loads(text)
+        doc = record_key.unwrapped(json.loads(text))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return _text(_at(doc, (record_key.field,)) if record_key.field else doc)

@@ -22,7 +22,9 @@ from kafka_ingest.decode.envelopes import (
     row_reader,
 )
 from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.records import EVERY_KEY
+from kafka_ingest.requests import ReplayFilters, letter_identity
 from tests.support.fakes import Msg
 
 CUSTOMER: dict[str, Any] = {"fields": {
@@ -282,3 +284,12 @@ def test_a_composite_primary_key_is_refused_with_the_reason() -> None:
     two = {"fields": [{"type": "int64", "field": "a"}, {"type": "string", "field": "b"}]}
     with pytest.raises(ValueError, match=r"2 columns \(a, b\): a mirror reads a primary key"):
         key_declaration(two, {"a": {"type": "bigint"}, "b": {"type": "text"}})
+
+
+def test_a_replay_filters_a_mirrors_letters_by_the_primary_key_in_their_record_key() -> None:
+    identity_of = letter_identity(mirror())
+    letter = DeadLetter("pg.public.customers", 0, 3, key(7), change("c", {"id": 7}), None,
+                        "contract_violation", "name: Field required", "customer.v1",
+                        "customers-dlq")
+    assert ReplayFilters(identity="7").matches(letter, identity_of)
+    assert not ReplayFilters(identity="8").matches(letter, identity_of)
