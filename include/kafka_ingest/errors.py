@@ -369,6 +369,19 @@ class PrivilegeMissing(PermanentError):
         super().__init__(f"Postgres denied {who} a privilege: {detail}; {self.fix}")
 
 
+class SourceChanged(PermanentError):
+    """A mirror's change events carry a row the contract no longer follows (a column added,
+    dropped or retyped at the source): the run stops before the chunk is written, rather
+    than mirror part of the row; a new contract version that follows it, applied, lets it
+    go on from the same offset."""
+
+    def __init__(self, pipeline: str, where: str, changes: list[str]) -> None:
+        self.pipeline, self.where, self.changes = pipeline, where, changes
+        super().__init__(f"pipeline {pipeline}: the source table changed ({where}): "
+                         f"{'; '.join(changes)}; declare it in a new contract version, then "
+                         f"`kafka-ingest schema plan {pipeline}` (and apply)")
+
+
 class SchemaDrift(PermanentError):
     """The pipeline's table cannot take its rows as it is; found before any data moves."""
 

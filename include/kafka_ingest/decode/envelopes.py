@@ -42,7 +42,7 @@ from pydantic_core import from_json, to_json
 from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
 from kafka_ingest.contracts.declared import TEXT_MAX
 from kafka_ingest.decode.decoder import RegistryDecoder
-from kafka_ingest.errors import BadEnvelope, Undecodable
+from kafka_ingest.errors import BadEnvelope, SourceChanged, Undecodable
 
 #: The operations that carry a row to write.
 UPSERTS = frozenset({"c", "r", "u"})
@@ -151,13 +151,10 @@ def row_reader(schema: Any) -> RowReader | None:
     """The reader of ``after`` rows of the envelope schema ``schema`` (a Connect schema,
     JSON): each column of a semantic type decoded; None when the schema says nothing of
     the row (no ``after`` struct)."""
-    if not isinstance(schema, dict):
+    after = _after(schema)
+    if after is None:
         return None
-    after = next((f for f in schema.get("fields") or () if isinstance(f, dict)
-                  and f.get("field") == "after"), None)
-    if after is None or not isinstance(after.get("fields"), list):
-        return None
-    converts = {f["field"]: _guarded(c) for f in after["fields"]
+    converts = {f["field"]: _guarded(c) for f in after
                 if isinstance(f, dict) and "field" in f and (c := semantic(f)) is not None}
 
     def read(row: dict[str, Any]) -> dict[str, Any]:
@@ -179,17 +176,78 @@ def _schemaless(row: dict[str, Any]) -> bytes:
     return to_json(row)
 
 
+def source_changes(schema: Any, declared: dict[str, Any]) -> list[str]:
+    """How the rows of the envelope schema ``schema`` differ from the contract's declared
+    fields ``declared`` (a declaration's ``fields``): columns added (of a type a column can
+    have: the others are left out, as ``schema from-topic`` leaves them), required columns
+    dropped, columns of another type. Empty: the contract follows the source."""
+    after = _after(schema)
+    if after is None:
+        return []
+    columns = {f["field"]: f for f in after if isinstance(f, dict) and "field" in f}
+    changes = []
+    for name, field in columns.items():
+        spec, _ = _field_spec(field)
+        if spec is None:
+            continue
+        wanted = {k: v for k, v in spec.items() if k in ("type", "required")}
+        if name not in declared:
+            changes.append(f"column {name!r} added ({name}: {json.dumps(wanted)})")
+        elif declared[name].get("type") not in (spec["type"], "record"):
+            changes.append(f"column {name!r} is {spec['type']} now, the contract's "
+                           f"{declared[name].get('type')}")
+    changes += [f"column {name!r} dropped (make it required: false)"
+                for name, spec in declared.items()
+                if name not in columns and spec.get("required", True) is not False]
+    return changes
+
+
+def declared_fields(model: Any) -> dict[str, Any] | None:
+    """The fields of a declared contract's version (its declaration's, up to the version),
+    by payload name; None for a contract written in Python."""
+    if model.DECLARATION is None:
+        return None
+    fields = json.loads(model.DECLARATION)["fields"]
+    return {name: spec for name, spec in fields.items()
+            if spec.get("since", 1) <= model.VERSION}
+
+
+def _after(schema: Any) -> list[Any] | None:
+    """The row's field schemas of an envelope schema (None: it has no ``after`` struct)."""
+    if not isinstance(schema, dict):
+        return None
+    after = next((f for f in schema.get("fields") or () if isinstance(f, dict)
+                  and f.get("field") == "after"), None)
+    if after is None or not isinstance(after.get("fields"), list):
+        return None
+    return list(after["fields"])
+
+
 class EnvelopeReader:
     """Change events' bytes -> (op, the row to validate or None), for one slice: the row
     reader of each envelope schema built once (JsonConverter repeats the schema in every
-    message; it is looked up by its bytes, not parsed again)."""
+    message; it is looked up by its bytes, not parsed again), after checking that the
+    contract follows it (``declared``: the contract's declared fields; None: a Python
+    contract, not compared; :class:`~kafka_ingest.errors.SourceChanged` when it does not).
+    """
 
     #: How JsonConverter's messages with their schema begin, and where the payload starts.
     _HEAD, _PAYLOAD = b'{"schema":', b',"payload":'
 
-    def __init__(self, decoder: RegistryDecoder | None) -> None:
+    def __init__(self, decoder: RegistryDecoder | None, *, pipeline: str = "",
+                 declared: dict[str, Any] | None = None) -> None:
         self.decoder = decoder
+        self.pipeline, self.declared = pipeline, declared
         self._readers: dict[bytes, RowReader | None] = {}
+
+    def _row_reader(self, schema: Any) -> RowReader | None:
+        if self.declared is not None:
+            changes = source_changes(schema, self.declared)
+            if changes:
+                name = schema.get("name") if isinstance(schema, dict) else None
+                raise SourceChanged(self.pipeline, f"change events of schema {name!r}",
+                                    changes)
+        return row_reader(schema)
 
     def read(self, value: bytes) -> tuple[str, Any]:
         payload, reader = self._payload(value)
@@ -217,11 +275,11 @@ class EnvelopeReader:
         if at > 0 and value.endswith(b"}"):  # the schema's bytes cannot hold ',"payload":'
             schema = value[len(self._HEAD):at]
             if schema not in self._readers:
-                self._readers[schema] = row_reader(_parsed(schema))
+                self._readers[schema] = self._row_reader(_parsed(schema))
             return _parsed(value[at + len(self._PAYLOAD):-1]), self._readers[schema]
         document = _parsed(value)
         if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
-            return document["payload"], row_reader(document["schema"])
+            return document["payload"], self._row_reader(document["schema"])
         return document, None
 
 
@@ -298,13 +356,12 @@ def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str]
     """The declared fields of the rows a change event's schema (``envelope``: the
     JsonConverter schema of the value) describes: (fields, what each is, what was left
     out and why)."""
-    after = next((f for f in envelope.get("fields") or ()
-                  if isinstance(f, dict) and f.get("field") == "after"), None)
-    if after is None or not isinstance(after.get("fields"), list):
+    after = _after(envelope)
+    if after is None:
         raise ValueError("the schema has no 'after' row: not a change event's")
     fields: dict[str, Any] = {}
     guesses, left_out = [], []
-    for field in after["fields"]:
+    for field in after:
         spec, what = _field_spec(field)
         if spec is None:
             left_out.append(f"{field.get('field')}: {what}")
@@ -335,5 +392,5 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "key_declaration",
-           "row_declaration", "row_reader", "semantic"]
+__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
+           "row_declaration", "row_reader", "semantic", "source_changes"]

@@ -22,7 +22,7 @@ from kafka_ingest.contracts.base import Contract, hot_validation, sink_getter
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.codecs import codec_for
 from kafka_ingest.decode.decoder import RegistryDecoder
-from kafka_ingest.decode.envelopes import UPSERTS, EnvelopeReader
+from kafka_ingest.decode.envelopes import UPSERTS, EnvelopeReader, declared_fields
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
@@ -136,7 +136,8 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
     DataError."""
     validation = hot_validation(pipeline.model)
     validator = validation.validator
-    envelopes = EnvelopeReader(decoder)
+    envelopes = EnvelopeReader(decoder, pipeline=pipeline.name,
+                               declared=declared_fields(pipeline.model))
     extra = column_reader(pipeline, decoder)
     build = row_builder(pipeline.model, by_key=validation.by_key)
     truncates = pipeline.on_truncate is OnTruncate.TRUNCATE

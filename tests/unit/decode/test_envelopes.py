@@ -20,7 +20,9 @@ from kafka_ingest.decode.envelopes import (
     key_declaration,
     row_declaration,
     row_reader,
+    source_changes,
 )
+from kafka_ingest.errors import SourceChanged
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.records import EVERY_KEY
@@ -293,3 +295,22 @@ def test_a_replay_filters_a_mirrors_letters_by_the_primary_key_in_their_record_k
                         "customers-dlq")
     assert ReplayFilters(identity="7").matches(letter, identity_of)
     assert not ReplayFilters(identity="8").matches(letter, identity_of)
+
+
+def test_a_column_added_dropped_or_retyped_at_the_source_stops_the_run() -> None:
+    added = [*COLUMNS, {"type": "int32", "optional": True, "field": "score"},
+             {"type": "struct", "optional": True, "name": "io.debezium.data.geometry.Point",
+              "field": "spot", "fields": []}]  # a type no column has: left out, as from-topic
+    with pytest.raises(SourceChanged, match=r"column 'score' added \(score: "
+                       r"\{\"type\": \"integer\", \"required\": false\}\)") as info:
+        validate_chunk([Msg(0, change("c", {"id": 1, "name": "a"}, columns=added), key(1))],
+                       mirror())
+    assert len(info.value.changes) == 1 and "schema plan m" in str(info.value)
+    retyped = [{**c, "type": "string", "name": None} if c["field"] == "born" else c
+               for c in COLUMNS]
+    dropped = [c for c in COLUMNS if c["field"] not in ("name", "notes")]
+    assert [source_changes(envelope_schema(cols), CUSTOMER["fields"])
+            for cols in (retyped, dropped, COLUMNS)] == [
+        ["column 'born' is text now, the contract's date"],
+        ["column 'name' dropped (make it required: false)"],  # notes: optional, not filled
+        []]
