@@ -22,8 +22,8 @@ from kafka_ingest.decode.envelopes import (
     row_reader,
     source_changes,
 )
-from kafka_ingest.errors import SourceChanged
 from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.errors import SourceChanged
 from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.records import EVERY_KEY
 from kafka_ingest.requests import ReplayFilters, letter_identity
