@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import textwrap
 from collections.abc import Iterable, Iterator, Sequence
@@ -243,23 +244,24 @@ def _refused_by_schema(document: dict[str, Any], schema: WriterSchema) -> None:
 
 
 def cmd_schema_from_topic(args: argparse.Namespace) -> int:
-    """A pipelines-file document guessed from a sample of a schemaless JSON topic."""
+    """A pipelines-file document guessed from a sample of a schemaless JSON topic, or a
+    mirror's from Debezium's change events (one topic, or every topic a pattern names)."""
     if args.sample < 1:
         raise SettingsError("--sample must be at least 1")
     clients = kafka_clients()
-    consumer = clients.consumer("kafka-ingest.schema-from-topic")
-    try:
-        messages = sample(consumer, args.topic, args.sample,
-                          idle_timeout_s=clients.request_timeout_s)
-    finally:
-        consumer.close()
-    values = [m for m in messages if m.value() is not None]
-    if not values:
-        raise SettingsError(f"topic {args.topic!r} holds no records to sample"
-                            + (" (only tombstones)" if messages else ""))
-    records = [_json_object(m, args.topic) for m in values]
+    if any(c in args.topic for c in "*?["):
+        return _from_topics(args, clients)
+    values, records = _sampled(clients, args.topic, args.sample)
     if _is_change_event(records[0]):
-        return _from_change_events(args, values, records)
+        pipeline = args.pipeline or _pipeline(args.topic)
+        document, comments = _mirror(args.topic, values, records, pipeline=pipeline,
+                                     event_type=args.event_type or pipeline,
+                                     table=column_name(pipeline))
+        _print_checked(document, values, comments)
+        return 0
+    if not args.event_type:
+        raise SettingsError("--event-type: the contract's name is needed for a topic of plain "
+                            "JSON records")
     inferred = infer_fields(records)
     if not inferred.fields:
         raise SettingsError(f"topic {args.topic!r}: no field of the {len(records)} sampled "
@@ -280,16 +282,72 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampled(clients: Any, topic: str, n: int) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The sampled records of ``topic`` that have a value, and their values (JSON objects)."""
+    consumer = clients.consumer("kafka-ingest.schema-from-topic")
+    try:
+        messages = sample(consumer, topic, n, idle_timeout_s=clients.request_timeout_s)
+    finally:
+        consumer.close()
+    values = [m for m in messages if m.value() is not None]
+    if not values:
+        raise SettingsError(f"topic {topic!r} holds no records to sample"
+                            + (" (only tombstones)" if messages else ""))
+    return values, [_json_object(m, topic) for m in values]
+
+
+def _from_topics(args: argparse.Namespace, clients: Any) -> int:
+    """One document mirroring every topic of change events the pattern ``args.topic``
+    matches (Debezium writes a topic per table): a pipeline and a contract each, named
+    after the topic, each table after its source table (the topic's name when two source
+    tables share a name)."""
+    if args.event_type or args.pipeline:
+        raise SettingsError("--event-type and --pipeline name one topic's contract and "
+                            "pipeline; with a pattern each is named after its topic")
+    names = sorted(t for t in clients.admin().list_topics(
+        timeout=clients.request_timeout_s).topics
+        if fnmatch.fnmatchcase(t, args.topic) and not t.startswith("__")
+        and not t.endswith("-dlq"))
+    if not names:
+        raise SettingsError(f"no topic matches {args.topic!r}")
+    tables = [column_name(t.rsplit(".", 1)[-1]) for t in names]
+    document: dict[str, Any] = {"contracts": {}, "pipelines": {}}
+    comments = [f"kafka-ingest schema from-topic {args.topic!r}: {len(names)} topics"]
+    for topic, table in zip(names, tables, strict=True):
+        values, records = _sampled(clients, topic, args.sample)
+        if not _is_change_event(records[0]):
+            comments.append(f"left out: {topic}: not Debezium change events with their schema")
+            continue
+        pipeline = _pipeline(topic)
+        one, said = _mirror(topic, values, records, pipeline=pipeline, event_type=pipeline,
+                            table=table if tables.count(table) == 1 else pipeline)
+        _check(one, values)
+        for section in ("contracts", "pipelines"):
+            document[section].update(one[section])
+        comments += said
+    if not document["pipelines"]:
+        raise SettingsError(f"none of the topics {args.topic!r} matches holds change events "
+                            "with their schema")
+    _print_comments(comments)
+    print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
 def _print_checked(document: dict[str, Any], sampled: list[Any], comments: list[str]) -> None:
-    """Print ``document`` after its comments, unless its pipeline refuses a sampled
-    record (a declaration that refuses the records it was made from is never printed)."""
+    """Print ``document`` after its comments, once :func:`_check` passes."""
+    _check(document, sampled)
+    _print_comments(comments)
+    print(yaml.safe_dump(document, sort_keys=False), end="")
+
+
+def _check(document: dict[str, Any], sampled: list[Any]) -> None:
+    """Refuse a declaration whose pipeline refuses a record it was made from (it is never
+    printed)."""
     refused = validate_chunk(sampled, _loaded(document)).dead
     if refused:
         raise SettingsError(f"the contract guessed would refuse {len(refused)} of the sampled "
                             f"records, e.g. offset {refused[0].source_offset}: "
                             f"{refused[0].error_class}: {_short(refused[0].error_detail)}")
-    _print_comments(comments)
-    print(yaml.safe_dump(document, sort_keys=False), end="")
 
 
 def _is_change_event(record: dict[str, Any]) -> bool:
@@ -300,29 +358,28 @@ def _is_change_event(record: dict[str, Any]) -> bool:
         and "op" in payload and isinstance(record["schema"], dict)
 
 
-def _from_change_events(args: argparse.Namespace, values: list[Any],
-                        records: list[dict[str, Any]]) -> int:
-    """A mirror's declaration (``envelope: debezium``) from the change events' own schema:
-    the newest sampled schema's row, its primary key from the record key's schema."""
+def _mirror(topic: str, values: list[Any], records: list[dict[str, Any]], *, pipeline: str,
+            event_type: str, table: str) -> tuple[dict[str, Any], list[str]]:
+    """A mirror's declaration (``envelope: debezium``) from the change events' own schema
+    (the newest sampled schema's row; its primary key from the record key's schema), and
+    what it says of it."""
     keyed = next((m for m in reversed(values) if m.key()), None)
     try:
         fields, guesses, left_out = row_declaration(records[-1]["schema"])
         key_schema = json.loads(keyed.key()).get("schema") if keyed is not None else None
         key = key_declaration(key_schema, fields)
     except (ValueError, AttributeError) as exc:
-        raise SettingsError(f"topic {args.topic!r}: {exc}") from None
+        raise SettingsError(f"topic {topic!r}: {exc}") from None
     document = declaration(
-        event_type=args.event_type, pipeline=args.pipeline or _pipeline(args.topic),
-        topic=args.topic, identity=ProposedIdentity(None, ""),
-        extra={"envelope": "debezium", "record_key": key},
-        contract={"version": 1, "doc": f"The rows of the change events of topic "
-                  f"{args.topic!r}.", "fields": fields})
-    _print_checked(document, values, [
-        f"kafka-ingest schema from-topic {args.topic}: Debezium change events; the contract "
-        "is their schema's row (the newest sampled), the table's key the record key's "
-        f"{key['column']!r}",
-        *guesses, *(f"left out: {line}" for line in left_out)])
-    return 0
+        event_type=event_type, pipeline=pipeline, topic=topic,
+        identity=ProposedIdentity(None, ""), extra={"envelope": "debezium", "record_key": key},
+        contract={"version": 1, "doc": f"The rows of the change events of topic {topic!r}.",
+                  "fields": fields})
+    document["pipelines"][pipeline]["table"] = table
+    return document, [
+        f"{topic}: Debezium change events; the contract is their schema's row (the newest "
+        f"sampled), the table's key the record key's {key['column']!r}",
+        *(f"  {line}" for line in guesses), *(f"  left out: {line}" for line in left_out)]
 
 
 def _json_object(message: Any, topic: str) -> dict[str, Any]:
@@ -385,11 +442,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--pipeline", help="the pipeline's name (default: the topic's)")
     p.set_defaults(func=cmd_schema_from_registry)
     p = schema_sub.add_parser("from-topic", help="print a declared contract and a pipeline "
-                              "guessed from a sample of a schemaless JSON topic")
-    p.add_argument("topic")
+                              "guessed from a sample of a schemaless JSON topic, or a mirror's "
+                              "from Debezium's change events")
+    p.add_argument("topic", help="a topic, or (change events) a pattern such as "
+                   "'pg.public.*': a pipeline per matching topic")
     p.add_argument("--sample", type=int, default=1000, metavar="N",
                    help="how many records to read (the oldest, spread over the partitions)")
-    p.add_argument("--event-type", required=True, help="the contract's name")
+    p.add_argument("--event-type", help="the contract's name (needed for plain JSON; change "
+                   "events: the pipeline's name by default)")
     p.add_argument("--pipeline", help="the pipeline's name (default: the topic's)")
     p.set_defaults(func=cmd_schema_from_topic)
     for name, func, doc in (
