@@ -62,6 +62,10 @@ START_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 30.0
 _FETCH_TIMEOUT_S = 900.0
 _REQUEST_TIMEOUT_S = 10.0
+#: ``offset.flush.interval.ms``: how often source offsets are stored. Debezium confirms the
+#: slot's LSN to Postgres at each, so a short interval keeps the slot from holding WAL back
+#: for long, and tells a test soon that what it wrote is on Kafka.
+OFFSET_FLUSH_INTERVAL_S = 1.0
 #: A bounded JVM for a development worker: a few connectors, small tables. The serial
 #: collector and the client compiler cost less memory and start-up CPU than G1 and C2.
 JVM_OPTIONS = ("-Xms64m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
@@ -196,9 +200,7 @@ def properties(worker: Worker, plugin_path: Path) -> str:
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter.schemas.enable": "true",
         "offset.storage.file.filename": str(worker.offsets),
-        # How often source offsets are stored; Debezium confirms the slot's LSN to Postgres
-        # at each, so a short interval keeps the slot from holding WAL back for long.
-        "offset.flush.interval.ms": "1000",
+        "offset.flush.interval.ms": str(int(OFFSET_FLUSH_INTERVAL_S * 1000)),
         "plugin.path": str(plugin_path),
         # Plugins found through their ServiceLoader manifests (KIP-898) rather than by
         # scanning every class of every jar, which costs seconds at each start.
@@ -249,8 +251,10 @@ def request(method: str, url: str, body: Any = None, *,
 __all__ = [
     "CONNECT_DIR",
     "DEFAULT_PORT",
+    "OFFSET_FLUSH_INTERVAL_S",
     "PLUGINS",
     "POM",
+    "START_TIMEOUT_S",
     "Worker",
     "cache_dir",
     "fetch_jars",

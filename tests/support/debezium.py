@@ -19,12 +19,15 @@ and the topics.
 goes into the marker table (after whatever the test wrote), and the wait is over once (1)
 that row's change event is on the marker's topic (the connector streams the WAL in commit
 order, so it has sent everything committed before) and (2) the slot's
-``confirmed_flush_lsn`` has reached that event's LSN: Connect commits a source offset only
-once every record before it was acknowledged by Kafka, and Debezium confirms the LSN to
-Postgres at that commit, so records sent to other topics before the marker are on Kafka
-too. The marker table is left out of the snapshot (``snapshot.include.collection.list``):
-a token is only ever streamed; one inserted before the slot existed (the very first wait)
-is never seen, so a new token goes in every :data:`MARKER_RETRY_S` until one arrives.
+``confirmed_flush_lsn`` has passed that event's LSN: Connect stores a source offset only
+once every record before it was acknowledged by Kafka, and Debezium confirms to Postgres,
+at each store, the commit position of the transaction before the stored record's, so
+records sent to other topics before the marker are on Kafka too. That position passes the
+marker only with a record after it, so a second marker follows the first as soon as the
+first is seen. The marker table is left out of the snapshot
+(``snapshot.include.collection.list``): a token is only ever streamed; one inserted before
+the slot existed (the very first wait) is never seen, so a new token goes in every
+:data:`MARKER_RETRY_S` until one arrives.
 
 Deadlines follow the worker's and the connector's configured intervals (the worker's
 offset flush, Debezium's poll interval, the marker's retry), with a margin for a loaded
@@ -57,10 +60,10 @@ MARKER = "kafka_ingest_marker"
 #: DEFAULT: the old tuple holds only the key, the new one points at TOAST it did not rewrite).
 UNAVAILABLE = "__debezium_unavailable_value"
 
-#: Intervals the waits are built from: the worker's ``offset.flush.interval.ms`` (see
-#: kafka_connect.properties), Debezium's ``poll.interval.ms`` (set below), and how often a
-#: new marker token is written while none arrives.
-OFFSET_FLUSH_S = 1.0
+#: Intervals the waits are built from: the worker's ``offset.flush.interval.ms``,
+#: Debezium's ``poll.interval.ms`` (set below), and how often a new marker token is written
+#: while none arrives.
+OFFSET_FLUSH_S = kafka_connect.OFFSET_FLUSH_INTERVAL_S
 POLL_INTERVAL_S = 0.2
 MARKER_RETRY_S = 2.0
 #: One catch-up: a marker's trip (poll, produce, read) and two offset flushes, twenty times
@@ -199,24 +202,32 @@ class DebeziumSource:
 
     def caught_up(self, *, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
         """Wait until every change committed on the source so far is on Kafka (see the
-        module's docstring: a marker row, then the slot's confirmed LSN)."""
+        module's docstring: a marker row, then the slot's confirmed LSN past it)."""
         deadline = time.monotonic() + timeout_s
         tokens: set[str] = set()
         next_token = 0.0
         lsn: int | None = None
-        while lsn is None:
+        flushed = -1
+        while lsn is None or (flushed := self._confirmed_flush()) < lsn:
+            if lsn is None and (lsn := self._marker_lsn(tokens)) is not None:
+                next_token = 0.0  # the follow-up marker, now: see _write_marker
             if time.monotonic() >= next_token:
-                token = uuid.uuid4().hex
-                self.execute(f"INSERT INTO {MARKER} (token) VALUES (%s)", (token,))
-                tokens.add(token)
+                tokens.add(self._write_marker())
                 next_token = time.monotonic() + MARKER_RETRY_S
-            lsn = self._marker_lsn(tokens)
-            if lsn is None:
-                self._wait_a_poll(deadline, timeout_s, f"a marker on {self.topics[MARKER]}")
-        while (flushed := self._confirmed_flush()) < lsn:
-            self._wait_a_poll(deadline, timeout_s,
-                              f"slot {self.slot} confirmed {flushed}, marker at {lsn}")
+            what = (f"a marker on {self.topics[MARKER]}" if lsn is None
+                    else f"slot {self.slot} confirmed {flushed}, marker at {lsn}")
+            self._wait_a_poll(deadline, timeout_s, what)
         self.skip_to_end(MARKER)
+
+    def _write_marker(self) -> str:
+        """A marker row with a fresh token, in a transaction of its own. Debezium confirms
+        the commit position of the last transaction *before* the latest record whose offset
+        Connect stored, so the slot passes a marker's position only once a later record
+        (the next marker) was sent and acknowledged: a marker seen on Kafka is followed by
+        one more."""
+        token = uuid.uuid4().hex
+        self.execute(f"INSERT INTO {MARKER} (token) VALUES (%s)", (token,))
+        return token
 
     def _marker_lsn(self, tokens: set[str]) -> int | None:
         for event in self.events(MARKER, self._read_to.get(MARKER, 0)):
