@@ -174,13 +174,14 @@ class DebeziumSource:
         finally:
             consumer.close()
 
-    def next_events(self, table: str, n: int, *,
+    def next_events(self, table: str, n: int, *, wait: bool = True,
                     timeout_s: float = CATCH_UP_TIMEOUT_S) -> list[ChangeEvent]:
         """The ``n`` records of ``table``'s topic after those an earlier call returned,
-        waiting for them (a deadline of ``timeout_s``); raises if more than ``n`` are
-        there once the connector has caught up."""
+        waiting for them (a deadline of ``timeout_s``); raises if there are more. After
+        :meth:`caught_up` everything is there already: ``wait=False`` fails at once when
+        fewer are."""
         start = self._read_to.get(table, 0)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (timeout_s if wait else 0.0)
         while len(found := self.events(table, start)) < n:
             self._check_running()
             if time.monotonic() > deadline:
