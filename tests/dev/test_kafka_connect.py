@@ -68,6 +68,18 @@ def test_a_second_start_leaves_the_running_worker_alone(connect_url: str) -> Non
     assert len(lines) == 1 and lines[0].startswith(f"connect: already running on {connect_url}")
 
 
+def test_up_with_connect_finds_it_running_and_a_plain_up_leaves_it(connect_url: str) -> None:
+    before = stack.settings().connect.pid()
+    lines: list[str] = []
+    env = stack.up(report=lines.append, connect=True)
+    assert [line for line in lines if line.startswith("connect: ")] == [
+        f"connect: already running on {connect_url} (pid {before}) "
+        "(plugins: JdbcSinkConnector, PostgresConnector)"]
+    assert env["KAFKA_INGEST_CONNECT_URL"] == connect_url
+    stack.up()
+    assert stack.settings().connect.pid() == before
+
+
 def test_status_and_env_show_the_worker(connect_url: str) -> None:
     parts = {part.name: part for part in stack.status()}
     assert parts["connect"].up and parts["connect"].address == connect_url
