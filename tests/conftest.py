@@ -264,3 +264,26 @@ def sr(registry_url: str) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def connect_url(stack_env: dict[str, str]) -> str:
+    """The local stack's Kafka Connect worker (``stack up --connect``: Debezium's Postgres
+    source on it), started once per session when a test first asks for it."""
+    from kafka_ingest_dev import stack
+
+    return stack.start_connect()
+
+
+@pytest.fixture
+def debezium_source(connect_url: str, clients: Any,
+                    stack_env: dict[str, str]) -> Iterator[Callable[..., Any]]:
+    """``debezium_source({"customers": "id int PRIMARY KEY, name text"}, setup=[...])``: a
+    source database captured by a new Debezium connector, yielded once its snapshot is on
+    Kafka (:mod:`tests.support.debezium`); removed, slot and all, after the test."""
+    from tests.support.debezium import debezium_source as make_source
+
+    with contextlib.ExitStack() as made:
+        yield lambda tables, **kw: made.enter_context(
+            make_source(connect_url, clients, stack_env["KAFKA_INGEST_PG_ADMIN_DSN"], tables,
+                        **kw))

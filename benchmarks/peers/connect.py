@@ -1,8 +1,10 @@
 """``Kafka Connect + Debezium JDBC sink``: the sample in JsonConverter's envelope, loaded by
 ``ConnectStandalone`` with the Debezium JDBC sink, in a fresh JVM (the time includes
 starting Connect) and in a warm worker (a first connector on a throwaway topic, then the
-measured one, both through the REST API). The jars are fetched once by Maven
-(``connect/pom.xml``); the worker and sink settings are ``connect/worker.properties`` and
+measured one, both through the REST API). The jars are fetched once by Maven, through the
+dev stack's one home for Connect's jars (``kafka_ingest_dev.kafka_connect.fetch_jars``:
+the worker and the Debezium plugins, the JDBC sink among them); the worker and sink
+settings for the benchmark are ``connect/worker.properties`` and
 ``connect/jdbc-sink.properties``. What the converter rejects, Connect dead-letters (its
 DLQ topic, with the ``__connect.errors.*`` headers), which the check counts.
 """
@@ -10,9 +12,7 @@ DLQ topic, with the ``__connect.errors.*`` headers), which the check counts.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -45,11 +45,13 @@ from psycopg.conninfo import conninfo_to_dict
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.metadata import partitions_of, watermarks
 from kafka_ingest.kafka.reader import read_range
+from kafka_ingest_dev import kafka_connect
 from kafka_ingest_dev.procs import free_ports
-from peers.common import PeerData, fetch_once, produce_topic, run_mvn, sink_timeout, warm_count
+from peers.common import PeerData, produce_topic, sink_timeout, warm_count
 
 CONNECT_DIR = Path(__file__).resolve().parents[1] / "connect"
-POM = CONNECT_DIR / "pom.xml"
+#: The pom the jars come from (the dev stack's: one home for Connect's jars).
+POM = kafka_connect.POM
 #: What ``ConnectStandalone`` gets from ``connect-standalone.sh`` / ``kafka-run-class.sh``.
 CONNECT_JVM = [
     "-Xms256M", "-Xmx2G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
@@ -99,29 +101,14 @@ def connect_value(sample: Any) -> bytes | None:
 
 
 def connect_cache() -> Path:
-    """``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/connect-<sha256 of connect/pom.xml>``."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    return Path(xdg) / "kafka-ingest" / f"connect-{digest}"
+    """Where :func:`fetch_connect_jars` puts them (named after the pom that lists them)."""
+    return kafka_connect.cache_dir()
 
 
 def fetch_connect_jars() -> Path:
-    """Connect's jars in ``<cache>/libs``, the sink plugin in ``<cache>/plugins/...``; fetched
-    by Maven once."""
-
-    def fetch(mvn: str, cache: Path) -> str:
-        for profile, out in (("worker", cache / "libs"),
-                             ("plugin", cache / "plugins" / "debezium-connector-jdbc")):
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            run_mvn([mvn, "-q", "-B", "-f", str(POM), "-P", profile,
-                     "dependency:copy-dependencies", f"-DoutputDirectory={out}",
-                     "-Dmdep.includeScope=runtime"], f"the {profile} jars")
-        return POM.read_text(encoding="utf-8")
-
-    cache = connect_cache()
-    fetch_once(cache, "Kafka Connect", fetch)
-    return cache
+    """Connect's jars in ``<cache>/libs``, each plugin (the JDBC sink among them) in
+    ``<cache>/plugins/<name>``; fetched by Maven once, shared with the dev stack's worker."""
+    return kafka_connect.fetch_jars()
 
 
 # --------------------------------------------------------------------------- the worker

@@ -228,10 +228,11 @@ def test_status_reports_every_part_up(stack_env: dict[str, str]) -> None:
 
 def _without_services(env: dict[str, str]) -> dict[str, str]:
     """``env`` less what ``stack env`` adds while the Airflow services run (their API, the
-    metrics token, the running executor's settings): the DAG tests on the other xdist
-    worker start and stop them at any moment."""
+    metrics token, the running executor's settings) or the Connect worker does (its URL):
+    the DAG tests on the other xdist worker start and stop them at any moment, and the
+    first Debezium test starts the worker."""
     added = ("AIRFLOW_API_", "KAFKA_INGEST_METRICS_TOKEN", "AIRFLOW__CORE__EXECUTOR",
-             "AIRFLOW__CORE__PARALLELISM", "AIRFLOW__CELERY__")
+             "AIRFLOW__CORE__PARALLELISM", "AIRFLOW__CELERY__", "KAFKA_INGEST_CONNECT_URL")
     return {k: v for k, v in env.items() if not k.startswith(added)}
 
 
@@ -284,7 +285,9 @@ def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
 
 
 def _pids() -> dict[str, int | None]:
-    return {part.name: part.pid for part in stack.status() if part.name != "airflow-db"}
+    """The parts' pids, less the Connect worker's (the first Debezium test starts it)."""
+    return {part.name: part.pid for part in stack.status()
+            if part.name not in {"airflow-db", "connect"}}
 
 
 def _alive(pid: int) -> bool:

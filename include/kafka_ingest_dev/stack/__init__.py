@@ -10,8 +10,9 @@ names re-exported here; the modules hold one part each:
 - :mod:`~kafka_ingest_dev.stack.postgres`: the Postgres server (the primary);
 - :mod:`~kafka_ingest_dev.stack.standby`: the streaming standby and :func:`failover`;
 - :mod:`~kafka_ingest_dev.stack.airflow_db`: Airflow's metadata database;
-- :mod:`~kafka_ingest_dev.stack.registry`, :mod:`~kafka_ingest_dev.stack.proxies`: the
-  schema registry and Toxiproxy, when asked for;
+- :mod:`~kafka_ingest_dev.stack.registry`, :mod:`~kafka_ingest_dev.stack.connect`,
+  :mod:`~kafka_ingest_dev.stack.proxies`: the schema registry, the Kafka Connect worker
+  and Toxiproxy, when asked for;
 - :mod:`~kafka_ingest_dev.stack.environment`: :func:`env`, what points clients at it;
 - :mod:`~kafka_ingest_dev.stack.api`: :func:`up`, :func:`down`, :func:`status`;
 - :mod:`~kafka_ingest_dev.stack.chaos`: stopping, killing and restarting parts on purpose;
@@ -39,6 +40,13 @@ database rather than fakes:
   ``127.0.0.1:18082`` (``KAFKA_INGEST_REGISTRY_PORT``, ``..._REGISTRY_MANAGEMENT_PORT``);
   ``<state>/registry``. Like Airflow's services it is started only when asked for, and a
   plain ``up`` leaves a running one alone; ``down`` stops it, ``down --registry`` only it.
+- **Kafka Connect** (``up --connect``): a standalone worker
+  (:mod:`kafka_ingest_dev.kafka_connect`, jars fetched once from Maven Central into the
+  same cache) with Debezium's Postgres source connector on its plugin path, JsonConverter
+  keys and values with schemas; its REST API on ``http://127.0.0.1:18083``
+  (``KAFKA_INGEST_CONNECT_PORT``); ``<state>/connect``. Started only when asked for (the
+  mirror's tests start it on demand: :func:`start_connect`); ``down`` stops it,
+  ``down --connect`` only it.
 
 Two options change the shape of the stack, and stick to its state directory:
 
@@ -76,7 +84,16 @@ cheap when everything already runs).
 """
 
 from kafka_ingest_dev.procs import PartStatus, StackError
-from kafka_ingest_dev.stack.api import down, start_registry, status, stop_airflow, stop_registry, up
+from kafka_ingest_dev.stack.api import (
+    down,
+    start_connect,
+    start_registry,
+    status,
+    stop_airflow,
+    stop_connect,
+    stop_registry,
+    up,
+)
 from kafka_ingest_dev.stack.chaos import (
     broker_pid,
     kill_broker,
@@ -125,11 +142,13 @@ __all__ = [
     "restart_postgres",
     "settings",
     "start_broker",
+    "start_connect",
     "start_registry",
     "state_dir",
     "status",
     "stop_airflow",
     "stop_broker",
+    "stop_connect",
     "stop_registry",
     "toxiproxy",
     "up",

@@ -1,5 +1,5 @@
 """The stack as a whole: :func:`up`, :func:`down`, :func:`status`, and starting or
-stopping one optional part (the registry, Airflow's services).
+stopping one optional part (the registry, the Connect worker, Airflow's services).
 
 Each takes the stack's lock (:func:`~kafka_ingest_dev.stack.settings.locked`), so two
 shells or test workers never start the same part twice.
@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kafka_ingest_dev import tls
 from kafka_ingest_dev.procs import PartStatus, binary, child_env
 from kafka_ingest_dev.stack import airflow_db, kafka, postgres, proxies, standby
+from kafka_ingest_dev.stack import connect as kafka_connect
 from kafka_ingest_dev.stack import registry as schema_registry
 from kafka_ingest_dev.stack.environment import env
 from kafka_ingest_dev.stack.postgres import PG_APP_ROLE, other_node, primary_node
@@ -42,7 +43,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
        airflow_env: dict[str, str] | None = None, executor: str | None = None,
        workers: int | None = None,
        faults: bool = False, brokers: int | None = None,
-       registry: bool = False, replica: str | None = None) -> dict[str, str]:
+       registry: bool = False, connect: bool = False,
+       replica: str | None = None) -> dict[str, str]:
     """Start whatever is not running, wait until each part answers, return ``env()``.
 
     Idempotent: when everything runs it only checks health (well under a second). The
@@ -78,6 +80,10 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
     compatibility BACKWARD) unless it runs; not sticky: a later ``up`` leaves it as it is,
     running or not. It boots beside Postgres, and is up before Airflow's services start,
     so they get its connection.
+
+    ``connect`` also starts a Kafka Connect worker with Debezium's Postgres source on it
+    (:mod:`kafka_ingest_dev.kafka_connect`) unless it runs; not sticky either. Its jars
+    are fetched beside Postgres' start; the worker starts once Kafka answers.
     """
     emit = report or log.info
     s = settings()
@@ -87,6 +93,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
         launch = kafka.begin(s, pool)
         registry_since = time.monotonic()
         registry_launch = schema_registry.begin(s, pool, emit) if registry else None
+        connect_since = time.monotonic()
+        connect_fetch = kafka_connect.begin(s, pool) if connect else None
         standby.start_nodes(s, emit)
         postgres.bootstrap(s)
         emit(airflow_db.ensure(s, env()))
@@ -103,6 +111,8 @@ def up(*, report: Report | None = None, secure: bool = False, airflow: bool = Fa
                  f"TLS for {PG_APP_ROLE}; `kafka-ingest stack env --secure` points at them")
         if registry_launch is not None:
             emit(schema_registry.await_ready(s, registry_launch, registry_since))
+        if connect:
+            emit(kafka_connect.start(s, connect_fetch, connect_since))
         if airflow:
             s.airflow.start(child_env(env(replica=s.replica is not None), airflow_env),
                             emit, executor=executor, workers=workers)
@@ -121,6 +131,8 @@ def down(*, report: Report | None = None) -> None:
             emit(s.toxiproxy.stop())
         if s.registry.pidfile.is_file():
             emit(s.registry.stop())
+        if s.connect.pidfile.is_file():  # before Kafka: its tasks flush on the way out
+            emit(s.connect.stop())
         emit(kafka.stop(s))
         primary = primary_node(s)
         emit(primary.stop())
@@ -134,7 +146,8 @@ def status() -> list[PartStatus]:
     s = settings()
     return [*kafka.status(s), *postgres.status(s), airflow_db.status(s), *s.airflow.status(),
             *([s.toxiproxy.status()] if s.faults else []),
-            *([s.registry.status()] if s.registry.pidfile.is_file() else [])]
+            *([s.registry.status()] if s.registry.pidfile.is_file() else []),
+            *([s.connect.status()] if s.connect.pidfile.is_file() else [])]
 
 
 def start_registry(*, report: Report | None = None) -> str:
@@ -155,6 +168,28 @@ def stop_registry(*, report: Report | None = None) -> None:
     s = settings()
     with locked(s):
         emit(s.registry.stop())
+
+
+def start_connect(*, report: Report | None = None) -> str:
+    """Start only the Kafka Connect worker, unless it runs (Kafka must be up), and wait
+    until its REST API answers; return its URL. What ``up(connect=True)`` does for it, with
+    nothing else: the mirror's tests start it this way, once per session, when the first
+    of them needs it."""
+    emit = report or log.info
+    s = settings()
+    with locked(s), ThreadPoolExecutor(max_workers=1) as pool:
+        since = time.monotonic()
+        emit(kafka_connect.start(s, kafka_connect.begin(s, pool), since))
+    return s.connect.url
+
+
+def stop_connect(*, report: Report | None = None) -> None:
+    """Stop only the Kafka Connect worker (its connectors go with it; their offsets stay
+    in ``<state>/connect``)."""
+    emit = report or log.info
+    s = settings()
+    with locked(s):
+        emit(s.connect.stop())
 
 
 def stop_airflow(*, report: Report | None = None) -> None:

@@ -7,7 +7,14 @@ import shlex
 import sys
 
 from kafka_ingest_dev.procs import StackError
-from kafka_ingest_dev.stack.api import down, status, stop_airflow, stop_registry, up
+from kafka_ingest_dev.stack.api import (
+    down,
+    status,
+    stop_airflow,
+    stop_connect,
+    stop_registry,
+    up,
+)
 from kafka_ingest_dev.stack.environment import env
 from kafka_ingest_dev.stack.standby import failover, remove_replica
 
@@ -45,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
                         help="also a schema registry (Apicurio Registry, in memory, "
                              "compatibility BACKWARD): Confluent's API on "
                              "http://127.0.0.1:18081/apis/ccompat/v7")
+    up_cmd.add_argument("--connect", action="store_true",
+                        help="also a Kafka Connect worker (standalone) with Debezium's Postgres "
+                             "source connector, REST API on http://127.0.0.1:18083")
     up_cmd.add_argument("--replica", action="store_true",
                         help="also a streaming standby of Postgres on 127.0.0.1:15434 "
                              "(asynchronous; kept from then on): `stack failover` promotes it")
@@ -56,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     only.add_argument("--airflow", action="store_true", help="stop only Airflow's services")
     only.add_argument("--registry", action="store_true",
                       help="stop only the schema registry (its schemas go with it)")
+    only.add_argument("--connect", action="store_true",
+                      help="stop only the Kafka Connect worker (its connectors go with it)")
     only.add_argument("--replica", action="store_true",
                       help="stop the Postgres standby, delete it and forget --replica")
     failover_cmd = commands.add_parser(
@@ -86,10 +98,12 @@ def main(argv: list[str]) -> int:
                airflow=args.airflow or args.executor is not None or args.workers is not None,
                executor=args.executor, workers=args.workers,
                faults=args.faults, brokers=args.brokers, registry=args.registry,
+               connect=args.connect,
                replica=("sync" if args.sync else "async") if args.replica or args.sync
                else None)
         elif args.command == "down":
-            stop = (stop_registry if args.registry else stop_airflow if args.airflow
+            stop = (stop_registry if args.registry else stop_connect if args.connect
+                    else stop_airflow if args.airflow
                     else remove_replica if args.replica else down)
             stop(report=print)
         elif args.command == "failover":

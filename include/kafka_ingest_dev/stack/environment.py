@@ -10,6 +10,7 @@ from pathlib import Path
 from kafka_ingest_dev.databases import airflow_postgres_conn
 from kafka_ingest_dev.procs import StackError
 from kafka_ingest_dev.stack import airflow_db, kafka, postgres, registry
+from kafka_ingest_dev.stack import connect as kafka_connect
 from kafka_ingest_dev.stack.postgres import PG_APP_ROLE
 from kafka_ingest_dev.stack.settings import Settings, settings
 
@@ -90,4 +91,5 @@ def env(*, secure: bool = False, faults: bool = False, replica: bool = False,
         **({"TOXIPROXY_URL": s.toxiproxy.url} if faults else {}),
         **(s.airflow.client_env() if s.airflow.running() else {}),
         **registry.client_env(s),
+        **kafka_connect.client_env(s),
     }

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_ingest_dev import apicurio
+from kafka_ingest_dev import apicurio, kafka_connect
 from kafka_ingest_dev import faults as fault_proxy
 from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
 from kafka_ingest_dev.procs import StackError, free_ports, read_or_none
@@ -35,6 +35,7 @@ PORT_VARIABLES = (
     "KAFKA_INGEST_REDIS_PORT", "KAFKA_INGEST_TOXIPROXY_PORT", "KAFKA_INGEST_KAFKA_PROXY_PORT",
     "KAFKA_INGEST_KAFKA_FAULTS_PORT", "KAFKA_INGEST_PG_PROXY_PORT",
     "KAFKA_INGEST_REGISTRY_PORT", "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
+    "KAFKA_INGEST_CONNECT_PORT",
 )
 NODE_PORT_VARIABLES = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
                        "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
@@ -65,6 +66,8 @@ class Settings:
     #: ``--registry``: the schema registry's API and its management interface.
     registry_port: int = apicurio.DEFAULT_PORT
     registry_management_port: int = apicurio.DEFAULT_MANAGEMENT_PORT
+    #: ``--connect``: the Kafka Connect worker's REST API.
+    connect_port: int = kafka_connect.DEFAULT_PORT
 
     # ----------------------------------------------------------------------- kafka
 
@@ -169,6 +172,11 @@ class Settings:
     def registry(self) -> apicurio.Server:
         return apicurio.Server(self.registry_port, self.registry_management_port,
                                self.state / "registry")
+
+    @property
+    def connect(self) -> kafka_connect.Worker:
+        return kafka_connect.Worker(self.connect_port, self.bootstrap_servers,
+                                    self.state / "connect")
 
     @property
     def toxiproxy(self) -> fault_proxy.Server:
@@ -276,6 +284,7 @@ def settings() -> Settings:
         registry_port=port("KAFKA_INGEST_REGISTRY_PORT", apicurio.DEFAULT_PORT),
         registry_management_port=port("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
                                       apicurio.DEFAULT_MANAGEMENT_PORT),
+        connect_port=port("KAFKA_INGEST_CONNECT_PORT", kafka_connect.DEFAULT_PORT),
     )
 
 
