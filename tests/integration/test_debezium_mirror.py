@@ -1,0 +1,252 @@
+"""A table mirrored through real Debezium (#34): Debezium's Postgres connector on the
+stack's Kafka Connect worker captures a source table; ``schema from-topic`` writes the
+mirror's declaration from the change events; ``kafka-ingest run`` mirrors it; after every
+step the mirror equals its source, column for column: the snapshot, inserts, an update that
+leaves a TOASTed value out, a delete, a backfill of every offset (nothing comes back), a
+truncate, and a column added at the source (the run stops, naming it, and goes on once the
+contract follows)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kafka_ingest.kafka.clients import KafkaClients
+from tests.support.debezium import DebeziumSource
+from tests.support.ingest import highs, query
+
+pytestmark = pytest.mark.integration
+
+COLUMNS = "id, name, balance, born, seen_at, changed_at, profile, ref, photo, notes"
+SOURCE = {"customers": (
+    "id int PRIMARY KEY, name text NOT NULL, balance numeric(12,2), born date, "
+    "seen_at timestamp, changed_at timestamptz, profile jsonb, ref uuid, photo bytea, "
+    "notes text")}
+#: Stored out of line (TOAST) even compressed: random hex does not shrink below half.
+LONG = secrets.token_hex(10_000)
+LONG_JSON = json.dumps({"blob": secrets.token_hex(10_000)})
+LONG_BYTES = secrets.token_bytes(20_000)
+
+
+def row(i: int, notes: str = "short") -> str:
+    return (f"({i}, 'name {i}', {i}.25, DATE '2026-01-0{i % 9 + 1}', "
+            f"TIMESTAMP '2026-02-03 04:05:06.{i:06d}', "
+            f"TIMESTAMPTZ '2026-02-03 04:05:06.5+02', '{{\"tier\": {i}}}', "
+            f"'0b7e1bd0-8d3f-4a3c-9d1e-{i:012d}', '\\x00ff{i:02x}', '{notes}')")
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args], env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+
+
+@pytest.fixture
+def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
+    return {**os.environ, **stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
+            "KAFKA_INGEST_PG_ADMIN_DSN": pg_dsn, "KAFKA_INGEST_PG_GRANT_TO": ""}
+
+
+@pytest.fixture
+def dlq_topics(clients: KafkaClients) -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    if made:
+        for future in clients.admin().delete_topics(made, operation_timeout=30).values():
+            with contextlib.suppress(Exception):
+                future.result(30)
+
+
+def same(src: DebeziumSource, pg_dsn: str) -> None:
+    source = src.query(f"SELECT {COLUMNS} FROM customers ORDER BY id")
+    mirror = query(pg_dsn, f"SELECT {COLUMNS} FROM customers ORDER BY id")
+    assert [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in mirror] \
+        == [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in source]
+
+
+def ran(env: dict[str, str], *args: str) -> dict[str, Any]:
+    done = cli(env, *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_table_mirrored_through_debezium_equals_its_source_at_every_step(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
+    src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i)}"
+                                         for i in (1, 2, 3)]
+                          + [f"UPDATE customers SET notes = '{LONG}', profile = '{LONG_JSON}', "
+                             f"photo = '\\x{LONG_BYTES.hex()}' WHERE id = 2"])
+    topic = src.topics["customers"]
+    shown = cli(env, "schema", "from-topic", topic, "--event-type", "customer",
+                "--pipeline", "customers")
+    assert shown.returncode == 0, shown.stderr
+    assert "Debezium change events" in shown.stdout
+    document = yaml.safe_load(shown.stdout)
+    entry = document["pipelines"]["customers"]
+    assert entry["envelope"] == "debezium" and entry["record_key"]["column"] == "id"
+    assert {n: f["type"] for n, f in document["contracts"]["customer"]["fields"].items()} == {
+        "id": "integer", "name": "text", "balance": "numeric", "born": "date",
+        "seen_at": "timestamp", "changed_at": "timestamptz", "profile": "jsonb",
+        "ref": "uuid", "photo": "bytea", "notes": "text"}
+    entry.update(on_truncate="truncate", table="customers")
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    env["KAFKA_INGEST_PIPELINES"] = str(pipelines)
+    dlq_topics.append(entry["dlq_topic"])
+    for command in (("schema", "apply", "customers"), ("topics", "create", "customers")):
+        done = cli(env, *command)
+        assert done.returncode == 0, done.stderr
+
+    first = ran(env, "run", "customers")  # the snapshot
+    assert (first["inserted"], first["dead_lettered"]) == (3, 0), first
+    same(src, pg_dsn)
+
+    # an insert, an update that leaves the TOASTed text, jsonb and bytea out, a delete (and
+    # its tombstone)
+    src.execute(f"INSERT INTO customers VALUES {row(4)}")
+    src.execute("UPDATE customers SET name = 'renamed', balance = 99.99 WHERE id = 2")
+    src.execute("DELETE FROM customers WHERE id = 1")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"]
+    left_out = {k for k, v in update[-1].after.items() if "__debezium_unavailable_value" in str(v)
+                or v == "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}  # bytea: the bytes, base64
+    assert left_out == {"notes", "profile", "photo"}, update[-1].after
+    second = ran(env, "run", "customers")
+    assert (second["dead_lettered"], second["deleted"]) == (0, 1), second
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT notes, profile, photo FROM customers WHERE id = 2") == [
+        (LONG, json.loads(LONG_JSON), LONG_BYTES)]
+
+    # every offset again: nothing deleted comes back, nothing newer is overwritten
+    high = highs(clients, topic)[0]
+    backfill = cli(env, "backfill", "customers", "--partition", "0", "--from-offset", "0",
+                   "--to-offset", str(high))
+    assert backfill.returncode == 0, backfill.stderr
+    same(src, pg_dsn)
+
+    # a truncate, then a row: only the row after it stays
+    src.execute("TRUNCATE customers")
+    src.execute(f"INSERT INTO customers VALUES {row(5)}")
+    src.caught_up()
+    ran(env, "run", "customers")
+    same(src, pg_dsn)
+
+    # a column added at the source stops the run, naming it; declared, it goes on
+    src.execute("ALTER TABLE customers ADD COLUMN score int")
+    src.execute(f"INSERT INTO customers ({COLUMNS}, score) VALUES "
+                f"{row(6)[:-1]}, 7)")
+    src.caught_up()
+    stopped = cli(env, "run", "customers")
+    assert stopped.returncode != 0
+    assert "column 'score' added" in stopped.stderr, stopped.stderr
+    assert query(pg_dsn, "SELECT count(*) FROM customers WHERE id = 6") == [(0,)]
+    contract = document["contracts"]["customer"]
+    contract["version"] = 2
+    contract["fields"]["score"] = {"type": "integer", "required": False, "since": 2}
+    entry["contract"]["version"] = 2
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    done = cli(env, "schema", "apply", "customers")
+    assert done.returncode == 0, done.stderr
+    ran(env, "run", "customers")
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT score FROM customers WHERE id = 6") == [(7,)]
+
+
+def _declared(env: dict[str, str], topic: str, tmp_path: Path, **entry: Any) -> dict[str, Any]:
+    """``schema from-topic``'s declaration of the mirror, as the pipelines file (``entry``:
+    settings over the printed ones), its table and topics made."""
+    shown = cli(env, "schema", "from-topic", topic, "--event-type", "customer",
+                "--pipeline", "customers")
+    assert shown.returncode == 0, shown.stderr
+    document = yaml.safe_load(shown.stdout)
+    document["pipelines"]["customers"].update(table="customers", **entry)
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    env["KAFKA_INGEST_PIPELINES"] = str(pipelines)
+    for command in (("schema", "apply", "customers"), ("topics", "create", "customers")):
+        done = cli(env, *command)
+        assert done.returncode == 0, done.stderr
+    return document
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("stage", ["upserted", "db_committed"])
+def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
+        stage: str, debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
+        pg_dsn: str, clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
+    """Updates, deletes and re-inserts streamed through Debezium, mirrored in chunks of 50:
+    a SIGKILL after a chunk's writes (before its commit, or between the database's commit
+    and Kafka's), then the retry: the mirror equals its source and its stored offsets are
+    the topic's end."""
+    src = debezium_source(SOURCE, setup=[
+        "INSERT INTO customers SELECT i, 'name ' || i, i, DATE '2026-01-01', NULL, NULL, "
+        "NULL, NULL, NULL, 'n' FROM generate_series(1, 200) i"])
+    for step in range(4):  # in transactions of their own: Debezium streams each
+        src.execute(f"UPDATE customers SET balance = balance + {step + 1}, "
+                    f"notes = 'step {step}' WHERE id % 3 = {step % 3}")
+        src.execute(f"DELETE FROM customers WHERE id % 17 = {step}")
+        src.execute(f"INSERT INTO customers (id, name) SELECT i, 'again' FROM "
+                    f"generate_series(1, 200) i WHERE i % 17 = {step} AND i % 2 = 0")
+    src.caught_up()
+    topic = src.topics["customers"]
+    document = _declared(env, topic, tmp_path, chunk_size=50)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    worker = Path(__file__).resolve().parents[1] / "chaos" / "ingest_worker.py"
+    killed = subprocess.run([sys.executable, str(worker), "customers", "chaos-run"],
+                            env={**env, "CHAOS_KILL_STAGE": stage, "CHAOS_KILL_NTH": "4",
+                                 "CHAOS_KILL_WITH_DEAD": "0"},
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    end = highs(clients, topic)
+    assert stored(pg_dsn) != end  # killed part way
+    retry = cli(env, "run", "customers")  # a new run reads on from the stored offsets
+    assert retry.returncode == 0, retry.stderr
+    same(src, pg_dsn)
+    assert stored(pg_dsn) == end
+
+
+def stored(pg_dsn: str) -> dict[int, int]:
+    return dict(query(pg_dsn, "SELECT partition, next_offset FROM ingest_offsets "
+                              "WHERE pipeline = 'customers'"))
+
+
+def test_a_pattern_of_topics_is_mirrored_a_pipeline_per_table(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    src = debezium_source({**SOURCE, "orders": "no bigint PRIMARY KEY, customer int, "
+                           "total numeric(10,2) NOT NULL"},
+                          setup=[f"INSERT INTO customers VALUES {row(1)}",
+                                 "INSERT INTO orders VALUES (10, 1, 5.5), (11, 1, 6)"])
+    prefix = src.topics["customers"].rsplit(".", 1)[0]
+    shown = cli(env, "schema", "from-topic", f"{prefix}.*")
+    assert shown.returncode == 0, shown.stderr
+    document = yaml.safe_load(shown.stdout)
+    pipelines = document["pipelines"]
+    by_table = {p["table"]: (name, p) for name, p in pipelines.items()}
+    assert {"customers", "orders"} <= set(by_table)
+    assert by_table["orders"][1]["record_key"] == {"column": "no", "format": "json",
+                                                  "type": "bigint"}
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    env["KAFKA_INGEST_PIPELINES"] = str(path)
+    for table in ("customers", "orders"):
+        name, entry = by_table[table]
+        dlq_topics.append(entry["dlq_topic"])
+        for command in (("schema", "apply", name), ("topics", "create", name)):
+            done = cli(env, *command)
+            assert done.returncode == 0, done.stderr
+        ran(env, "run", name)
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT no, customer, total FROM orders ORDER BY no") == \
+        src.query("SELECT no, customer, total FROM orders ORDER BY no")
