@@ -16,15 +16,11 @@ import pytest
 
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
+from tests.support.cli import cli
 from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
 
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          check=False, timeout=300)
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ contract follows)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from kafka_ingest.kafka.clients import KafkaClients
+from tests.support.cli import cli
 from tests.support.debezium import DebeziumSource
 from tests.support.ingest import highs, query
 
@@ -46,25 +46,10 @@ def row(i: int, notes: str = "short") -> str:
             f"'0b7e1bd0-8d3f-4a3c-9d1e-{i:012d}', '\\x00ff{i:02x}', '{notes}')")
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args], env=env,
-                          capture_output=True, text=True, check=False, timeout=300)
-
-
 @pytest.fixture
 def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
     return {**os.environ, **stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
             "KAFKA_INGEST_PG_ADMIN_DSN": pg_dsn, "KAFKA_INGEST_PG_GRANT_TO": ""}
-
-
-@pytest.fixture
-def dlq_topics(clients: KafkaClients) -> Iterator[list[str]]:
-    made: list[str] = []
-    yield made
-    if made:
-        for future in clients.admin().delete_topics(made, operation_timeout=30).values():
-            with contextlib.suppress(Exception):
-                future.result(30)
 
 
 def same(src: DebeziumSource, pg_dsn: str) -> None:

@@ -5,9 +5,6 @@ users reach for, and time-partitioned tables, on the real stack."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -27,6 +24,7 @@ from kafka_ingest.engine.replay import plan_replay, replay_range, summarize_repl
 from kafka_ingest.errors import SchemaDrift
 from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest
 from kafka_ingest_dev import stack
+from tests.support.cli import cli
 from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
@@ -109,11 +107,6 @@ def letters(pg_dsn: str) -> dict[int, str]:
                             " WHERE status = 'parked'").fetchall()
     return {int(o): c for o, c in rows}
 
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          check=False, timeout=300)
 
 
 # --------------------------------------------------------------------------- types

@@ -4,9 +4,6 @@ lag growth across recorded checks, and ``kafka-ingest status`` as a user runs it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ from kafka_ingest.ops.lag import LagRow
 from kafka_ingest.ops.monitor import check
 from kafka_ingest.ops.status import pipeline_status
 from kafka_ingest_dev.samples import produce_sample
+from tests.support.cli import cli
 from tests.support.ingest import run
 from tests.support.pipelines import write_pipelines_file
 
@@ -152,11 +150,6 @@ def test_a_check_without_a_lag_is_judged_but_never_recorded(pg_dsn: str) -> None
 
 # --------------------------------------------------------------------------- status view
 
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          check=False, timeout=300)
 
 
 def test_status_shows_the_on_call_view_then_chunks_and_dead_letters(

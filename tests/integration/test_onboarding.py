@@ -14,11 +14,9 @@ values that are not JSON) refused in one line, exit 2.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,17 +70,6 @@ def env(stack_env: dict[str, str], registry_url: str, pg_dsn: str) -> dict[str, 
            "KAFKA_INGEST_PG_GRANT_TO": ""}
     out.pop("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", None)
     return out
-
-
-@pytest.fixture
-def dlq_topics(clients: KafkaClients) -> Iterator[list[str]]:
-    """The dead-letter topics ``topics create`` makes, deleted afterwards (best effort)."""
-    made: list[str] = []
-    yield made
-    if made:
-        for future in clients.admin().delete_topics(made, operation_timeout=30).values():
-            with contextlib.suppress(Exception):
-                future.result(30)
 
 
 def _produce(clients: KafkaClients, topic: str, records: list[tuple[bytes | None, bytes]],

@@ -20,9 +20,6 @@ Everything here runs as a user runs it: the CLI in a subprocess, the real broker
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +29,7 @@ import psycopg
 import pytest
 
 from kafka_ingest.kafka.topics import ensure_topics
+from tests.support.cli import cli
 from tests.support.ingest import read_topic
 from tests.support.pipelines import write_pipelines_file
 
@@ -41,11 +39,6 @@ KEYS = 200
 UPDATES = 50
 DELETES = 30
 
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          check=False, timeout=300)
 
 
 _EVENTS = iter(range(10**9))
