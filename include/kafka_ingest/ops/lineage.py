@@ -23,17 +23,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kafka_ingest.contracts.columns import payload_paths
 from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
+
+def _producer() -> str:
+    """The project's identifier: its package URL (purl, ``pkg:generic/<name>@<version>``;
+    the project has no URL of its own in ``pyproject.toml``), the installed version."""
+    try:
+        return f"pkg:generic/{DISTRIBUTION}@{version(DISTRIBUTION)}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return f"pkg:generic/{DISTRIBUTION}"
+
+
+DISTRIBUTION = "kafka-ingest"
 #: Who produced the facets this module builds (the facet's ``_producer``).
-PRODUCER = "https://github.com/kafka-ingest/kafka-ingest"
+PRODUCER = _producer()
 SPEC = "https://openlineage.io/spec"
 #: The custom run facet holding the run's offset ranges (its key in ``run.facets``).
 OFFSETS_FACET = "kafkaIngest_offsets"
-OFFSETS_SCHEMA_URL = f"{PRODUCER}/blob/main/docs/lineage.md#offsets-run-facet"
+#: Its JSON Schema, shipped in the package (``kafka_ingest/ops/schemas/``).
+OFFSETS_SCHEMA = "kafka_ingest/ops/schemas/KafkaIngestOffsetsRunFacet.json"
+#: The facet's ``_schemaURL``: the schema file by its path in the package, as a package
+#: URL's subpath (after ``#``).
+OFFSETS_SCHEMA_URL = f"{PRODUCER}#{OFFSETS_SCHEMA}"
 
 _SCHEMA_URLS = {
     "schema": f"{SPEC}/facets/1-2-0/SchemaDatasetFacet.json#/$defs/SchemaDatasetFacet",
@@ -245,7 +261,8 @@ def complete_windows(mark: datetime, width: timedelta, count: int) -> list[tuple
     return [(end - (i + 1) * width, end - i * width) for i in reversed(range(count))]
 
 
-__all__ = ["OFFSETS_FACET", "PRODUCER", "DatasetRef", "RunLineage", "caught_up",
+__all__ = ["OFFSETS_FACET", "OFFSETS_SCHEMA", "OFFSETS_SCHEMA_URL", "PRODUCER", "DatasetRef",
+           "RunLineage", "caught_up",
            "column_lineage_facet", "column_sources", "complete_windows", "completeness",
            "kafka_namespace", "latest_watermark",
            "offset_ranges", "offsets_facet", "postgres_dataset", "run_lineage",
