@@ -121,7 +121,7 @@ def test_the_ingest_dag_emits_lineage_and_a_watermark(stack_env: dict[str, str],
     mine = [x for x in _asset_extras(stack_env, pipeline.asset_uri)
             if any(r.get("topic") == pipeline.topic for r in x.get("offsets", []))]
     assert len(mine) == 1, mine
-    assert mine[0]["watermark"] is not None
+    assert mine[0]["watermark"] is not None and mine[0]["event_time"] == "kafka_timestamp"
     assert sorted((r["partition"], r["start"], r["end"]) for r in mine[0]["offsets"]) == ranges
 
     # a backfill by offsets and a DLQ replay: their slices' lineage, and every event valid

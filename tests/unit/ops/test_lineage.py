@@ -30,7 +30,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 def _report(partition: int, start: int, end: int, *, mode: str = "live",
             max_ts: int | None = T0, **counts: Any) -> dict[str, Any]:
     return {"topic": "telemetry-metrics", "partition": partition, "start": start, "end": end,
-            "mode": mode, "max_timestamp_ms": max_ts, **counts}
+            "mode": mode, "max_event_time_ms": max_ts, **counts}
 
 
 @pytest.mark.parametrize(("servers", "namespace"), [
@@ -128,7 +128,8 @@ def test_a_partition_behind_holds_the_watermark_back(behind: dict[str, Any]) -> 
 
 def test_completeness_is_the_asset_extra() -> None:
     extra = completeness([_report(0, 3, 10, resumed_from=5)], max_records=100)
-    assert extra == {"watermark": "2026-01-01T00:00:00+00:00", "offsets": [
+    assert extra == {"watermark": "2026-01-01T00:00:00+00:00",
+                     "event_time": "kafka_timestamp", "offsets": [
         {"topic": "telemetry-metrics", "partition": 0, "start": 3, "end": 10, "mode": "live",
          "resumed_from": 5}]}
 
