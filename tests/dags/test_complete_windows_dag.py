@@ -4,7 +4,8 @@ Kafka, a fresh Postgres database) and updates the table's Asset; then the exampl
 against that Asset event (``tests/support/asset_run.py``: the run consumes the event as an
 Asset-triggered run does) and its figures are read back from XCom.
 
-Two partitions, one record a minute from a 5-minute boundary T0: partition 0 up to
+Two partitions, one record a minute (by Kafka timestamp, or by the payload's ``timestamp``
+for a pipeline whose ``event_time`` names it) from a 5-minute boundary T0: partition 0 up to
 T0 + 16 min, partition 1 up to T0 + 12 min. The run's watermark is the minimum of the
 partitions' latest, T0 + 12 min; the windows that end at or before it are [T0 - 5, T0),
 [T0, T0 + 5) and [T0 + 5, T0 + 10). [T0 + 10, T0 + 15) has rows in the table (8), but
@@ -36,7 +37,9 @@ MINUTES = {0: range(17), 1: range(13)}
 pytestmark = pytest.mark.integration
 
 
-def _produce(clients: Any, topic: str) -> int:
+def _produce(clients: Any, topic: str, *, kafka_timestamps: bool) -> int:
+    """The records, their event time in the payload's ``timestamp`` and, with
+    ``kafka_timestamps``, in their Kafka timestamp too (else the producer's clock: now)."""
     producer = clients.producer()
     n = 0
     for partition, minutes in MINUTES.items():
@@ -45,7 +48,8 @@ def _produce(clients: Any, topic: str) -> int:
             value = {"event_id": f"p{partition}-m{m}", "device_id": f"device-{partition}",
                      "timestamp": at.timestamp(), "metric_value": float(m), "version": 2}
             producer.produce(topic, value=json.dumps(value).encode(), partition=partition,
-                             timestamp=int(at.timestamp() * 1000))
+                             **({"timestamp": int(at.timestamp() * 1000)}
+                                if kafka_timestamps else {}))
             n += 1
     assert producer.flush(30) == 0
     return n
@@ -76,11 +80,17 @@ def _figures(stack_env: dict[str, str], dag_id: str, run_id: str) -> Any:
     return value if not isinstance(value, str | bytes) else json.loads(value)
 
 
+@pytest.mark.parametrize("event_time", [
+    None,  # the default: by the records' Kafka timestamps
+    # by the payload's field, the Kafka timestamps being the time of the test: the
+    # watermark and the windows must be the payload's
+    "timestamp",
+])
 def test_the_example_dag_aggregates_only_the_complete_windows(
         stack_env: dict[str, str], clients: Any, make_pipeline: Any, pg_dsn: str,
-        tmp_path: Path) -> None:
-    pipeline = make_pipeline("telemetry_metrics", partitions=2)
-    produced = _produce(clients, pipeline.topic)
+        tmp_path: Path, event_time: str | None) -> None:
+    pipeline = make_pipeline("telemetry_metrics", partitions=2, event_time=event_time)
+    produced = _produce(clients, pipeline.topic, kafka_timestamps=event_time is None)
     env = {**stack_env, **dag_env(tmp_path, pg_dsn, pipeline),
            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins")}
@@ -91,6 +101,7 @@ def test_the_example_dag_aggregates_only_the_complete_windows(
         assert conn.execute(f"SELECT count(*) FROM {pipeline.table}").fetchone() == (produced,)
     event_id, extra = _asset_event(stack_env, pipeline.asset_uri, pipeline.topic)
     assert datetime.fromisoformat(extra["watermark"]) == T0 + timedelta(minutes=12)
+    assert extra["event_time"] == (event_time or "kafka_timestamp")
 
     dag_id = f"{pipeline.name}_complete_windows"
     proc = subprocess.run([sys.executable, "-m", "tests.support.asset_run", dag_id,

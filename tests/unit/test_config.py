@@ -143,6 +143,8 @@ def test_event_time_names_a_timestamptz_field_or_is_the_kafka_timestamp() -> Non
     [by_kafka] = parse_pipelines(document()).values()
     # the row's place of the field's column; of the Kafka timestamp, the last
     assert by_field.event_time_index == by_field.column_names.index("timestamp")
+    assert (by_field.event_time_column, by_kafka.event_time_column) == (
+        "timestamp", "kafka_timestamp")
     assert (by_field.event_time, by_kafka.event_time, by_kafka.event_time_index) == (
         "timestamp", None, -1)
 

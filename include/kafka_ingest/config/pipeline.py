@@ -406,14 +406,21 @@ class Pipeline(Strict):
                              "out for the records' Kafka timestamps")
 
     @property
+    def event_time_column(self) -> str:
+        """The table's column of the event time the watermark is by: ``event_time``'s, or
+        ``kafka_timestamp``."""
+        if self.event_time is None:
+            return "kafka_timestamp"
+        return payload_paths(self.model)[self.event_time]
+
+    @property
     def event_time_index(self) -> int:
         """Where a row holds its event time: ``event_time``'s column, or the Kafka
         timestamp (the last provenance column). Read once a chunk; not cached, so a copy
         with another ``event_time`` (``model_copy``) cannot keep the first one's."""
         if self.event_time is None:  # counted from the row's end
             return Provenance._fields.index("kafka_timestamp") - len(Provenance._fields)
-        column = payload_paths(self.model)[self.event_time]
-        return self.column_names.index(column)
+        return self.column_names.index(self.event_time_column)
 
     @property
     def model(self) -> type[Contract]:
