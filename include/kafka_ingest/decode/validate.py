@@ -10,6 +10,7 @@ which field) runs only for the failures.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,6 +42,8 @@ from kafka_ingest.records import (
     Tombstone,
     kafka_timestamp_ms,
 )
+
+log = logging.getLogger(__name__)
 
 #: The errors of a value that is no object at all: the model's validator says
 #: ``model_type``, the fields' validator (a ``TypedDict``'s) ``dict_type``.
@@ -185,18 +188,30 @@ def latest_event_ms(result: ValidationResult, pipeline: Pipeline) -> int | None:
     (a ``timestamptz`` as the row holds it: a datetime, or microseconds since Postgres'
     epoch when the contract converts it). Without it, by the Kafka timestamp: over the rows
     and the dead letters (a poison record was handled too, as it is by log order). One
-    pass over one column of the rows, in C.
+    pass over one column of the rows.
+
+    The watermark is a report: a value it cannot read (none should reach a row) costs this
+    chunk's contribution and a log line, never the chunk. Leaving a chunk out can only
+    hold the watermark back.
     """
-    index = pipeline.event_time_index
-    values = [v for v in map(itemgetter(index), result.rows) if v is not None]
-    latest = max(values, default=None)
-    if isinstance(latest, datetime):
-        ms: int | None = (latest - _EPOCH) // _MS
-    else:
-        ms = None if latest is None else latest // 1000 + PG_EPOCH_MS
+    try:
+        ms = _latest_ms(map(itemgetter(pipeline.event_time_index), result.rows))
+    except (TypeError, ValueError, OverflowError) as exc:
+        log.warning("%s: this chunk's event times (%s) could not be compared, so it does not "
+                    "advance the watermark: %s", pipeline.name, pipeline.event_time_column, exc)
+        return None
     if pipeline.event_time is None:
         ms = max(filter(None, (ms, *(d.timestamp_ms for d in result.dead))), default=None)
     return ms
+
+
+def _latest_ms(values: Iterable[Any]) -> int | None:
+    latest = max((v for v in values if v is not None), default=None)
+    if latest is None:
+        return None
+    if isinstance(latest, datetime):
+        return (latest - _EPOCH) // _MS
+    return int(latest) // 1000 + PG_EPOCH_MS
 
 
 def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadLetter:
