@@ -76,7 +76,8 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
             summary = summarize_replay(results or [], dry_run=_request().dry_run)
             print(f"{pipeline.name} DLQ replay: {summary}")
             summary["completeness"] = completeness(results or [],
-                                                   pipeline.max_records_per_partition)
+                                                   pipeline.max_records_per_partition,
+                                                   event_time=pipeline.event_time)
             if not summary["dry_run"]:
                 emit_metrics("replay", pipeline.name, {**summary, **summary["outcomes"]})
             return summary

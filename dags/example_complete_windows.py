@@ -3,8 +3,9 @@
 ``<pipeline>_complete_windows`` runs whenever the ingest DAG of a ``telemetry_metrics``
 pipeline updates the table's Asset. The Asset event's ``extra`` carries the run's
 event-time watermark (docs/lineage.md): every partition's records up to it are in the
-table. The task aggregates the last few 5-minute windows of ``kafka_timestamp`` that end at
-or before the newest watermark, so a window is never counted while records of it may still
+table. The task aggregates the last few 5-minute windows of the event time the watermark
+is by (the pipeline's ``event_time`` column, else ``kafka_timestamp``) that end at or
+before the newest watermark, so a window is never counted while records of it may still
 be on their way; a run whose event carries no watermark (a pipeline behind, a backfill)
 aggregates nothing. Re-aggregating a complete window gives the same figures, so the
 windows may overlap from one run to the next.
@@ -27,7 +28,7 @@ WINDOW = timedelta(minutes=5)
 #: How many complete windows each run (re)computes.
 WINDOWS = 3
 QUERY = sql.SQL("SELECT count(*), avg(metric_value) FROM {table} "
-                "WHERE kafka_timestamp >= %s AND kafka_timestamp < %s")
+                "WHERE {time} >= %s AND {time} < %s")
 
 
 def build_windows_dag(pipeline: Pipeline) -> Any:
@@ -44,7 +45,8 @@ def build_windows_dag(pipeline: Pipeline) -> Any:
             if mark is None:
                 print("no watermark in the triggering events: nothing is complete yet")
                 return []
-            query = QUERY.format(table=sql.Identifier(pipeline.table))
+            query = QUERY.format(table=sql.Identifier(pipeline.table),
+                                 time=sql.Identifier(pipeline.event_time_column))
             figures = []
             with postgres_database(pipeline.postgres_conn_id).connect() as conn:
                 for start, end in complete_windows(mark, WINDOW, WINDOWS):

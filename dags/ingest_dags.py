@@ -137,7 +137,8 @@ def build_ingest_dag(pipeline: Pipeline) -> DAG:
             summary = summarize(results or [])
             print(f"{pipeline.name}: {summary}")
             summary["completeness"] = completeness(results or [],
-                                                   pipeline.max_records_per_partition)
+                                                   pipeline.max_records_per_partition,
+                                                   event_time=pipeline.event_time)
             emit_metrics("ingest", pipeline.name, summary)
             return summary
 

@@ -131,7 +131,22 @@ BAD_ENTRIES = [
     ({"max_parallel_partitions": 0},
      r"pipelines\.p1\.max_parallel_partitions: .*greater than or equal to 1"),
     ({"pool": "w", "pool_slots": 0}, r"pipelines\.p1\.pool_slots: .*greater than or equal to 1"),
+    # an event time that is not a field, or not a time (the watermark could not be read)
+    ({"event_time": "timestmap"}, r"pipelines\.p1.*event_time 'timestmap' must be a "
+                                   r"timestamptz field of contract metric_event\.v2"),
+    ({"event_time": "metric_value"}, r"event_time 'metric_value' must be a timestamptz"),
 ]
+
+
+def test_event_time_names_a_timestamptz_field_or_is_the_kafka_timestamp() -> None:
+    [by_field] = parse_pipelines(document(event_time="timestamp")).values()
+    [by_kafka] = parse_pipelines(document()).values()
+    # the row's place of the field's column; of the Kafka timestamp, the last
+    assert by_field.event_time_index == by_field.column_names.index("timestamp")
+    assert (by_field.event_time_column, by_kafka.event_time_column) == (
+        "timestamp", "kafka_timestamp")
+    assert (by_field.event_time, by_kafka.event_time, by_kafka.event_time_index) == (
+        "timestamp", None, -1)
 
 
 @pytest.mark.parametrize(("change", "message"), BAD_ENTRIES)

@@ -61,6 +61,7 @@ from kafka_ingest.contracts.declared import (
     declared_model,
     optional_event_id,
 )
+from kafka_ingest.records import Provenance
 
 
 class Pipeline(Strict):
@@ -118,6 +119,10 @@ class Pipeline(Strict):
     headers: dict[Annotated[str, Field(min_length=1, max_length=255)], HeaderColumn] = {}
     #: The target table partitioned by range of a timestamp column.
     partition_by: Partitioning | None = None
+    #: The contract's field holding a record's event time (its path in the payload: a
+    #: ``timestamptz`` field), which the run's event-time watermark in the table's Asset
+    #: event is by (docs/lineage.md). None: the records' Kafka timestamps.
+    event_time: str | None = None
     #: At plan time, create a missing table / add the columns a new optional field needs
     #: (the role running the pipeline must be allowed to; ``kafka-ingest schema apply``
     #: does it as the migrating role instead).
@@ -235,6 +240,7 @@ class Pipeline(Strict):
         self._check_tombstones()
         self._check_log_order()
         self._check_partitioning()
+        self._check_event_time()
         if (self.record_key is not None and self.record_key.format is KeyFormat.REGISTRY
                 and not self.format.registry):
             raise ValueError("record_key.format 'registry' reads the key in the pipeline's "
@@ -434,6 +440,33 @@ class Pipeline(Strict):
         if column is None or column.ddl != "timestamp with time zone" or column.nullable:
             raise ValueError(f"partition_by.column {self.partition_by.column!r} must be a "
                              "required timestamptz field of the contract")
+
+    def _check_event_time(self) -> None:
+        if self.event_time is None:
+            return
+        column = payload_paths(self.model).get(self.event_time)
+        found = next((c for c in self.sink_columns if c.name == column), None)
+        if found is None or found.ddl != "timestamp with time zone":
+            raise ValueError(f"event_time {self.event_time!r} must be a timestamptz field of "
+                             f"contract {self.model.key()} (its path in the payload); leave it "
+                             "out for the records' Kafka timestamps")
+
+    @property
+    def event_time_column(self) -> str:
+        """The table's column of the event time the watermark is by: ``event_time``'s, or
+        ``kafka_timestamp``."""
+        if self.event_time is None:
+            return "kafka_timestamp"
+        return payload_paths(self.model)[self.event_time]
+
+    @property
+    def event_time_index(self) -> int:
+        """Where a row holds its event time: ``event_time``'s column, or the Kafka
+        timestamp (the last provenance column). Read once a chunk; not cached, so a copy
+        with another ``event_time`` (``model_copy``) cannot keep the first one's."""
+        if self.event_time is None:  # counted from the row's end
+            return Provenance._fields.index("kafka_timestamp") - len(Provenance._fields)
+        return self.column_names.index(self.event_time_column)
 
     @property
     def model(self) -> type[Contract]:

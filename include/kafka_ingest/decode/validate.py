@@ -10,8 +10,11 @@ which field) runs only for the failures.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,6 +45,8 @@ from kafka_ingest.records import (
     kafka_timestamp_ms,
 )
 
+log = logging.getLogger(__name__)
+
 #: The errors of a value that is no object at all: the model's validator says
 #: ``model_type``, the fields' validator (a ``TypedDict``'s) ``dict_type``.
 _NOT_AN_OBJECT = frozenset({"model_type", "dict_type"})
@@ -61,6 +66,9 @@ class ValidationResult:
     #: ``on_tombstone: delete``: the tombstones, each a delete of its key's row.
     deletes: list[Tombstone] = field(default_factory=list)
     read: int = 0
+    #: The latest event time of the chunk in epoch ms (:func:`latest_event_ms`), set by
+    #: the ingest writer's prepare step.
+    latest_event_ms: int | None = None
     bytes: int = 0  # (named like the type: fields that use the type come before it)
 
 
@@ -215,6 +223,44 @@ def _tombstone(msg: MessageLike, pipeline: Pipeline, result: ValidationResult,
         result.dead.append(dead_letter(msg, pipeline, DataError("tombstone (null value)")))
     else:
         result.tombstones += 1
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def latest_event_ms(result: ValidationResult, pipeline: Pipeline) -> int | None:
+    """The latest event time of a validated chunk, in epoch ms (rounded down), for the
+    run's event-time watermark (:mod:`kafka_ingest.ops.lineage`); None if no record has one.
+
+    By ``pipeline.event_time``: the greatest value of that column over the chunk's rows
+    (a ``timestamptz`` as the row holds it: a datetime, or microseconds since Postgres'
+    epoch when the contract converts it). Without it, by the Kafka timestamp: over the rows
+    and the dead letters (a poison record was handled too, as it is by log order). One
+    pass over one column of the rows.
+
+    The watermark is a report: a value it cannot read (none should reach a row) costs this
+    chunk's contribution and a log line, never the chunk. Leaving a chunk out can only
+    hold the watermark back.
+    """
+    try:
+        ms = _latest_ms(map(itemgetter(pipeline.event_time_index), result.rows))
+    except (TypeError, ValueError, OverflowError) as exc:
+        log.warning("%s: this chunk's event times (%s) could not be compared, so it does not "
+                    "advance the watermark: %s", pipeline.name, pipeline.event_time_column, exc)
+        return None
+    if pipeline.event_time is None:
+        ms = max(filter(None, (ms, *(d.timestamp_ms for d in result.dead))), default=None)
+    return ms
+
+
+def _latest_ms(values: Iterable[Any]) -> int | None:
+    latest = max((v for v in values if v is not None), default=None)
+    if latest is None:
+        return None
+    if isinstance(latest, datetime):
+        return (latest - _EPOCH) // _MS
+    return int(latest) // 1000 + PG_EPOCH_MS
 
 
 def dead_letter(msg: MessageLike, pipeline: Pipeline, error: DataError) -> DeadLetter:

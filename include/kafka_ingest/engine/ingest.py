@@ -31,7 +31,12 @@ from typing import Any
 from kafka_ingest.config import Pipeline
 from kafka_ingest.db import CopyEncoder, Database, DeleteResult, UnitOfWork, UpsertResult
 from kafka_ingest.decode.decoder import RegistryDecoder, open_decoder
-from kafka_ingest.decode.validate import ValidationResult, dead_letter, validate_chunk
+from kafka_ingest.decode.validate import (
+    ValidationResult,
+    dead_letter,
+    latest_event_ms,
+    validate_chunk,
+)
 from kafka_ingest.engine.planning import PlanTarget, plan
 from kafka_ingest.engine.slices import ChunkResult, SliceReport, SliceSpec, at, run_slice
 from kafka_ingest.errors import ReconciliationError
@@ -85,6 +90,7 @@ class IngestWriter:
                 f"{chunk.end})")
         if result.rows:  # None if a row is refused: isolated in the transaction instead
             result.encoded = encoder.encode(result.rows)
+        result.latest_event_ms = latest_event_ms(result, self.pipeline)
         return result
 
     def write(self, uow: UnitOfWork, chunk: Chunk, prepared: ValidationResult,
@@ -110,7 +116,7 @@ class IngestWriter:
                              deleted=deletes.deleted,
                              bytes=prepared.bytes)
         reconcile(chunk.partition, counts, missing=up.missing + deletes.missing)
-        return ChunkResult(counts)
+        return ChunkResult(counts, latest_event_ms=prepared.latest_event_ms)
 
 
 def _known_letters(uow: UnitOfWork, pipeline: Pipeline,

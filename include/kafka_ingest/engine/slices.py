@@ -93,7 +93,7 @@ from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.kafka.reader import Chunk, read_range
 from kafka_ingest.ranges import OffsetRange, moves_cursor
-from kafka_ingest.records import ChunkCounts, Source, kafka_timestamp_ms
+from kafka_ingest.records import ChunkCounts, Source
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ class ChunkResult:
     counts: ChunkCounts
     #: (outcome, error class) -> messages; empty for ingest.
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: The chunk's latest event time in epoch ms, as its prepare step found it (ingest;
+    #: None for replay, whose runs set no watermark).
+    latest_event_ms: int | None = None
 
 
 P = TypeVar("P")
@@ -183,9 +186,10 @@ class SliceReport(ChunkCounts):
     chunks: int = 0
     lag_after: int | None = None
     resumed_from: int | None = None
-    #: The latest Kafka timestamp (epoch ms) of the records the slice's committed chunks
-    #: read; None before any (the run's event-time watermark: ops/lineage.py).
-    max_timestamp_ms: int | None = None
+    #: The latest event time (epoch ms) of the records the slice's committed chunks
+    #: loaded, by the pipeline's ``event_time`` or the Kafka timestamp; None before any
+    #: (the run's event-time watermark: ops/lineage.py).
+    max_event_time_ms: int | None = None
     #: Replay only: outcome -> count, and outcome -> error class -> count.
     outcomes: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -373,9 +377,9 @@ class _SliceStages(Generic[P]):
 
     def post(self, done: _Committed) -> None:
         self.report.add_chunk(done.result, done.seconds)
-        latest = max(filter(None, map(kafka_timestamp_ms, done.chunk.messages)), default=None)
-        if latest is not None and (self.report.max_timestamp_ms or 0) < latest:
-            self.report.max_timestamp_ms = latest
+        latest = done.result.latest_event_ms
+        if latest is not None and (self.report.max_event_time_ms or 0) < latest:
+            self.report.max_event_time_ms = latest
         if self.group is not None:
             self.group.post(done.chunk.topic, done.chunk.partition, done.chunk.end)
 

@@ -23,17 +23,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kafka_ingest.contracts.columns import payload_paths
 from kafka_ingest.records import INGESTED_AT, PROVENANCE_COLUMNS
 
+
+def _producer() -> str:
+    """The project's identifier: its package URL (purl, ``pkg:generic/<name>@<version>``;
+    the project has no URL of its own in ``pyproject.toml``), the installed version."""
+    try:
+        return f"pkg:generic/{DISTRIBUTION}@{version(DISTRIBUTION)}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return f"pkg:generic/{DISTRIBUTION}"
+
+
+DISTRIBUTION = "kafka-ingest"
 #: Who produced the facets this module builds (the facet's ``_producer``).
-PRODUCER = "https://github.com/kafka-ingest/kafka-ingest"
+PRODUCER = _producer()
 SPEC = "https://openlineage.io/spec"
 #: The custom run facet holding the run's offset ranges (its key in ``run.facets``).
 OFFSETS_FACET = "kafkaIngest_offsets"
-OFFSETS_SCHEMA_URL = f"{PRODUCER}/blob/main/docs/lineage.md#offsets-run-facet"
+#: Its JSON Schema, shipped in the package (``kafka_ingest/ops/schemas/``).
+OFFSETS_SCHEMA = "kafka_ingest/ops/schemas/KafkaIngestOffsetsRunFacet.json"
+#: The facet's ``_schemaURL``: the schema file by its path in the package, as a package
+#: URL's subpath (after ``#``).
+OFFSETS_SCHEMA_URL = f"{PRODUCER}#{OFFSETS_SCHEMA}"
 
 _SCHEMA_URLS = {
     "schema": f"{SPEC}/facets/1-2-0/SchemaDatasetFacet.json#/$defs/SchemaDatasetFacet",
@@ -194,19 +210,20 @@ def caught_up(report: Mapping[str, Any], max_records: int) -> bool:
     with more waiting than one run reads is behind)."""
     size = int(report["end"]) - int(report["start"])
     return (report.get("mode") == "live" and not report.get("dry_run")
-            and size < max_records and report.get("max_timestamp_ms") is not None)
+            and size < max_records and report.get("max_event_time_ms") is not None)
 
 
 def watermark(reports: Iterable[Mapping[str, Any]], max_records: int) -> datetime | None:
     """The run's event-time watermark: the minimum over the run's partitions of the latest
-    Kafka timestamp loaded (``max_timestamp_ms`` of each slice), when every partition the
-    run read is caught up (:func:`caught_up`); otherwise None, and the watermark does not
-    advance. A partition the run did not read had nothing new when it was planned.
+    event time loaded (``max_event_time_ms`` of each slice: by the pipeline's
+    ``event_time`` field, or the Kafka timestamp), when every partition the run read is
+    caught up (:func:`caught_up`); otherwise None, and the watermark does not advance. A
+    partition the run did not read had nothing new when it was planned.
 
     Meaning: for every partition of the source topic, the records up to the watermark in
     log order are in the table (or dead-lettered). A consumer aggregating windows that end
-    at or before it sees complete windows (records whose timestamp is out of log order, a
-    producer's late ``CreateTime``, can still arrive after it).
+    at or before it sees complete windows (records whose event time is out of log order, a
+    producer's late ``CreateTime`` or a late event, can still arrive after it).
     """
     slices = list(reports)
     if not slices or not all(caught_up(r, max_records) for r in slices):
@@ -214,17 +231,23 @@ def watermark(reports: Iterable[Mapping[str, Any]], max_records: int) -> datetim
     latest: dict[tuple[str, int], int] = {}
     for r in slices:
         key = (r["topic"], int(r["partition"]))
-        latest[key] = max(latest.get(key, 0), int(r["max_timestamp_ms"]))
+        latest[key] = max(latest.get(key, 0), int(r["max_event_time_ms"]))
     return datetime.fromtimestamp(min(latest.values()) / 1000, tz=UTC)
 
 
-def completeness(reports: Iterable[Mapping[str, Any]], max_records: int) -> dict[str, Any]:
+#: What the watermark is by when the pipeline names no ``event_time`` (its column).
+KAFKA_TIMESTAMP = "kafka_timestamp"
+
+
+def completeness(reports: Iterable[Mapping[str, Any]], max_records: int, *,
+                 event_time: str | None = None) -> dict[str, Any]:
     """What a table's Asset event carries in its ``extra``: ``watermark`` (ISO-8601, or
-    None: this run does not advance it) and ``offsets`` (the run's ranges)."""
+    None: this run does not advance it), ``event_time`` (what it is by: the pipeline's
+    ``event_time`` field, or ``kafka_timestamp``) and ``offsets`` (the run's ranges)."""
     slices = [r for r in reports if not r.get("dry_run")]
     mark = watermark(slices, max_records)
     return {"watermark": mark.isoformat() if mark else None,
-            "offsets": offset_ranges(slices)}
+            "event_time": event_time or KAFKA_TIMESTAMP, "offsets": offset_ranges(slices)}
 
 
 def latest_watermark(extras: Iterable[Mapping[str, Any]]) -> datetime | None:
@@ -245,8 +268,26 @@ def complete_windows(mark: datetime, width: timedelta, count: int) -> list[tuple
     return [(end - (i + 1) * width, end - i * width) for i in reversed(range(count))]
 
 
-__all__ = ["OFFSETS_FACET", "PRODUCER", "DatasetRef", "RunLineage", "caught_up",
-           "column_lineage_facet", "column_sources", "complete_windows", "completeness",
-           "kafka_namespace", "latest_watermark",
-           "offset_ranges", "offsets_facet", "postgres_dataset", "run_lineage",
-           "schema_facet", "table_columns", "watermark"]
+__all__ = [
+    "KAFKA_TIMESTAMP",
+    "OFFSETS_FACET",
+    "OFFSETS_SCHEMA",
+    "OFFSETS_SCHEMA_URL",
+    "PRODUCER",
+    "DatasetRef",
+    "RunLineage",
+    "caught_up",
+    "column_lineage_facet",
+    "column_sources",
+    "complete_windows",
+    "completeness",
+    "kafka_namespace",
+    "latest_watermark",
+    "offset_ranges",
+    "offsets_facet",
+    "postgres_dataset",
+    "run_lineage",
+    "schema_facet",
+    "table_columns",
+    "watermark",
+]

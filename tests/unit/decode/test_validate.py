@@ -11,7 +11,12 @@ import pytest
 
 from kafka_ingest.config import OnTombstone, Pipeline
 from kafka_ingest.contracts.columns import millis_to_pg
-from kafka_ingest.decode.validate import DETAIL_MAX, validate_chunk
+from kafka_ingest.decode.validate import (
+    DETAIL_MAX,
+    ValidationResult,
+    latest_event_ms,
+    validate_chunk,
+)
 from kafka_ingest.errors import DataError
 from kafka_ingest.kafka.dlq import DeadLetter, ReplayedMessage
 from kafka_ingest.records import MAX_TIMESTAMP_MS, kafka_timestamp_ms, row_source, row_values
@@ -342,3 +347,33 @@ def test_rows_are_made_without_generated_code_or_pydantic_core_internals() -> No
             ) or (isinstance(node, ast.Constant) and node.value in ("model-fields", "post_init")):
                 found.append(f"{path.relative_to(core)}:{node.lineno}")
     assert found == []
+
+
+def test_the_latest_event_time_by_field_or_kafka_timestamp(shipped: dict[str, Pipeline],
+                                                           message: Any) -> None:
+    # orders' timestamp is an ISO-8601 datetime as the row holds it (not converted)
+    orders = shipped["orders_created"].model_copy(update={"event_time": "timestamp"})
+    rng = random.Random(7)
+    events = [make_event(orders, i, "t", rng) for i in range(3)]
+    msgs = [message(json.dumps(e).encode(), offset_=i, timestamp_=(1, 1_000 + i))
+            for i, e in enumerate(events)]
+    result = validate_chunk([*msgs, message(b"[]", offset_=9, timestamp_=(1, 5_000))], orders)
+    assert len(result.rows) == 3 and len(result.dead) == 1
+    latest = max(datetime.fromisoformat(e["timestamp"]) for e in events)
+    assert latest_event_ms(result, orders) == int(latest.timestamp() * 1000)
+    # by the Kafka timestamp: the dead letter's counts too (it was handled)
+    kafka = orders.model_copy(update={"event_time": None})
+    assert latest_event_ms(result, kafka) == 5_000
+    assert latest_event_ms(validate_chunk([], orders), orders) is None
+
+
+def test_event_times_that_cannot_be_compared_hold_the_watermark_back_not_the_chunk(
+        shipped: dict[str, Pipeline], caplog: pytest.LogCaptureFixture) -> None:
+    # none should reach a row; if one did, the chunk still loads, without a watermark
+    orders = shipped["orders_created"].model_copy(update={"event_time": "timestamp"})
+    at = orders.event_time_index
+    naive, aware = datetime(2026, 1, 1), datetime(2026, 1, 1, tzinfo=UTC)
+    rows = [tuple(v if i != at else t for i, v in enumerate(range(12))) for t in (naive, aware)]
+    result = ValidationResult(rows=rows)
+    assert latest_event_ms(result, orders) is None
+    assert "does not advance the watermark" in caplog.text

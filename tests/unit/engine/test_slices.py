@@ -998,5 +998,23 @@ def test_a_slice_reports_the_latest_kafka_timestamp_it_loaded(pipeline: Pipeline
     log = [Msg(i, value_=metric(i), key_=b"device", topic_=pipeline.topic,
                partition_=PARTITION, timestamp_=stamps[i]) for i in range(LOG_SIZE)]
     report = World(pipeline, log).ingest()
-    assert report.max_timestamp_ms == 1_767_225_600_000 + 60_000
-    assert report.to_dict()["max_timestamp_ms"] == report.max_timestamp_ms
+    assert report.max_event_time_ms == 1_767_225_600_000 + 60_000
+    assert report.to_dict()["max_event_time_ms"] == report.max_event_time_ms
+
+
+def test_a_slice_reports_the_latest_event_time_of_its_event_time_field(
+        pipeline: Pipeline) -> None:
+    # event_time: timestamp (the payload's seconds, converted to a timestamptz): the
+    # watermark is by that field, whatever the Kafka timestamps say; a record that fails
+    # the contract has no event time, so it counts for nothing
+    by_field = pipeline.model_copy(update={"event_time": "timestamp"})
+    log = [Msg(i, value_=metric(i), key_=b"device", topic_=pipeline.topic,
+               partition_=PARTITION, timestamp_=(1, 2_000_000_000_000 - i))
+           for i in range(LOG_SIZE)]
+    last = N - 1  # the slice reads [0, N)
+    log[last] = Msg(last, value_=b"{not json", topic_=pipeline.topic, partition_=PARTITION,
+                    timestamp_=(1, 2_100_000_000_000))
+    report = World(by_field, log).ingest()
+    # metric(i)'s timestamp is 1_767_225_600 + i seconds; the last valid one read is N - 2
+    assert report.read == N and report.dead_lettered == 1
+    assert report.max_event_time_ms == (1_767_225_600 + N - 2) * 1000

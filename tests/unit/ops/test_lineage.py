@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,6 +11,9 @@ import pytest
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.ops.lineage import (
     OFFSETS_FACET,
+    OFFSETS_SCHEMA,
+    OFFSETS_SCHEMA_URL,
+    PRODUCER,
     column_lineage_facet,
     complete_windows,
     completeness,
@@ -26,7 +30,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 def _report(partition: int, start: int, end: int, *, mode: str = "live",
             max_ts: int | None = T0, **counts: Any) -> dict[str, Any]:
     return {"topic": "telemetry-metrics", "partition": partition, "start": start, "end": end,
-            "mode": mode, "max_timestamp_ms": max_ts, **counts}
+            "mode": mode, "max_event_time_ms": max_ts, **counts}
 
 
 @pytest.mark.parametrize(("servers", "namespace"), [
@@ -124,7 +128,8 @@ def test_a_partition_behind_holds_the_watermark_back(behind: dict[str, Any]) -> 
 
 def test_completeness_is_the_asset_extra() -> None:
     extra = completeness([_report(0, 3, 10, resumed_from=5)], max_records=100)
-    assert extra == {"watermark": "2026-01-01T00:00:00+00:00", "offsets": [
+    assert extra == {"watermark": "2026-01-01T00:00:00+00:00",
+                     "event_time": "kafka_timestamp", "offsets": [
         {"topic": "telemetry-metrics", "partition": 0, "start": 3, "end": 10, "mode": "live",
          "resumed_from": 5}]}
 
@@ -144,3 +149,57 @@ def test_latest_watermark_of_several_events() -> None:
                              {"watermark": None}, {"watermark": "2026-01-01T00:00:05+00:00"},
                              {}]) == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
     assert latest_watermark([{"watermark": None}]) is None
+
+
+def _event(lineage: Any) -> dict[str, Any]:
+    """A COMPLETE run event of ``lineage`` as the OpenLineage provider sends it."""
+    return {
+        "eventType": "COMPLETE", "eventTime": "2026-01-01T00:00:00Z",
+        "producer": PRODUCER,
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+        "run": {"runId": "01920000-0000-7000-8000-000000000000",
+                "facets": lineage.run_facets},
+        "job": {"namespace": "kafka-ingest", "name": "telemetry_metrics_ingest.ingest"},
+        "inputs": [{"namespace": d.namespace, "name": d.name, "facets": d.facets,
+                    "inputFacets": d.io_facets} for d in lineage.inputs],
+        "outputs": [{"namespace": d.namespace, "name": d.name, "facets": d.facets,
+                     "outputFacets": d.io_facets} for d in lineage.outputs]}
+
+
+def test_the_facets_meet_the_spec_and_a_broken_one_does_not(
+        shipped: dict[str, Pipeline]) -> None:
+    from tests.support.openlineage import spec_errors
+
+    lineage = run_lineage(shipped["telemetry_metrics"],
+                          [_report(1, 5, 9, read=4, bytes=400, inserted=3, dead_lettered=1,
+                                   resumed_from=7)],
+                          bootstrap_servers="k1:9092")
+    event = _event(lineage)
+    assert spec_errors(event) == []
+    # each kind of facet this project builds, broken the way a bug would break it
+    table = event["outputs"][0]
+    broken = [
+        (table["outputFacets"]["outputStatistics"], "rowCount", "3"),
+        (table["facets"]["columnLineage"]["fields"]["device_id"]["inputFields"][0],
+         "field", None),
+        (table["facets"]["schema"], "fields", {"name": "device_id"}),
+        (event["run"]["facets"][OFFSETS_FACET]["ranges"][0], "end", "9"),
+        (event["run"]["facets"][OFFSETS_FACET], "_producer", None),
+    ]
+    for facet, key, bad in broken:
+        good = facet.pop(key)
+        if bad is not None:
+            facet[key] = bad
+        assert spec_errors(event), (key, bad)
+        facet[key] = good
+    assert spec_errors(event) == []
+
+
+def test_the_producer_and_the_custom_facets_schema_are_this_projects() -> None:
+    from importlib.resources import files
+
+    assert PRODUCER.startswith("pkg:generic/kafka-ingest@")
+    base, _, path = OFFSETS_SCHEMA_URL.partition("#")
+    assert base == PRODUCER and path == OFFSETS_SCHEMA
+    shipped = files("kafka_ingest").joinpath(*OFFSETS_SCHEMA.split("/")[1:])
+    assert OFFSETS_FACET in json.loads(shipped.read_text(encoding="utf-8"))["properties"]
