@@ -272,15 +272,37 @@ class EnvelopeReader:
                 return _parsed(bytes(decoded)), None
             return decoded, lambda row: row  # Avro, Protobuf: typed by their codec
         at = value.find(self._PAYLOAD) if value.startswith(self._HEAD) else -1
-        if at > 0 and value.endswith(b"}"):  # the schema's bytes cannot hold ',"payload":'
-            schema = value[len(self._HEAD):at]
-            if schema not in self._readers:
-                self._readers[schema] = self._row_reader(_parsed(schema))
-            return _parsed(value[at + len(self._PAYLOAD):-1]), self._readers[schema]
+        if at > 0 and value.endswith(b"}"):
+            found = self._split(value, at)
+            if found is not None:
+                return found
         document = _parsed(value)
         if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
             return document["payload"], self._row_reader(document["schema"])
         return document, None
+
+
+    def _split(self, value: bytes, at: int) -> tuple[Any, RowReader | None] | None:
+        """JsonConverter's layout read in two parts, the schema by its bytes (its reader
+        made once); None when the first ``,"payload":`` was not where the schema ends (a
+        schema's text holds it only inside an object: a struct's default, a parameter),
+        which the whole value's parse then reads."""
+        schema = value[len(self._HEAD):at]
+        reader = self._readers.get(schema, _UNSEEN)
+        if reader is _UNSEEN:
+            try:
+                parsed = from_json(schema)
+            except ValueError:
+                return None
+            reader = self._readers[schema] = self._row_reader(parsed)
+        try:
+            return from_json(value[at + len(self._PAYLOAD):-1]), reader
+        except ValueError:
+            return None
+
+
+#: A schema not seen yet (its reader may be None).
+_UNSEEN: Any = object()
 
 
 def _parsed(value: bytes) -> Any:

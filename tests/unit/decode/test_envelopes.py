@@ -314,3 +314,14 @@ def test_a_column_added_dropped_or_retyped_at_the_source_stops_the_run() -> None
         ["column 'born' is text now, the contract's date"],
         ["column 'name' dropped (make it required: false)"],  # notes: optional, not filled
         []]
+
+
+def test_a_schema_whose_text_holds_payload_as_a_key_is_read_whole() -> None:
+    """JsonConverter's layout is read by its first ``,"payload":``, which a schema holds
+    only inside an object (a parameter named so): then the whole value is parsed."""
+    odd = [*COLUMNS[:1], {**COLUMNS[1], "parameters": {"a": "b", "payload": "c"}},
+           *COLUMNS[2:]]
+    reader = EnvelopeReader(None)
+    assert b',"payload":"c"' in change("c", {"id": 1, "name": "a"}, columns=odd)
+    op, row = reader.read(change("c", {"id": 1, "name": "a", "born": 2}, columns=odd))
+    assert op == "c" and row == {"id": 1, "name": "a", "born": date(1970, 1, 3)}
