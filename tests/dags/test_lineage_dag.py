@@ -21,11 +21,11 @@ from typing import Any
 import attr
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.ops.lineage import OFFSETS_FACET
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
+from tests.support.airflow_api import metadata_dsn
 from tests.support.pipelines import dag_env
 
 DAG_ID = "telemetry_metrics_ingest"
@@ -88,8 +88,7 @@ def _spec_checked(event: dict[str, Any]) -> None:
 
 
 def _asset_extras(stack_env: dict[str, str], uri: str) -> list[dict[str, Any]]:
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(metadata_dsn(stack_env)) as conn:
         rows = conn.execute(
             "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
             "WHERE a.uri = %s ORDER BY e.id DESC LIMIT 50", (uri,)).fetchall()

@@ -373,10 +373,16 @@ def _started(env: Mapping[str, str]) -> AirflowApi:
                       scheduler_pid=scheduler.pid)
 
 
+def metadata_dsn(stack_env: Mapping[str, str]) -> str:
+    """Airflow's metadata database in the stack's Postgres, as a libpq DSN: the one the
+    stack's environment points Airflow at (with xdist, the worker's own instance's)."""
+    return make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"],
+                         dbname=stack.settings().airflow_database)
+
+
 def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:
     """The state of ``task_id`` in the newest run of ``dag_id`` (Airflow's metadata DB)."""
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(metadata_dsn(stack_env)) as conn:
         row = conn.execute(
             "SELECT ti.state FROM task_instance ti JOIN dag_run r"
             " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"

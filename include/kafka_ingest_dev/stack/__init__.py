@@ -91,7 +91,13 @@ from kafka_ingest_dev.stack.environment import KAFKA_GROUP_ID, env
 from kafka_ingest_dev.stack.kafka import KAFKA_VERSION, KafkaNode
 from kafka_ingest_dev.stack.postgres import PG_APP_ROLE, STANDBY_NAME, PgNode, primary_node
 from kafka_ingest_dev.stack.proxies import toxiproxy
-from kafka_ingest_dev.stack.settings import Settings, isolated_env, settings, state_dir
+from kafka_ingest_dev.stack.settings import (
+    INSTANCE_VARIABLE,
+    Settings,
+    isolated_env,
+    settings,
+    state_dir,
+)
 from kafka_ingest_dev.stack.standby import (
     Failover,
     failover,
@@ -100,6 +106,7 @@ from kafka_ingest_dev.stack.standby import (
 )
 
 __all__ = [
+    "INSTANCE_VARIABLE",
     "KAFKA_GROUP_ID",
     "KAFKA_VERSION",
     "PG_APP_ROLE",
