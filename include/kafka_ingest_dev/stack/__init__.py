@@ -32,6 +32,8 @@ database rather than fakes:
   pipelines) and ``airflow`` (Airflow's metadata).
 - **Airflow**: no daemon; ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate``
   against the ``airflow`` database, re-run only when the installed Airflow version changes.
+  Another Airflow beside it (``KAFKA_INGEST_AIRFLOW_INSTANCE=<name>``, each test worker's):
+  ``<state>/airflow-<name>`` and a copy of that database, ``airflow_<name>``.
 - **Schema registry** (``up --registry``): Apicurio Registry
   (:mod:`kafka_ingest_dev.apicurio`) fetched once from Maven Central into the same cache,
   H2 in memory, global compatibility ``BACKWARD``; its Confluent-compatible API on
