@@ -1,16 +1,17 @@
-"""Airflow's services of the local stack (``stack up --airflow``) for a test, and a client of
-its REST API, used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
+"""Airflow's services of the local stack (``stack up --airflow``; with xdist, the worker's
+own Airflow instance: tests/support/workers.py) for a test, and a client of its REST API,
+used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
 
 :func:`running_airflow` starts the api-server, scheduler, dag-processor and triggerer (with
 the LocalExecutor, or the CeleryExecutor with Redis and N workers) with a test's pipelines
 file and database (on top of the stack's environment), waits until the test's DAGs are
 parsed, and on exit stops the services and deletes the test's DAGs and the pools its
-pipelines named from the shared metadata database, so no other test sees them or depends
-on them. Every wait on Airflow has a deadline from :mod:`tests.support.deadlines`.
+pipelines named from the metadata database, so no later test sees them or depends on
+them. Every wait on Airflow has a deadline from :mod:`tests.support.deadlines`.
 
 :class:`SharedAirflow` is one start of them (LocalExecutor) for every DAG test that needs
-the services and not an executor or settings of its own: the DAG tests run one after
-another (one xdist group), each with :meth:`SharedAirflow.serving` its pipelines, as a
+the services and not an executor or settings of its own: the DAG tests on one worker run
+one after another, each with :meth:`SharedAirflow.serving` its pipelines, as a
 deployment adds one: written into the services' pipelines file, their Postgres connection
 (a connection id of their own, pointing at the test's database) created through the REST
 API, the DAG files parsed again on request; on exit all of it removed again. A pipeline
