@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     kernel does when pytest is killed. Started from the main thread, which lives as long as
     pytest: the parent-death signal follows the thread that forked."""
     workers.configure_controller(config)
+    workers.configure_worker(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "kafka-ingest-xdist")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller burns
@@ -91,6 +92,7 @@ class _XdistHooks:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     workers.unconfigure(config)
+    workers.stop_worker_airflow(config)
     _stop_burners(config.stash.get(_BURNERS, []))
     for stop in config.stash.get(_BACKGROUND_STOPS, []):
         stop()

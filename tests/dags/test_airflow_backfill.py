@@ -25,12 +25,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest_dev.demo import _airflow_bin
 from kafka_ingest_dev.samples import make_event
-from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.airflow_api import AirflowApi, SharedAirflow, metadata_dsn, poll
 from tests.support.deadlines import run_deadline_s
 from tests.support.pipelines import dag_env
 
@@ -93,7 +92,7 @@ def _produce_at(clients: Any, pipeline: Any, stamps: list[datetime]) -> list[str
 
 
 def _airflow_db(stack_env: dict[str, str]) -> str:
-    return make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    return metadata_dsn(stack_env)
 
 
 def _runs(stack_env: dict[str, str], dag_id: str) -> list[tuple[str, str]]:

@@ -22,11 +22,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.ops.lineage import OFFSETS_FACET
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
+from tests.support.airflow_api import metadata_dsn
 from tests.support.openlineage import spec_errors
 from tests.support.pipelines import dag_env
 
@@ -46,8 +46,7 @@ def _closed_port() -> int:
 
 
 def _asset_extras(stack_env: dict[str, str], uri: str) -> list[dict[str, Any]]:
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(metadata_dsn(stack_env)) as conn:
         rows = conn.execute(
             "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
             "WHERE a.uri = %s ORDER BY e.id DESC LIMIT 50", (uri,)).fetchall()

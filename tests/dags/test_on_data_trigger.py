@@ -18,12 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev.airflow_services import watchers_running
 from kafka_ingest_dev.samples import produce_sample
-from tests.support.airflow_api import AirflowApi, SharedAirflow, poll
+from tests.support.airflow_api import AirflowApi, SharedAirflow, metadata_dsn, poll
 from tests.support.deadlines import MARGIN_S, parse_deadline_s, run_deadline_s
 
 pytestmark = pytest.mark.integration
@@ -123,7 +122,7 @@ def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_p
     seen: set[str] = set()
     api.unpause(dag_id)
     # the scheduler registers the Asset's watcher, a triggerer picks its trigger up
-    airflow_dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    airflow_dsn = metadata_dsn(stack_env)
     poll("the lag trigger to run in the triggerer",
          lambda: watchers_running(airflow_dsn, f"{pipeline.name}_new_data"),
          parse_deadline_s(api.settings) + MARGIN_S)

@@ -250,6 +250,39 @@ def test_up_twice_is_a_noop(stack_env: dict[str, str]) -> None:
     assert not [line for line in lines if " started " in line or "migrat" in line], lines
 
 
+def test_another_airflow_instance_has_a_migrated_metadata_database_and_home_of_its_own(
+        stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # What each xdist worker's DAG tests run on (tests/support/workers.py): a copy of the
+    # stack's migrated database, made once, and a home (logs, pid files) of its own.
+    name = f"t{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(stack.INSTANCE_VARIABLE, name)
+    settings = stack.settings()
+    try:
+        env = stack.up()
+        again: list[str] = []
+        stack.up(report=again.append)
+        assert env["AIRFLOW_HOME"] == str(settings.state / f"airflow-{name}")
+        url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert url.endswith(f"/airflow_{name}"), url
+        versions = []
+        for dsn in (url.replace("+psycopg2", ""),
+                    stack_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", "")):
+            with psycopg.connect(dsn) as conn:
+                versions.append(conn.execute("SELECT version_num FROM alembic_version"
+                                             ).fetchall())
+                tables = {r[0] for r in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
+            assert {"dag", "dag_run", "task_instance", "serialized_dag"} <= tables, dsn
+        assert versions[0] == versions[1] and versions[0], versions
+        assert any(line.startswith("airflow-db: up to date") for line in again), again
+        part = next(p for p in stack.status() if p.name == "airflow-db")
+        assert part.up and part.address.endswith(f"/airflow_{name}"), part
+    finally:
+        with postgres.admin(stack.primary_node(settings)) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "airflow_{name}" WITH (FORCE)')
+        shutil.rmtree(settings.airflow_home, ignore_errors=True)
+
+
 def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A second, independent stack from nothing (the jar cache stays warm), on its own

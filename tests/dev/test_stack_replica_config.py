@@ -16,6 +16,7 @@ from kafka_ingest_dev.stack import postgres
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> stack.Settings:
     monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv(stack.INSTANCE_VARIABLE, raising=False)  # the stack's own Airflow
     monkeypatch.setenv("KAFKA_INGEST_PG_PORT", "25432")
     monkeypatch.setenv("KAFKA_INGEST_PG_STANDBY_PORT", "25434")
     s = stack.settings()

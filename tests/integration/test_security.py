@@ -34,6 +34,7 @@ from kafka_ingest_dev import stack, tls
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
+from tests.support.airflow_api import metadata_dsn
 from tests.support.ingest import assert_invariants, expected_from_sample, read_topic
 from tests.support.pipelines import write_pipelines_file
 
@@ -144,8 +145,7 @@ def test_ingest_dag_over_sasl_ssl_and_tls_postgres_leaking_no_secret(
     task_logs = "\n".join(p.read_text(errors="replace") for p in logs.rglob("*")
                           if p.is_file() and dag_id in str(p))
     _assert_no_secret(secrets_of, "the task logs", task_logs)
-    with psycopg.connect(make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-                         ) as conn:
+    with psycopg.connect(metadata_dsn(stack_env)) as conn:
         xcom = conn.execute("SELECT coalesce(string_agg(value::text, ' '), '') FROM xcom"
                             " WHERE dag_id = %s", (dag_id,)).fetchone()
     assert xcom is not None and xcom[0], "the run left no XCom to check"

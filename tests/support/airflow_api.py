@@ -1,16 +1,17 @@
-"""Airflow's services of the local stack (``stack up --airflow``) for a test, and a client of
-its REST API, used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
+"""Airflow's services of the local stack (``stack up --airflow``; with xdist, the worker's
+own Airflow instance: tests/support/workers.py) for a test, and a client of its REST API,
+used as a user uses them: a token from ``/auth/token``, then ``/api/v2``.
 
 :func:`running_airflow` starts the api-server, scheduler, dag-processor and triggerer (with
 the LocalExecutor, or the CeleryExecutor with Redis and N workers) with a test's pipelines
 file and database (on top of the stack's environment), waits until the test's DAGs are
 parsed, and on exit stops the services and deletes the test's DAGs and the pools its
-pipelines named from the shared metadata database, so no other test sees them or depends
-on them. Every wait on Airflow has a deadline from :mod:`tests.support.deadlines`.
+pipelines named from the metadata database, so no later test sees them or depends on
+them. Every wait on Airflow has a deadline from :mod:`tests.support.deadlines`.
 
 :class:`SharedAirflow` is one start of them (LocalExecutor) for every DAG test that needs
-the services and not an executor or settings of its own: the DAG tests run one after
-another (one xdist group), each with :meth:`SharedAirflow.serving` its pipelines, as a
+the services and not an executor or settings of its own: the DAG tests on one worker run
+one after another, each with :meth:`SharedAirflow.serving` its pipelines, as a
 deployment adds one: written into the services' pipelines file, their Postgres connection
 (a connection id of their own, pointing at the test's database) created through the REST
 API, the DAG files parsed again on request; on exit all of it removed again. A pipeline
@@ -373,10 +374,16 @@ def _started(env: Mapping[str, str]) -> AirflowApi:
                       scheduler_pid=scheduler.pid)
 
 
+def metadata_dsn(stack_env: Mapping[str, str]) -> str:
+    """Airflow's metadata database in the stack's Postgres, as a libpq DSN: the one the
+    stack's environment points Airflow at (with xdist, the worker's own instance's)."""
+    return make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"],
+                         dbname=stack.settings().airflow_database)
+
+
 def last_task_state(stack_env: dict[str, str], dag_id: str, task_id: str) -> str:
     """The state of ``task_id`` in the newest run of ``dag_id`` (Airflow's metadata DB)."""
-    dsn = make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(metadata_dsn(stack_env)) as conn:
         row = conn.execute(
             "SELECT ti.state FROM task_instance ti JOIN dag_run r"
             " ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id"

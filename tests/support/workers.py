@@ -2,19 +2,29 @@
 
 The tests mostly wait (on Kafka, Postgres, Airflow, subprocesses), so two run at once
 (``make test``: ``-n 2 --dist loadscope``, the scheduling below). What must not overlap is
-kept apart here, by three means:
+kept apart here, by four means:
 
+- **An Airflow of each worker's own** (:func:`configure_worker`): the DAG tests start and
+  stop Airflow's services and run DAGs against a metadata database, with the same DAG ids
+  (``telemetry_metrics_ingest``) on both workers. So each worker has an Airflow instance of
+  the stack's of its own (``KAFKA_INGEST_AIRFLOW_INSTANCE=<worker id>``,
+  :mod:`kafka_ingest_dev.stack.settings`): its ``AIRFLOW_HOME`` (logs, pid files), its
+  metadata database (``airflow_gw0``: a copy of the stack's migrated ``airflow`` database,
+  made once) and its ports for the api-server and Redis. The services a worker starts are
+  stopped when it ends (:func:`unconfigure`). Within a worker, the DAG tests on the shared
+  services and the others take turns (``tests/dags/conftest.py``).
 - **Units of work** (:func:`scope`, a scheduler of our own): the tests of one unit run on
-  one worker, one after another. The DAG tests are one unit: they start and stop the
-  stack's Airflow services and run DAGs against its one metadata database (a DAG id such
-  as ``telemetry_metrics_ingest`` is the same in each). Every other module is a unit of
-  its own, so its module-scoped fixtures (a stack of its own, a database, topics) are made
-  once, on one worker (and the workers ask for work once a module, not once a test: a
-  unit of work costs a round trip to the controller).
+  one worker, one after another. Every module is a unit of its own, so its module-scoped
+  fixtures (a stack of its own, a database, topics, Airflow's services) are made once, on
+  one worker (and the workers ask for work once a module, not once a test: a unit of work
+  costs a round trip to the controller).
 - **Order**: the groups that take longest go first (the soak, then the DAG tests and the
   fault tests with stacks of their own, then the integration modules), the unit tests'
   modules last: each worker takes the next unit of work when it is nearly done, so the
-  short ones fill in at the end. ``--no-loadscope-reorder`` keeps this order.
+  short ones fill in at the end. Among the DAG tests, those on the shared Airflow services
+  come first, then the others, each the longest first (:data:`DAG_MODULE_SECONDS`): a
+  worker that takes them one after another starts the shared services once.
+  ``--no-loadscope-reorder`` keeps this order.
 - **A lock on the shared stack**: a test marked ``exclusive`` (it restarts the stack's
   Kafka or Postgres) runs while no other test that uses the stack (``stack_env``) runs,
   nor the bench smoke ``scripts/test.sh`` runs beside the tests; the others wait. A
@@ -22,7 +32,7 @@ kept apart here, by three means:
   readers arriving meanwhile wait behind it.
 
 Without xdist (``pytest tests/...``) none of this applies: one process runs the tests in
-the order :func:`place` gives them.
+the order :func:`place` gives them, on the stack's own Airflow.
 """
 
 from __future__ import annotations
@@ -80,10 +90,9 @@ def kind(item: pytest.Item) -> int:
 
 
 def scope(nodeid: str) -> str:
-    """The unit of work of a test (by its node id, as the controller sees it): the DAG
-    tests' one, else its module."""
-    path = nodeid.split("::", 1)[0]
-    return "tests/dags" if path.startswith("tests/dags/") else path
+    """The unit of work of a test (by its node id, as the controller sees it): its
+    module."""
+    return nodeid.split("::", 1)[0]
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -99,18 +108,35 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Scheduling(config, log)
 
 
+#: How long each DAG test module takes on two busy cores (seconds, ``--durations``), for
+#: the longest to go first; a module not named here goes after those that are.
+DAG_MODULE_SECONDS = {
+    "test_on_data_trigger.py": 146, "test_celery_executor.py": 128,
+    "test_prometheus_and_page.py": 78, "test_ingest_dag.py": 75,
+    "test_airflow_rest_and_ui.py": 67, "test_airflow_backfill.py": 61,
+    "test_monitor_dag.py": 55, "test_dlq_replay_dag.py": 55, "test_page_access_fab.py": 39,
+    "test_lineage_dag.py": 60, "test_complete_windows_dag.py": 60, "test_formats_dag.py": 38,
+    "test_metrics.py": 30,
+}
+
+
 def order(items: list[pytest.Item], config: pytest.Config) -> None:
     """Sort the session in place (stably: each module keeps its own order). A module goes
     where its earliest test would (a module is one unit of work; split, its module-scoped
-    fixtures would be made twice). Among the DAG tests, those on the shared Airflow
-    services come last: the others run DAGs with ``airflow dags test`` against the same
-    metadata database, or start services of their own, and do so before the shared ones
-    start (``tests/dags/conftest.py``)."""
-    rank: dict[Any, int] = {}
+    fixtures would be made twice). Among the DAG tests, the modules on the shared Airflow
+    services form one block (with xdist the first, the longest first: see the module's
+    docstring; without, the last, as the suite always ran them)."""
+    rank: dict[Any, tuple[int, int, float]] = {}
     for item in items:
-        rank[item.path] = min(rank.get(item.path, UNIT), place(item, config))
-    items.sort(key=lambda item: (rank[item.path], int(
-        kind(item) == AIRFLOW and "shared_airflow" in getattr(item, "fixturenames", ()))))
+        where = place(item, config)
+        shared = int(kind(item) == AIRFLOW and "shared_airflow" in getattr(
+            item, "fixturenames", ()))
+        if distributed(config) and where == AIRFLOW:
+            key = (where, 1 - shared, -DAG_MODULE_SECONDS.get(item.path.name, 0))
+        else:
+            key = (where, shared, 0)
+        rank[item.path] = min(rank.get(item.path, key), key)
+    items.sort(key=lambda item: rank[item.path])
 
 
 def place(item: pytest.Item, config: pytest.Config) -> int:
@@ -120,6 +146,42 @@ def place(item: pytest.Item, config: pytest.Config) -> int:
     if distributed(config):
         return where
     return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2)
+
+
+# --------------------------------------------------------------------------- Airflow
+
+#: A worker's ports: the stack's (or those the environment gives) plus this, plus the
+#: worker's number: outside the range of the ephemeral ports that ``free_ports`` hands out.
+PORT_OFFSET = 100
+
+
+def configure_worker(config: pytest.Config) -> None:
+    """A worker (not the controller, nor the one process without xdist) uses an Airflow
+    instance of its own, named after it (``gw0``), on ports of its own."""
+    if not is_worker(config):
+        return
+    from kafka_ingest_dev import stack
+
+    worker = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
+    number = int(worker.removeprefix("gw") or 0)
+    own = stack.settings()
+    os.environ.update({
+        stack.INSTANCE_VARIABLE: worker,
+        "KAFKA_INGEST_AIRFLOW_PORT": str(own.airflow_port + PORT_OFFSET + number),
+        "KAFKA_INGEST_REDIS_PORT": str(own.airflow.redis_port + PORT_OFFSET + number)})
+
+
+def stop_worker_airflow(config: pytest.Config) -> None:
+    """The worker ends: its Airflow's services, if a test left them running, stop too
+    (those this process started: a session of a test's own, on workers of the same names,
+    leaves the outer worker's alone)."""
+    if not is_worker(config):
+        return
+    from kafka_ingest_dev import stack
+    from kafka_ingest_dev.procs import CHILDREN
+
+    if any(pid in CHILDREN for pid in stack.settings().airflow.pids().values()):
+        stack.stop_airflow(report=print)
 
 
 # --------------------------------------------------------------------------- the lock

@@ -33,6 +33,8 @@ database rather than fakes:
   pipelines) and ``airflow`` (Airflow's metadata).
 - **Airflow**: no daemon; ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate``
   against the ``airflow`` database, re-run only when the installed Airflow version changes.
+  Another Airflow beside it (``KAFKA_INGEST_AIRFLOW_INSTANCE=<name>``, each test worker's):
+  ``<state>/airflow-<name>`` and a copy of that database, ``airflow_<name>``.
 - **Schema registry** (``up --registry``): Apicurio Registry
   (:mod:`kafka_ingest_dev.apicurio`) fetched once from Maven Central into the same cache,
   H2 in memory, global compatibility ``BACKWARD``; its Confluent-compatible API on
@@ -108,7 +110,13 @@ from kafka_ingest_dev.stack.environment import KAFKA_GROUP_ID, env
 from kafka_ingest_dev.stack.kafka import KAFKA_VERSION, KafkaNode
 from kafka_ingest_dev.stack.postgres import PG_APP_ROLE, STANDBY_NAME, PgNode, primary_node
 from kafka_ingest_dev.stack.proxies import toxiproxy
-from kafka_ingest_dev.stack.settings import Settings, isolated_env, settings, state_dir
+from kafka_ingest_dev.stack.settings import (
+    INSTANCE_VARIABLE,
+    Settings,
+    isolated_env,
+    settings,
+    state_dir,
+)
 from kafka_ingest_dev.stack.standby import (
     Failover,
     failover,
@@ -117,6 +125,7 @@ from kafka_ingest_dev.stack.standby import (
 )
 
 __all__ = [
+    "INSTANCE_VARIABLE",
     "KAFKA_GROUP_ID",
     "KAFKA_VERSION",
     "PG_APP_ROLE",

@@ -4,6 +4,12 @@ No daemon: ``AIRFLOW_HOME=<state>/airflow`` and ``airflow db migrate`` against t
 ``airflow`` database of the stack's Postgres, re-run only when the installed Airflow
 version changes (or the schema is gone). Airflow's services themselves are
 :mod:`kafka_ingest_dev.airflow_services`.
+
+Another Airflow of the same stack (``KAFKA_INGEST_AIRFLOW_INSTANCE=<name>``: each
+pytest-xdist worker's) has ``AIRFLOW_HOME=<state>/airflow-<name>`` and the database
+``airflow_<name>``, made once as a copy of the migrated ``airflow`` database
+(``CREATE DATABASE ... TEMPLATE``: a second of work, where a migration takes a minute),
+migrated on its own only while another session holds the ``airflow`` database open.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from kafka_ingest_dev.procs import PartStatus, StackError, child_env, tail
 from kafka_ingest_dev.stack import postgres
-from kafka_ingest_dev.stack.postgres import AIRFLOW_DATABASE, PG_PASSWORD, PG_ROLE, primary_node
+from kafka_ingest_dev.stack.postgres import PG_PASSWORD, PG_ROLE, primary_node
 from kafka_ingest_dev.stack.settings import Settings
 
 MIGRATE_TIMEOUT_S = 900.0
@@ -61,9 +68,9 @@ def db_url(s: Settings, *, replica: bool) -> str:
     both nodes, psycopg2 passing them to libpq as one multi-host string."""
     base = f"postgresql+psycopg2://{PG_ROLE}:{PG_PASSWORD}@"
     if not replica:
-        return f"{base}127.0.0.1:{primary_node(s).port}/{AIRFLOW_DATABASE}"
+        return f"{base}127.0.0.1:{primary_node(s).port}/{s.airflow_database}"
     hosts = "&".join(f"host=127.0.0.1:{node.port}" for node in s.pg_nodes)
-    return f"{base}/{AIRFLOW_DATABASE}?{hosts}&target_session_attrs=read-write"
+    return f"{base}/{s.airflow_database}?{hosts}&target_session_attrs=read-write"
 
 
 def _migrate_marker(s: Settings) -> Path:
@@ -78,7 +85,7 @@ def _current(s: Settings, version: str) -> bool:
     import psycopg
 
     try:
-        with postgres.connect(postgres.dsn(primary_node(s), AIRFLOW_DATABASE)) as conn:
+        with postgres.connect(postgres.dsn(primary_node(s), s.airflow_database)) as conn:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     except psycopg.Error:
         return False
@@ -87,12 +94,47 @@ def _current(s: Settings, version: str) -> bool:
 
 def ensure(s: Settings, environment: Mapping[str, str]) -> str:
     """``airflow db migrate`` (with the stack's ``environment``) unless this Airflow
-    version migrated the database already; the line ``up`` prints."""
+    version migrated the database already; the line ``up`` prints. Another instance's
+    database is a copy of the stack's own (migrated first if need be)."""
     version = airflow_version()
     if version is None:
         return "airflow-db: skipped (apache-airflow is not installed)"
     if _current(s, version):
         return f"airflow-db: up to date (airflow {version})"
+    if s.airflow_instance:
+        return _copy(s, version, environment)
+    return _migrate(s, version, environment)
+
+
+def _copy(s: Settings, version: str, environment: Mapping[str, str]) -> str:
+    """The instance's database made anew as a copy of the stack's migrated one; migrated
+    on its own instead while a session (the stack's own services, a shell) holds that
+    one open: Postgres copies no database in use."""
+    import psycopg
+    from psycopg import sql
+
+    own = replace(s, airflow_instance="")
+    base = ensure(own, {**environment, "AIRFLOW_HOME": str(own.airflow_home),
+                        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url(own, replica=False)})
+    started = time.monotonic()
+    name = sql.Identifier(s.airflow_database)
+    with postgres.admin(primary_node(s)) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} OWNER {}").format(
+                name, sql.Identifier(own.airflow_database), sql.Identifier(PG_ROLE)))
+        except psycopg.errors.ObjectInUse:
+            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                name, sql.Identifier(PG_ROLE)))
+            return (f"{base}; {s.airflow_database} (airflow in use, so not copied): "
+                    f"{_migrate(s, version, environment)}")
+    s.airflow_home.mkdir(parents=True, exist_ok=True)
+    _migrate_marker(s).write_text(f"{version}\n")
+    took = time.monotonic() - started
+    return f"{base}; airflow-db {s.airflow_database}: copied in {took:.1f} s"
+
+
+def _migrate(s: Settings, version: str, environment: Mapping[str, str]) -> str:
     s.airflow_home.mkdir(parents=True, exist_ok=True)
     logfile = s.airflow_home / "db-migrate.log"
     started = time.monotonic()
@@ -112,7 +154,7 @@ def ensure(s: Settings, environment: Mapping[str, str]) -> str:
 def status(s: Settings) -> PartStatus:
     version = airflow_version()
     primary = primary_node(s)
-    address = f"127.0.0.1:{primary.port}/{AIRFLOW_DATABASE}"
+    address = f"127.0.0.1:{primary.port}/{s.airflow_database}"
     if version is None:
         return PartStatus("airflow-db", address, False, detail="apache-airflow not installed")
     if not primary.answers():  # no database to ask: down, not "not migrated"

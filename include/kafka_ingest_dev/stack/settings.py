@@ -1,8 +1,9 @@
 """Where the local stack lives and which loopback ports it uses: :class:`Settings`.
 
 Read from the environment at each :func:`settings` call (tests change ports and state
-directories at will): ``KAFKA_INGEST_STATE_DIR`` and one ``KAFKA_INGEST_<PART>_PORT`` per
-port (:data:`PORT_VARIABLES`). The markers ``up`` leaves in the state directory make its
+directories at will): ``KAFKA_INGEST_STATE_DIR``, one ``KAFKA_INGEST_<PART>_PORT`` per
+port (:data:`PORT_VARIABLES`) and ``KAFKA_INGEST_AIRFLOW_INSTANCE``
+(:data:`INSTANCE_VARIABLE`). The markers ``up`` leaves in the state directory make its
 options stick (``--secure``, ``--faults``, ``--brokers``, ``--replica``); :func:`locked`
 serialises the commands that change the stack.
 """
@@ -13,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from kafka_ingest_dev import faults as fault_proxy
 from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
 from kafka_ingest_dev.procs import StackError, free_ports, read_or_none
 from kafka_ingest_dev.stack.kafka import BROKER_DIR, KAFKA_VERSION, KafkaNode
-from kafka_ingest_dev.stack.postgres import PgNode
+from kafka_ingest_dev.stack.postgres import AIRFLOW_DATABASE, PgNode
 
 #: Where ``up``, ``down`` and the others send their lines (``print``, or a logger's).
 Report = Callable[[str], None]
@@ -37,6 +39,12 @@ PORT_VARIABLES = (
     "KAFKA_INGEST_REGISTRY_PORT", "KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
     "KAFKA_INGEST_CONNECT_PORT",
 )
+#: Names another Airflow of the same stack (letters, digits, ``_``): its home
+#: ``<state>/airflow-<name>``, its metadata database ``airflow_<name>`` (a copy of the
+#: stack's ``airflow`` database), its own ports (``KAFKA_INGEST_AIRFLOW_PORT`` and
+#: ``KAFKA_INGEST_REDIS_PORT`` beside it). Each pytest-xdist worker runs its DAG tests on one
+#: of its own (tests/support/workers.py). Unset or empty: the stack's own Airflow.
+INSTANCE_VARIABLE = "KAFKA_INGEST_AIRFLOW_INSTANCE"
 NODE_PORT_VARIABLES = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
                        "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
 
@@ -68,6 +76,8 @@ class Settings:
     registry_management_port: int = apicurio.DEFAULT_MANAGEMENT_PORT
     #: ``--connect``: the Kafka Connect worker's REST API.
     connect_port: int = kafka_connect.DEFAULT_PORT
+    #: :data:`INSTANCE_VARIABLE`: "" is the stack's own Airflow.
+    airflow_instance: str = ""
 
     # ----------------------------------------------------------------------- kafka
 
@@ -161,7 +171,14 @@ class Settings:
 
     @property
     def airflow_home(self) -> Path:
-        return self.state / "airflow"
+        return self.state / (f"airflow-{self.airflow_instance}" if self.airflow_instance
+                             else "airflow")
+
+    @property
+    def airflow_database(self) -> str:
+        """Airflow's metadata database in the stack's Postgres (its instance's)."""
+        return (f"{AIRFLOW_DATABASE}_{self.airflow_instance}" if self.airflow_instance
+                else AIRFLOW_DATABASE)
 
     @property
     def airflow(self) -> AirflowServices:
@@ -256,10 +273,11 @@ def port(name: str, default: int) -> int:
 
 def isolated_env(state: Path, *, brokers: int = 1) -> dict[str, str]:
     """The environment of a stack of its own beside the shared one: its state dir and a
-    free loopback port for every port it may open (the fault tests', the soak's)."""
+    free loopback port for every port it may open (the fault tests', the soak's), and its
+    own Airflow (no :data:`INSTANCE_VARIABLE`)."""
     names = [*PORT_VARIABLES,
              *(f"{n}_{i}" for i in range(2, brokers + 1) for n in NODE_PORT_VARIABLES)]
-    return {"KAFKA_INGEST_STATE_DIR": str(state),
+    return {"KAFKA_INGEST_STATE_DIR": str(state), INSTANCE_VARIABLE: "",
             **dict(zip(names, map(str, free_ports(len(names))), strict=True))}
 
 
@@ -285,7 +303,16 @@ def settings() -> Settings:
         registry_management_port=port("KAFKA_INGEST_REGISTRY_MANAGEMENT_PORT",
                                       apicurio.DEFAULT_MANAGEMENT_PORT),
         connect_port=port("KAFKA_INGEST_CONNECT_PORT", kafka_connect.DEFAULT_PORT),
+        airflow_instance=airflow_instance(),
     )
+
+
+def airflow_instance() -> str:
+    """:data:`INSTANCE_VARIABLE`, checked: it names a directory and a database."""
+    name = os.environ.get(INSTANCE_VARIABLE, "").strip()
+    if name and not re.fullmatch(r"[a-z0-9_]+", name):
+        raise StackError(f"{INSTANCE_VARIABLE}={name!r}: lower-case letters, digits and _ only")
+    return name
 
 
 @contextlib.contextmanager
