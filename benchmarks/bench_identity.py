@@ -245,13 +245,13 @@ def measure_engine(args: argparse.Namespace) -> None:
     from kafka_ingest_dev.samples import produce_records
 
     env = up()
-    kafka = {"bootstrap.servers": env["KAFKA_INGEST_BOOTSTRAP_SERVERS"]}
+    kafka = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
     tag = uuid.uuid4().hex[:8]
     clients = KafkaClients(kafka)
     doc = pipelines_doc(f"bid{tag}", lambda v: f"bench-{tag}-{v}")
-    topics = [body["topic"] for body in doc["pipelines"].values()]
+    topics = [t for body in doc["pipelines"].values() for t in (body["topic"], body["dlq_topic"])]
     print(f"load average before: {os.getloadavg()}", flush=True)
-    with fresh_database(env["KAFKA_INGEST_ADMIN_DSN"]) as dsn:
+    with fresh_database(env["KAFKA_INGEST_PG_DSN"]) as dsn:
         try:
             ensure_topics(clients, {t: 1 for t in topics})
             for variant in VARIANTS:
