@@ -269,15 +269,15 @@ def measure_engine(args: argparse.Namespace) -> None:
             order = list(VARIANTS)
             for r in range(args.rounds):
                 for variant in order if r % 2 == 0 else order[::-1]:
-                    name = f"bid{tag}_{variant}"
+                    name = f"bid{tag}_{variant}_{r}"  # a pipeline a run: offsets of its own
                     round_doc = {**doc, "pipelines": {name: {
-                        **doc["pipelines"][name], "table": f"{name}_{r}",
+                        **doc["pipelines"][f"bid{tag}_{variant}"], "table": name,
                         "consumer_group": f"bench-{tag}-{variant}-{r}"}}}
                     pipeline = parse_pipelines(round_doc)[name]
                     with psycopg.connect(dsn, autocommit=True) as conn:
                         apply_tables(conn, pipeline)
                     raw = run_child(child_engine, kafka, dsn, round_doc, name, f"bid{tag}{r}")
-                    rows = count_rows(dsn, f"{name}_{r}")
+                    rows = count_rows(dsn, name)
                     if raw["events"] != args.events or rows != args.events:
                         raise RuntimeError(f"{variant}: read {raw['events']}, {rows} rows")
                     spent[variant].append((raw["seconds"], raw["cpu_s"]))
