@@ -184,7 +184,8 @@ _PRIMITIVES = {"null": _NULL, "boolean": _BOOLEAN, "int": _VARINT, "long": _VARI
 _UNION = -1
 #: The code of a field that is a record: its fields follow, read by the same loop.
 _RECORD = -2
-_UNPACK_FLOAT, _UNPACK_DOUBLE = struct.Struct("<f").unpack_from, struct.Struct("<d").unpack_from
+_IEEE = {_FLOAT: (struct.Struct("<f").unpack_from, 4),
+         _DOUBLE: (struct.Struct("<d").unpack_from, 8)}
 #: (field name, its code, a union's branch codes or a record's plan) per field, in the
 #: schema's order.
 FlatPlan = tuple[tuple[str, int, tuple[Any, ...]], ...]
@@ -243,12 +244,10 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901 (decode, below)
     """The reader of one planned schema: one loop, no call per field but for a varint
     longer than a byte (a call per field cost as much as fastavro's dispatch). The codes
-    are the closure's (no global lookup per field), and a length or a union index of one
-    byte, as every string of fewer than 64 bytes has, is read without the zigzag
-    arithmetic."""
-    union, string, double, float_, varint, null = _UNION, _STRING, _DOUBLE, _FLOAT, _VARINT, _NULL
+    are the closure's (no global lookup per field), and a length of one byte, as every
+    string of fewer than 64 bytes has, is read without the zigzag arithmetic."""
+    ieee, union, string, float_, varint, null = _IEEE, _UNION, _STRING, _FLOAT, _VARINT, _NULL
     boolean, end_key = _BOOLEAN, _END
-    unpack_double, unpack_float = _UNPACK_DOUBLE, _UNPACK_FLOAT
 
     def decode(payload: bytes, pos: int = 0, plan: FlatPlan = plan,  # noqa: C901 (hot loop)
                inner: bool = False) -> dict[Any, Any]:
@@ -256,15 +255,10 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
         try:
             for name, code, branches in plan:
                 if code == union:
-                    byte = payload[pos]
-                    if byte < 0x80 and not byte & 1:  # every union of up to 64 branches
-                        pos += 1
-                        code = branches[byte >> 1]  # noqa: PLW2901 (the branch written)
-                    else:
-                        index, pos = _varint(payload, pos)
-                        if index < 0:
-                            raise IndexError(f"union index {index}")
-                        code = branches[index]  # noqa: PLW2901
+                    index, pos = _varint(payload, pos)
+                    if index < 0:
+                        raise IndexError(f"union index {index}")
+                    code = branches[index]  # noqa: PLW2901 (the branch the writer wrote)
                 if code >= string:  # or _BYTES
                     byte = payload[pos]
                     if byte < 0x80 and not byte & 1:  # 0 to 63: the zigzag of one byte
@@ -281,12 +275,10 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
                     out[name] = (payload[pos:end].decode() if code == string
                                  else payload[pos:end])
                     pos = end
-                elif code == double:
-                    out[name] = unpack_double(payload, pos)[0]
-                    pos += 8
-                elif code == float_:
-                    out[name] = unpack_float(payload, pos)[0]
-                    pos += 4
+                elif code >= float_:  # or _DOUBLE
+                    unpack, size = ieee[code]
+                    out[name] = unpack(payload, pos)[0]
+                    pos += size
                 elif code == varint:
                     byte = payload[pos]
                     if byte < 0x80:
