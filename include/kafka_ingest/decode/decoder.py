@@ -26,7 +26,7 @@ from typing import Any
 
 from kafka_ingest.config import KeyFormat, Pipeline
 from kafka_ingest.decode.codecs import PayloadReader, codec_for
-from kafka_ingest.decode.codecs.wire import split_header
+from kafka_ingest.decode.codecs.wire import HEADER_SIZE, split_header
 from kafka_ingest.decode.schemas import schema_problems
 from kafka_ingest.errors import (
     ContractViolation,
@@ -62,6 +62,9 @@ class RegistryDecoder:
         self.registry = registry
         self.python = self.codec.python
         self._readers: dict[int, PayloadReader] = {}
+        #: The same readers by the header bytes that carry their id (magic byte and id):
+        #: the hot path's one lookup, without parsing the header (:meth:`read`).
+        self._by_header: dict[bytes, PayloadReader] = {}
         #: The writer schemas behind ``_readers``.
         self._schemas: dict[int, WriterSchema] = {}
         #: Schema id -> why the contract cannot read it (None: it can), judged the first
@@ -75,11 +78,20 @@ class RegistryDecoder:
                      and pipeline.record_key.format is KeyFormat.REGISTRY)
 
     def read(self, value: bytes) -> Any:
-        schema_id, payload = split_header(value)
+        reader = self._by_header.get(value[:HEADER_SIZE])
+        if reader is None:  # a header not met yet, or no header at all
+            reader = self._header_reader(value)
+        return reader(value[HEADER_SIZE:])
+
+    def _header_reader(self, value: bytes) -> PayloadReader:
+        """The reader of ``value``'s schema id, kept under its header bytes;
+        :class:`NotWireFormat` for a value without the header (nothing kept)."""
+        schema_id, _ = split_header(value)
         reader = self._readers.get(schema_id)
         if reader is None:
             reader = self._readers[schema_id] = self._reader(schema_id)
-        return reader(payload)
+        self._by_header[value[:HEADER_SIZE]] = reader
+        return reader
 
     def read_key(self, value: bytes) -> Any:
         """A registry-encoded record key, decoded to a Python value."""

@@ -29,6 +29,8 @@ def _text(raw: bytes, max_length: int, what: str, error: type[BadKey | BadHeader
     except UnicodeDecodeError as err:
         raise error(f"{what} is not UTF-8: byte 0x{raw[err.start]:02x} at position "
                     f"{err.start}") from None
+    if text and len(text) <= max_length and "\x00" not in text:
+        return text  # the usual key, checked inline (UTF-8 decodes to no lone surrogate)
     return _checked(text, max_length, what, error)
 
 
@@ -108,6 +110,11 @@ def column_reader(pipeline: Pipeline,
             values += [_header(name, spec, present) for name, spec in headers]
         return tuple(values)
 
+    if key is not None and not headers:  # the key alone: one tuple, no list first
+        def read_key(msg: MessageLike) -> tuple[Any, ...]:
+            return (key_value(key, msg.key(), decoder),)
+
+        return read_key
     return read
 
 

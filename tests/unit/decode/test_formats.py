@@ -481,36 +481,57 @@ def _random_value(rng: Any, avro_type: str) -> Any:
             }[avro_type]
 
 
+def _random_fields(rng: Any, depth: int, name: str) -> list[dict[str, Any]]:
+    """Random fields: primitives, unions of them, and (above depth 0) records of such."""
+    fields: list[dict[str, Any]] = []
+    for i in range(rng.randint(1, 9 if depth == 2 else 4)):
+        roll = rng.random()
+        if roll < .3:
+            fields.append({"name": f"f{i}", "type": rng.sample(_PRIMITIVES, rng.randint(1, 3))})
+        elif roll < .45 and depth:
+            fields.append({"name": f"f{i}", "type": {"type": "record", "name": f"{name}_{i}",
+                                                     "fields": _random_fields(rng, depth - 1,
+                                                                              f"{name}_{i}")}})
+        else:
+            kind = rng.choice(_PRIMITIVES)
+            fields.append({"name": f"f{i}", "type": {"type": kind, "avro.java.string":
+                           "String"} if kind == "string" and rng.random() < .2 else kind})
+    return fields
+
+
+def _random_record(rng: Any, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    record = {}
+    for f in fields:
+        t = f["type"]
+        if isinstance(t, list):
+            t = rng.choice(t)
+        if isinstance(t, dict) and t["type"] == "record":
+            record[f["name"]] = _random_record(rng, t["fields"])
+        else:
+            record[f["name"]] = _random_value(rng, t["type"] if isinstance(t, dict) else t)
+    return record
+
+
 def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refuses() -> None:
-    """Records of primitives and unions of them are read by the project's one-loop reader
-    (fastavro's per-field dispatch was most of the Avro path's cost): on random schemas,
-    records and every cut of their payloads, it must agree with fastavro exactly."""
+    """Records of primitives, unions of them and records of those are read by the
+    project's one-loop reader (fastavro's per-field dispatch was most of the Avro path's
+    cost): on random schemas, records and every cut of their payloads, it must agree with
+    fastavro exactly."""
     import random
 
     from kafka_ingest.decode.codecs.avro import _avro_reader
 
     rng = random.Random(7)
-    checked = 0
+    checked = nested = 0
     for s in range(60):
-        fields = []
-        for i in range(rng.randint(1, 9)):
-            if rng.random() < .3:
-                fields.append({"name": f"f{i}", "type": rng.sample(_PRIMITIVES, rng.randint(1, 3))})
-            else:
-                kind = rng.choice(_PRIMITIVES)
-                fields.append({"name": f"f{i}", "type": {"type": kind, "avro.java.string":
-                               "String"} if kind == "string" and rng.random() < .2 else kind})
+        fields = _random_fields(rng, 2, f"R{s}")
         schema = {"type": "record", "name": f"R{s}", "fields": fields}
+        nested += '"record"' in json.dumps(fields)
         reader = _avro_reader(WriterSchema(s, "AVRO", json.dumps(schema)))
         assert reader.__qualname__.startswith("_flat_reader"), schema  # not fastavro's
         parsed = fastavro.parse_schema(schema)
         for _ in range(4):
-            record = {}
-            for f in fields:
-                t = f["type"]
-                if isinstance(t, list):
-                    t = rng.choice(t)
-                record[f["name"]] = _random_value(rng, t["type"] if isinstance(t, dict) else t)
+            record = _random_record(rng, fields)
             out = io.BytesIO()
             fastavro.schemaless_writer(out, parsed, record)
             payload = out.getvalue()
@@ -531,6 +552,7 @@ def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refu
                 assert (ours == "refused") == (fastavro_read == "refused"), (schema, cut)
             checked += 1
     assert checked == 240
+    assert nested > 15  # records inside records were among them
 
 
 @pytest.mark.parametrize("payload", [
@@ -556,6 +578,15 @@ def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -
         {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}]},
     {"type": "record", "name": "W", "fields": [
         {"name": "u", "type": ["null", {"type": "string", "logicalType": "uuid"}]}]},
+    {"type": "record", "name": "V", "fields": [  # an optional record: a union of one
+        {"name": "a", "type": ["null", {"type": "record", "name": "A", "fields": [
+            {"name": "x", "type": "string"}]}]}]},
+    {"type": "record", "name": "U", "fields": [  # a record in place, then used by name
+        {"name": "a", "type": {"type": "record", "name": "B", "fields": [
+            {"name": "x", "type": "string"}]}}, {"name": "b", "type": "B"}]},
+    {"type": "record", "name": "T", "fields": [  # a record in place holding a logical type
+        {"name": "a", "type": {"type": "record", "name": "C", "fields": [
+            {"name": "t", "type": {"type": "int", "logicalType": "date"}}]}}]},
     "string",
 ])
 def test_logical_types_nested_types_and_non_records_stay_with_fastavro(schema: Any) -> None:

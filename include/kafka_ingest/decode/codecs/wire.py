@@ -9,6 +9,8 @@ from kafka_ingest.errors import NotWireFormat
 
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
+#: The header's length: a payload starts at this byte.
+HEADER_SIZE = _HEADER.size
 
 
 def wire_schema_id(value: bytes | None) -> int | None:
@@ -29,4 +31,4 @@ def split_header(value: bytes) -> tuple[int, bytes]:
     return int(_HEADER.unpack_from(value)[1]), value[_HEADER.size:]
 
 
-__all__ = ["MAGIC", "split_header", "wire_schema_id"]
+__all__ = ["HEADER_SIZE", "MAGIC", "split_header", "wire_schema_id"]
