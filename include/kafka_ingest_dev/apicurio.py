@@ -254,13 +254,6 @@ class Server(LocalService):
     def props(self) -> Path:
         return self.home / "registry.properties"
 
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "registry.pid"
-
-    @property
-    def logfile(self) -> Path:
-        return self.home / "registry.log"
 
     @property
     def release_file(self) -> Path:

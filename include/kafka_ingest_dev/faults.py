@@ -103,13 +103,6 @@ class Server(LocalService):
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "toxiproxy.pid"
-
-    @property
-    def logfile(self) -> Path:
-        return self.home / "toxiproxy.log"
 
     @property
     def config(self) -> Path:

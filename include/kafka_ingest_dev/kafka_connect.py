@@ -161,13 +161,6 @@ class Worker(LocalService):
     def offsets(self) -> Path:
         return self.home / "connect.offsets"
 
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "connect.pid"
-
-    @property
-    def logfile(self) -> Path:
-        return self.home / "connect.log"
 
     def markers(self) -> tuple[str, ...]:
         """Its command line names our configuration file, which lives in this state dir."""

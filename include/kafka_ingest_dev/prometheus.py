@@ -259,13 +259,6 @@ class PrometheusServer(LocalService):
     def secrets_dir(self) -> Path:
         return self.home / "secrets"
 
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "prometheus.pid"
-
-    @property
-    def logfile(self) -> Path:
-        return self.home / "prometheus.log"
 
     def token_file(self, job: str) -> Path:
         return self.secrets_dir / f"{_JOB_FILE.sub('_', job)}.token"

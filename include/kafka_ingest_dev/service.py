@@ -35,9 +35,10 @@ class LocalService:
     """A process of the local stack: started by this package, found by its pid file.
 
     A subclass (usually a frozen dataclass) gives :attr:`name`, :attr:`home`,
-    :attr:`pidfile`, :attr:`logfile`, :attr:`address`, :meth:`markers` and
-    :meth:`answers`; a service started by a tool of its own (Postgres' ``pg_ctl``)
-    overrides :meth:`stop` and never calls :meth:`spawn`.
+    :attr:`address`, :meth:`markers` and :meth:`answers` (and :attr:`pidfile`,
+    :attr:`logfile` when they are not ``<home>/<name>.pid`` and ``.log``); a service
+    started by a tool of its own (Postgres' ``pg_ctl``) overrides :meth:`stop` and never
+    calls :meth:`spawn`.
     """
 
     #: Its name in ``stack status`` and in the lines ``up`` and ``down`` print.
@@ -51,11 +52,13 @@ class LocalService:
 
     @property
     def pidfile(self) -> Path:
-        raise NotImplementedError
+        """``<home>/<name>.pid`` unless the service keeps it elsewhere."""
+        return self.home / f"{self.name}.pid"
 
     @property
     def logfile(self) -> Path:
-        raise NotImplementedError
+        """``<home>/<name>.log`` unless the service logs elsewhere."""
+        return self.home / f"{self.name}.log"
 
     @property
     def address(self) -> str:
