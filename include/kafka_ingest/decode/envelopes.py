@@ -95,6 +95,17 @@ def _json(value: Any) -> Any:
     return list(UNAVAILABLE_JSON) if value == UNAVAILABLE else json.loads(value)
 
 
+#: The placeholder as a column's value reads: text, a jsonb column's
+#: (:func:`_json`), bytea's decoded or (without a schema) base64.
+_PLACEHOLDERS = (UNAVAILABLE, list(UNAVAILABLE_JSON), UNAVAILABLE.encode(),
+                 base64.b64encode(UNAVAILABLE.encode()).decode())
+
+
+def unavailable(value: Any) -> bool:
+    """Whether a column value of an ``after`` row is Debezium's placeholder."""
+    return isinstance(value, str | bytes | list) and any(value == p for p in _PLACEHOLDERS)
+
+
 def _bytes(value: Any) -> bytes:
     return base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
 
@@ -235,10 +246,12 @@ class EnvelopeReader:
     _HEAD, _PAYLOAD = b'{"schema":', b',"payload":'
 
     def __init__(self, decoder: RegistryDecoder | None, *, pipeline: str = "",
-                 declared: dict[str, Any] | None = None) -> None:
+                 declared: dict[str, Any] | None = None, key_field: str | None = None) -> None:
         self.decoder = decoder
-        self.pipeline, self.declared = pipeline, declared
+        self.pipeline, self.declared, self.key_field = pipeline, declared, key_field
         self._readers: dict[bytes, RowReader | None] = {}
+        #: The last row read of each (partition, key): see :meth:`_filled`.
+        self._last: dict[Any, dict[str, Any]] = {}
 
     def _row_reader(self, schema: Any) -> RowReader | None:
         if self.declared is not None:
@@ -249,7 +262,9 @@ class EnvelopeReader:
                                     changes)
         return row_reader(schema)
 
-    def read(self, value: bytes) -> tuple[str, Any]:
+    def read(self, value: bytes, within: Any = None) -> tuple[str, Any]:
+        """``value``'s operation and row; ``within``: where it was read (its topic and
+        partition), for :meth:`_filled` (None: each row as it is)."""
         payload, reader = self._payload(value)
         if not isinstance(payload, dict):
             raise BadEnvelope("the value is not a change event (an object with 'op', 'before' "
@@ -259,11 +274,30 @@ class EnvelopeReader:
             after = payload.get("after")
             if not isinstance(after, dict):
                 raise BadEnvelope(f"op {op!r} without an 'after' row")
-            return op, (reader or _schemaless)(after)
+            if reader is None:
+                return op, _schemaless(self._filled(after, within))
+            return op, self._filled(reader(after), within)
         if op in ("d", "t"):
             return op, None
         raise BadEnvelope(f"op {op!r} is not one of Debezium's: {_OPS}" if op is not None
                           else f"no 'op': not a change event ({_OPS})")
+
+    def _filled(self, row: dict[str, Any], within: Any) -> dict[str, Any]:
+        """``row`` with each column Debezium left out (its placeholder) taken from the last
+        row of its key read before it in this partition, if any: a chunk writes each key's
+        newest row only, so the value an earlier change of the chunk wrote would be lost."""
+        if self.key_field is None or within is None:
+            return row
+        key = row.get(self.key_field)
+        if not isinstance(key, int | str | UUID):
+            return row
+        last = self._last.get((within, key))
+        if last is not None:
+            for name, value in row.items():
+                if name in last and unavailable(value):
+                    row[name] = last[name]
+        self._last[(within, key)] = row
+        return row
 
     def _payload(self, value: bytes) -> tuple[Any, RowReader | None]:
         if self.decoder is not None:
@@ -415,4 +449,4 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
-           "row_declaration", "row_reader", "semantic", "source_changes"]
+           "row_declaration", "row_reader", "semantic", "source_changes", "unavailable"]
