@@ -261,3 +261,29 @@ def test_a_toasted_value_changed_then_left_out_in_one_chunk_is_mirrored(
     assert len(left_out) == 2  # both second updates carry the placeholder
     ran(env, "run", "customers")
     same(src, pg_dsn)
+
+
+def test_an_update_that_leaves_toasted_arrays_out_keeps_them(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """A ``text[]`` and an ``integer[]`` stored out of line, then an update of another
+    column: Debezium writes its array placeholders for them (``[placeholder]``, and the
+    placeholder's bytes as integers); the mirror keeps the arrays it holds."""
+    tags = [secrets.token_hex(40) for _ in range(200)]
+    nums = [secrets.randbelow(2**31) for _ in range(3000)]
+    src = debezium_source(
+        {"customers": "id int PRIMARY KEY, name text NOT NULL, tags text[], nums int[]"},
+        setup=[f"INSERT INTO customers VALUES (1, 'a', ARRAY{tags}::text[], "
+               f"ARRAY{nums}::int[])"])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    ran(env, "run", "customers")
+    src.execute("UPDATE customers SET name = 'b' WHERE id = 1")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"][-1]
+    assert update.after is not None and update.after["tags"] == [
+        "__debezium_unavailable_value"], update.after
+    ran(env, "run", "customers")
+    columns = "id, name, tags, nums"
+    assert query(pg_dsn, f"SELECT {columns} FROM customers") == src.query(
+        f"SELECT {columns} FROM customers") == [(1, "b", tags, nums)]

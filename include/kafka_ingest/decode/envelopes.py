@@ -95,10 +95,11 @@ def _json(value: Any) -> Any:
     return list(UNAVAILABLE_JSON) if value == UNAVAILABLE else json.loads(value)
 
 
-#: The placeholder as a column's value reads: text, a jsonb column's
-#: (:func:`_json`), bytea's decoded or (without a schema) base64.
+#: The placeholder as a column's value reads: text, a jsonb column's (:func:`_json`) or a
+#: text array's, bytea's decoded or (without a schema) base64, an integer array's (its
+#: bytes).
 _PLACEHOLDERS = (UNAVAILABLE, list(UNAVAILABLE_JSON), UNAVAILABLE.encode(),
-                 base64.b64encode(UNAVAILABLE.encode()).decode())
+                 base64.b64encode(UNAVAILABLE.encode()).decode(), list(UNAVAILABLE.encode()))
 
 
 def unavailable(value: Any) -> bool:
