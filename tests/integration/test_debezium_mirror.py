@@ -287,3 +287,21 @@ def test_an_update_that_leaves_toasted_arrays_out_keeps_them(
     columns = "id, name, tags, nums"
     assert query(pg_dsn, f"SELECT {columns} FROM customers") == src.query(
         f"SELECT {columns} FROM customers") == [(1, "b", tags, nums)]
+
+
+def test_a_table_with_a_version_column_is_mirrored(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """An ORM's optimistic-lock ``version`` and a column named like one every table here
+    has: ``schema from-topic`` declares them renamed (``version_``, ``ingested_at_``), and
+    the rows (version 5 too) are mirrored, none dead-lettered."""
+    src = debezium_source({"customers": "id int PRIMARY KEY, version int NOT NULL, "
+                                        "ingested_at timestamp"},
+                          setup=["INSERT INTO customers VALUES (1, 1, NULL), "
+                                 "(2, 5, TIMESTAMP '2026-01-02 03:04:05')"])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    done = ran(env, "run", "customers")
+    assert (done["inserted"], done["dead_lettered"]) == (2, 0), done
+    assert query(pg_dsn, "SELECT id, version_, ingested_at_ FROM customers ORDER BY id") == \
+        src.query("SELECT id, version, ingested_at FROM customers ORDER BY id")

@@ -40,7 +40,7 @@ from uuid import UUID
 from pydantic_core import from_json, to_json
 
 from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
-from kafka_ingest.contracts.declared import TEXT_MAX
+from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadEnvelope, SourceChanged, Undecodable
 
@@ -183,6 +183,25 @@ def row_reader(schema: Any) -> RowReader | None:
     return read
 
 
+#: The source columns whose names every contract reads as its own (a payload's contract
+#: version, its event id): the contract reads them as these.
+_RENAMED = {"version": "version_", "event_id": "event_id_"}
+
+
+def payload_name(column: str) -> str:
+    """The name the contract reads a source column by (see :data:`_RENAMED`)."""
+    return _RENAMED.get(column, column)
+
+
+def _renamed(row: dict[str, Any]) -> dict[str, Any]:
+    """An ``after`` row with the columns of :data:`_RENAMED` under their contract names
+    (the row's ``version`` is no contract version)."""
+    for column, name in _RENAMED.items():
+        if column in row:
+            row[name] = row.pop(column)
+    return row
+
+
 def _schemaless(row: dict[str, Any]) -> bytes:
     """An ``after`` row without a schema: validated as JSON, as a plain payload is."""
     return to_json(row)
@@ -196,7 +215,8 @@ def source_changes(schema: Any, declared: dict[str, Any]) -> list[str]:
     after = _after(schema)
     if after is None:
         return []
-    columns = {f["field"]: f for f in after if isinstance(f, dict) and "field" in f}
+    columns = {payload_name(f["field"]): f for f in after
+               if isinstance(f, dict) and "field" in f}
     changes = []
     for name, field in columns.items():
         spec, _ = _field_spec(field)
@@ -276,8 +296,8 @@ class EnvelopeReader:
             if not isinstance(after, dict):
                 raise BadEnvelope(f"op {op!r} without an 'after' row")
             if reader is None:
-                return op, _schemaless(self._filled(after, within))
-            return op, self._filled(reader(after), within)
+                return op, _schemaless(_renamed(self._filled(after, within)))
+            return op, _renamed(self._filled(reader(after), within))
         if op in ("d", "t"):
             return op, None
         raise BadEnvelope(f"op {op!r} is not one of Debezium's: {_OPS}" if op is not None
@@ -422,9 +442,14 @@ def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str]
         spec, what = _field_spec(field)
         if spec is None:
             left_out.append(f"{field.get('field')}: {what}")
-        else:
-            fields[field["field"]] = spec
-            guesses.append(f"{field['field']}: {what}")
+            continue
+        name = field["field"]
+        if name in RESERVED_COLUMNS:  # a column every table has: this one renamed
+            what += f" (column {name}_: every table has a {name})"
+            if payload_name(name) == name:
+                spec["column"] = f"{name}_"
+        fields[payload_name(name)] = spec
+        guesses.append(f"{name}: {what}")
     return fields, guesses, left_out
 
 
@@ -437,17 +462,21 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
                          f"({', '.join(map(str, columns))}): a mirror reads a primary key of "
                          "one column")
     column = columns[0]
-    spec = fields.get(column)
+    spec = fields.get(payload_name(column))
     if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):
         raise ValueError(f"the primary key column {column!r} is not an integer, text or uuid "
                          "column of the row")
     spec.pop("required", None)
     numeric = spec["type"] in ("smallint", "integer", "bigint")
-    section = {"column": column, "format": "json", "type": "bigint" if numeric else "text"}
+    named = spec.get("column", payload_name(column))
+    section = {"column": named, "format": "json", "type": "bigint" if numeric else "text"}
+    if named != column:
+        section["field"] = column
     if not numeric:
         section["max_length"] = min(spec.get("max_length", 36), 10_000)
     return section
 
 
 __all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
-           "row_declaration", "row_reader", "semantic", "source_changes", "unavailable"]
+           "payload_name", "row_declaration", "row_reader", "semantic", "source_changes",
+           "unavailable"]

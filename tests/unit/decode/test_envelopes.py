@@ -325,3 +325,23 @@ def test_a_schema_whose_text_holds_payload_as_a_key_is_read_whole() -> None:
     assert b',"payload":"c"' in change("c", {"id": 1, "name": "a"}, columns=odd)
     op, row = reader.read(change("c", {"id": 1, "name": "a", "born": 2}, columns=odd))
     assert op == "c" and row == {"id": 1, "name": "a", "born": date(1970, 1, 3)}
+
+
+@pytest.mark.parametrize("name", ["version", "event_id", "ingested_at", "source_offset"])
+def test_a_source_column_named_like_a_column_every_table_has_is_mirrored_renamed(
+        name: str) -> None:
+    """A table with a ``version`` column (an ORM's optimistic lock: 5 is no contract
+    version), an ``event_id``, or another name every table here has: the declaration
+    renames its column and the mirror reads it there."""
+    fields, guesses, _ = row_declaration(envelope_schema(
+        [{"type": "int64", "optional": False, "field": "id"},
+         {"type": "int32", "optional": True, "field": name}]))
+    key_section = key_declaration(json.loads(key(7))["schema"], fields)
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": {**MIRROR, "record_key": key_section}}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", {"id": 7, name: 5}, columns=[
+        {"type": "int64", "optional": False, "field": "id"},
+        {"type": "int32", "optional": True, "field": name}]), key(7))], declared)
+    assert not result.dead, result.dead
+    row = dict(zip(declared.column_names, result.rows[0], strict=False))
+    assert row[f"{name}_"] == 5 and any(f"column {name}_" in g for g in guesses)
