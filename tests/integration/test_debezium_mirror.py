@@ -305,3 +305,20 @@ def test_a_table_with_a_version_column_is_mirrored(
     assert (done["inserted"], done["dead_lettered"]) == (2, 0), done
     assert query(pg_dsn, "SELECT id, version_, ingested_at_ FROM customers ORDER BY id") == \
         src.query("SELECT id, version, ingested_at FROM customers ORDER BY id")
+
+
+def test_real_and_double_precision_columns_are_mirrored(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """JsonConverter names the schema types of ``real`` and ``double precision`` ``float``
+    and ``double``: ``schema from-topic`` declares them (``double precision`` both), and
+    the values are mirrored (a ``real``'s as a ``real`` holds it)."""
+    src = debezium_source({"customers": "id int PRIMARY KEY, f4 real, f8 double precision"},
+                          setup=["INSERT INTO customers VALUES (1, 1.1, 2.2), (2, NULL, -3e300)"])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    assert {n: f["type"] for n, f in document["contracts"]["customer"]["fields"].items()} == {
+        "id": "integer", "f4": "float", "f8": "float"}
+    ran(env, "run", "customers")
+    assert query(pg_dsn, "SELECT id, f4::real, f8 FROM customers ORDER BY id") == \
+        src.query("SELECT id, f4, f8 FROM customers ORDER BY id")

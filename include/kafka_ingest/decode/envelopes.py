@@ -369,10 +369,12 @@ def _parsed(value: bytes) -> Any:
 
 # --------------------------------------------------------------------------- declarations
 
-#: Connect's primitive types -> the declared field type (a string's width: the source
-#: column's length when Debezium propagates it, else the widest a declared text takes).
+#: Connect's primitive types, as JsonConverter names them in a schema (``float`` and
+#: ``double``: Connect's FLOAT32 and FLOAT64) -> the declared field type (a string's width:
+#: the source column's length when Debezium propagates it, else the widest a declared text
+#: takes).
 _PRIMITIVE = {"int8": "smallint", "int16": "smallint", "int32": "integer",
-              "int64": "bigint", "float32": "float", "float64": "float",
+              "int64": "bigint", "float": "float", "double": "float",
               "boolean": "boolean", "string": "text", "bytes": "bytea"}
 #: Semantic types -> the declared field type of the column they came from.
 _SEMANTIC_TYPES = {
