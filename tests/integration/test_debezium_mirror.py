@@ -322,3 +322,36 @@ def test_real_and_double_precision_columns_are_mirrored(
     ran(env, "run", "customers")
     assert query(pg_dsn, "SELECT id, f4::real, f8 FROM customers ORDER BY id") == \
         src.query("SELECT id, f4, f8 FROM customers ORDER BY id")
+
+
+def test_key_updates_reinserts_and_a_truncate_amid_rows_in_one_chunk_are_mirrored(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
+    """In one run: an update of a primary key (Debezium: a delete of the old key, its
+    tombstone, a create of the new one), a delete then a re-insert of a key, a truncate
+    with rows before and after it, a key updated after the truncate; then a backfill of
+    every offset. The mirror equals its source after each."""
+    src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i)}"
+                                         for i in (1, 2, 3)])
+    topic = src.topics["customers"]
+    document = _declared(env, topic, tmp_path, on_truncate="truncate")
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    ran(env, "run", "customers")
+    src.execute(f"INSERT INTO customers VALUES {row(4)}")
+    src.execute("UPDATE customers SET id = 20 WHERE id = 2")
+    src.execute("DELETE FROM customers WHERE id = 3")
+    src.execute(f"INSERT INTO customers VALUES {row(3, 'again')}")
+    src.execute("UPDATE customers SET id = 2 WHERE id = 20")
+    src.execute("TRUNCATE customers")
+    src.execute(f"INSERT INTO customers VALUES {row(5)}")
+    src.execute(f"INSERT INTO customers VALUES {row(1, 'after')}")
+    src.execute("UPDATE customers SET id = 50 WHERE id = 5")
+    src.caught_up()
+    done = ran(env, "run", "customers")
+    assert done["dead_lettered"] == 0, done
+    same(src, pg_dsn)
+    high = highs(clients, topic)[0]
+    backfill = cli(env, "backfill", "customers", "--partition", "0", "--from-offset", "0",
+                   "--to-offset", str(high))
+    assert backfill.returncode == 0, backfill.stderr
+    same(src, pg_dsn)
