@@ -417,8 +417,11 @@ def _column_type(field: dict[str, Any], name: Any, kind: Any,
                 "scale": int(params.get("scale", 0))}, ""
     if name in _SEMANTIC_TYPES:
         return {"type": _SEMANTIC_TYPES[name]}, ""
-    if name is not None and name.startswith("io.debezium."):
-        return None, f"Debezium's {name} has no column type here (declare it as jsonb)"
+    if name == "io.debezium.data.VariableScaleDecimal":
+        return None, f"Debezium's {name} has no precision (declare it as numeric with one)"
+    if name is not None and name.startswith("io.debezium."):  # a string: a jsonb takes none
+        return None, (f"Debezium's {name} has no column type here (declare it as "
+                      f"{'text' if kind == 'string' else 'jsonb'})")
     if kind == "array" and isinstance(field.get("items"), dict):
         items, why = _field_spec({**field["items"], "optional": False})
         if items is None:

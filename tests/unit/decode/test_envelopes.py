@@ -345,3 +345,27 @@ def test_a_source_column_named_like_a_column_every_table_has_is_mirrored_renamed
     assert not result.dead, result.dead
     row = dict(zip(declared.column_names, result.rows[0], strict=False))
     assert row[f"{name}_"] == 5 and any(f"column {name}_" in g for g in guesses)
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ({"type": "string", "name": "io.debezium.time.ZonedTime"}, "10:11:12+02"),
+    ({"type": "string", "name": "io.debezium.data.Xml"}, "<a/>"),
+    ({"type": "struct", "name": "io.debezium.data.geometry.Point", "fields": []},
+     {"x": 1.0, "y": 2.0, "wkb": "AQ=="}),
+])
+def test_a_column_left_out_declared_as_its_note_says_reads_its_events(
+        column: dict[str, Any], value: Any) -> None:
+    """The note of a column ``schema from-topic`` leaves out names a type that takes its
+    values (a string's is text: a jsonb takes only objects and arrays)."""
+    columns = [{"type": "int64", "optional": False, "field": "id"},
+               {**column, "optional": True, "field": "c"}]
+    fields, _, (note,) = row_declaration(envelope_schema(columns))
+    hinted = note.rsplit("declare it as ", 1)[1].rstrip(")")
+    fields["c"] = {"type": hinted, "required": False,
+                   **({"max_length": 100} if hinted == "text" else {})}
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": {**MIRROR, "record_key": key_declaration(json.loads(key(7))["schema"],
+                                                      fields)}}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", {"id": 7, "c": value}, columns=columns),
+                                 key(7))], declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead
