@@ -222,7 +222,8 @@ def source_changes(schema: Any, declared: dict[str, Any]) -> list[str]:
         spec, _ = _field_spec(field)
         if spec is None:
             continue
-        wanted = {k: v for k, v in spec.items() if k in ("type", "required")}
+        # as a new contract version takes it: optional (older events lack it)
+        wanted = {**spec, "required": False}
         if name not in declared:
             changes.append(f"column {name!r} added ({name}: {json.dumps(wanted)})")
         elif declared[name].get("type") not in (spec["type"], "record"):

@@ -369,3 +369,27 @@ def test_a_column_left_out_declared_as_its_note_says_reads_its_events(
     result = validate_chunk([Msg(0, change("c", {"id": 7, "c": value}, columns=columns),
                                  key(7))], declared)
     assert len(result.rows) == 1 and not result.dead, result.dead
+
+
+@pytest.mark.parametrize("column", [
+    {"type": "int32", "optional": False},  # NOT NULL at the source
+    {"type": "string", "optional": True},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "1", "connect.decimal.precision": "4"}},
+])
+def test_the_field_a_source_change_names_loads_as_a_new_version(
+        column: dict[str, Any]) -> None:
+    """The declaration ``SourceChanged`` gives for a column added at the source, with
+    ``since: 2``, is a contract version that loads and reads the new events."""
+    columns = [*COLUMNS, {**column, "field": "score"}]
+    (change_note,) = source_changes(envelope_schema(columns), CUSTOMER["fields"])
+    given = json.loads(change_note.split("(score: ", 1)[1][:-1])
+    contract = {"version": 2, "fields": {**CUSTOMER["fields"], "score": {**given, "since": 2}}}
+    declared = parse_pipelines({"contracts": {"customer": contract}, "pipelines": {
+        "m": {**MIRROR, "contract": {"event_type": "customer", "version": 2}}}},
+        source="t.yaml")["m"]
+    value = b64(b"\x01") if column["type"] == "bytes" else 5 if column["type"] == "int32" \
+        else "x"
+    result = validate_chunk([Msg(0, change("c", {"id": 1, "name": "a", "score": value},
+                                           columns=columns), key(1))], declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead
