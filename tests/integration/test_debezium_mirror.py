@@ -395,3 +395,20 @@ def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
     _dead_lettered_then(env, src, tmp_path, dlq_topics, "TRUNCATE customers",
                         f"INSERT INTO customers VALUES {row(4)}")
     same(src, pg_dsn)  # only 4
+
+
+def test_a_pattern_leaves_out_a_table_it_cannot_mirror_and_mirrors_the_others(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str]) -> None:
+    """A join table (a primary key of two columns) among the pattern's topics: left out,
+    with the reason; the other tables' pipelines are printed."""
+    src = debezium_source({**SOURCE, "links": "a int, b int, PRIMARY KEY (a, b)"},
+                          setup=[f"INSERT INTO customers VALUES {row(1)}",
+                                 "INSERT INTO links VALUES (1, 2)"])
+    prefix = src.topics["customers"].rsplit(".", 1)[0]
+    shown = cli(env, "schema", "from-topic", f"{prefix}.*")
+    assert shown.returncode == 0, shown.stderr
+    tables = {p["table"] for p in yaml.safe_load(shown.stdout)["pipelines"].values()}
+    assert "customers" in tables and "links" not in tables
+    said = " ".join(line.removeprefix("# ").strip() for line in shown.stdout.splitlines()
+                    if line.startswith("#"))
+    assert f"left out: {src.topics['links']}: the primary key has 2 columns (a, b)" in said
