@@ -412,3 +412,24 @@ def test_a_pattern_leaves_out_a_table_it_cannot_mirror_and_mirrors_the_others(
     said = " ".join(line.removeprefix("# ").strip() for line in shown.stdout.splitlines()
                     if line.startswith("#"))
     assert f"left out: {src.topics['links']}: the primary key has 2 columns (a, b)" in said
+
+
+def test_from_topic_reads_a_history_with_a_column_added_and_one_dropped(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """Change events of two schemas: a NOT NULL column added at the source, another
+    dropped. ``schema from-topic`` declares both optional, and every event is mirrored."""
+    src = debezium_source({"customers": "id int PRIMARY KEY, name text NOT NULL, notes text"},
+                          setup=["INSERT INTO customers VALUES (1, 'a', 'n')"])
+    src.execute("ALTER TABLE customers ADD COLUMN score int NOT NULL DEFAULT 0, "
+                "DROP COLUMN notes")
+    src.execute("INSERT INTO customers VALUES (2, 'b', 7)")
+    src.caught_up()
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    fields = document["contracts"]["customer"]["fields"]
+    assert fields["score"]["required"] is False and fields["notes"]["required"] is False
+    done = ran(env, "run", "customers")
+    assert (done["inserted"], done["dead_lettered"]) == (2, 0), done
+    assert query(pg_dsn, "SELECT id, name, score, notes FROM customers ORDER BY id") == [
+        (1, "a", None, "n"), (2, "b", 7, None)]

@@ -459,6 +459,28 @@ def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str]
     return fields, guesses, left_out
 
 
+def rows_declaration(envelopes: list[Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """:func:`row_declaration` of the newest of ``envelopes`` (change events' schemas,
+    oldest first) that also reads the older ones: a column some of them lack (added or
+    dropped at the source meanwhile) is optional, so no sampled event stops the run."""
+    fields, guesses, left_out = row_declaration(envelopes[-1])
+    seen: list[str] = []
+    for older in reversed(envelopes[:-1]):
+        text = json.dumps(older, sort_keys=True)
+        if text in seen:
+            continue
+        seen.append(text)
+        columns, _, _ = row_declaration(older)
+        for name, spec in columns.items():
+            if name not in fields:  # dropped at the source since
+                fields[name] = {**spec, "required": False}
+                guesses.append(f"{name}: {spec['type']} (in older events only)")
+        for name, spec in fields.items():
+            if name not in columns:
+                spec["required"] = False
+    return fields, guesses, left_out
+
+
 def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """The ``record_key`` section of a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): its one field, a column of the row."""
@@ -484,5 +506,5 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
-           "payload_name", "row_declaration", "row_reader", "semantic", "source_changes",
-           "unavailable"]
+           "payload_name", "row_declaration", "row_reader", "rows_declaration", "semantic",
+           "source_changes", "unavailable"]
