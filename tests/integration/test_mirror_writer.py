@@ -114,3 +114,19 @@ def test_a_truncate_deletes_every_row_before_it_and_a_replay_brings_none_back(
     conn.rollback()
     assert list(table(conn, mirror)) == [4]
     assert json.dumps(sorted(markers(conn, mirror))) == "[1, 2, 3]"
+
+
+@pytest.mark.xfail(strict=True, reason="a truncate marks only the keys the table held: a "
+                   "key placed before it that never reached the table (dead-lettered, "
+                   "or before the offsets the mirror began at) comes back on a replay or "
+                   "backfill (see the review of #34)")
+def test_a_row_placed_before_a_truncate_that_the_table_never_held_stays_truncated(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """Key 9's insert at offset 2 was dead-lettered (too large, say), then the source was
+    truncated at offset 5: the DLQ replay (or a backfill) of offset 2 is older than the
+    truncate and must not bring the row back."""
+    write(db, mirror, [row(mirror, 0, id=1)], [Tombstone(EVERY_KEY, mirror.topic, 0, 5)])
+    replayed, _ = write(db, mirror, [row(mirror, 2, id=9)])
+    conn.rollback()
+    assert (replayed.inserted, replayed.stale) == (0, 1)
+    assert table(conn, mirror) == {}

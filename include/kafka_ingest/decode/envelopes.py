@@ -40,7 +40,7 @@ from uuid import UUID
 from pydantic_core import from_json, to_json
 
 from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
-from kafka_ingest.contracts.declared import TEXT_MAX
+from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadEnvelope, SourceChanged, Undecodable
 
@@ -93,6 +93,18 @@ def _zoned(value: Any) -> datetime:
 
 def _json(value: Any) -> Any:
     return list(UNAVAILABLE_JSON) if value == UNAVAILABLE else json.loads(value)
+
+
+#: The placeholder as a column's value reads: text, a jsonb column's (:func:`_json`) or a
+#: text array's, bytea's decoded or (without a schema) base64, an integer array's (its
+#: bytes).
+_PLACEHOLDERS = (UNAVAILABLE, list(UNAVAILABLE_JSON), UNAVAILABLE.encode(),
+                 base64.b64encode(UNAVAILABLE.encode()).decode(), list(UNAVAILABLE.encode()))
+
+
+def unavailable(value: Any) -> bool:
+    """Whether a column value of an ``after`` row is Debezium's placeholder."""
+    return isinstance(value, str | bytes | list) and any(value == p for p in _PLACEHOLDERS)
 
 
 def _bytes(value: Any) -> bytes:
@@ -171,6 +183,25 @@ def row_reader(schema: Any) -> RowReader | None:
     return read
 
 
+#: The source columns whose names every contract reads as its own (a payload's contract
+#: version, its event id): the contract reads them as these.
+_RENAMED = {"version": "version_", "event_id": "event_id_"}
+
+
+def payload_name(column: str) -> str:
+    """The name the contract reads a source column by (see :data:`_RENAMED`)."""
+    return _RENAMED.get(column, column)
+
+
+def _renamed(row: dict[str, Any]) -> dict[str, Any]:
+    """An ``after`` row with the columns of :data:`_RENAMED` under their contract names
+    (the row's ``version`` is no contract version)."""
+    for column, name in _RENAMED.items():
+        if column in row:
+            row[name] = row.pop(column)
+    return row
+
+
 def _schemaless(row: dict[str, Any]) -> bytes:
     """An ``after`` row without a schema: validated as JSON, as a plain payload is."""
     return to_json(row)
@@ -184,13 +215,15 @@ def source_changes(schema: Any, declared: dict[str, Any]) -> list[str]:
     after = _after(schema)
     if after is None:
         return []
-    columns = {f["field"]: f for f in after if isinstance(f, dict) and "field" in f}
+    columns = {payload_name(f["field"]): f for f in after
+               if isinstance(f, dict) and "field" in f}
     changes = []
     for name, field in columns.items():
         spec, _ = _field_spec(field)
         if spec is None:
             continue
-        wanted = {k: v for k, v in spec.items() if k in ("type", "required")}
+        # as a new contract version takes it: optional (older events lack it)
+        wanted = {**spec, "required": False}
         if name not in declared:
             changes.append(f"column {name!r} added ({name}: {json.dumps(wanted)})")
         elif declared[name].get("type") not in (spec["type"], "record"):
@@ -235,10 +268,12 @@ class EnvelopeReader:
     _HEAD, _PAYLOAD = b'{"schema":', b',"payload":'
 
     def __init__(self, decoder: RegistryDecoder | None, *, pipeline: str = "",
-                 declared: dict[str, Any] | None = None) -> None:
+                 declared: dict[str, Any] | None = None, key_field: str | None = None) -> None:
         self.decoder = decoder
-        self.pipeline, self.declared = pipeline, declared
+        self.pipeline, self.declared, self.key_field = pipeline, declared, key_field
         self._readers: dict[bytes, RowReader | None] = {}
+        #: The last row read of each (partition, key): see :meth:`_filled`.
+        self._last: dict[Any, dict[str, Any]] = {}
 
     def _row_reader(self, schema: Any) -> RowReader | None:
         if self.declared is not None:
@@ -249,7 +284,9 @@ class EnvelopeReader:
                                     changes)
         return row_reader(schema)
 
-    def read(self, value: bytes) -> tuple[str, Any]:
+    def read(self, value: bytes, within: Any = None) -> tuple[str, Any]:
+        """``value``'s operation and row; ``within``: where it was read (its topic and
+        partition), for :meth:`_filled` (None: each row as it is)."""
         payload, reader = self._payload(value)
         if not isinstance(payload, dict):
             raise BadEnvelope("the value is not a change event (an object with 'op', 'before' "
@@ -259,11 +296,30 @@ class EnvelopeReader:
             after = payload.get("after")
             if not isinstance(after, dict):
                 raise BadEnvelope(f"op {op!r} without an 'after' row")
-            return op, (reader or _schemaless)(after)
+            if reader is None:
+                return op, _schemaless(_renamed(self._filled(after, within)))
+            return op, _renamed(self._filled(reader(after), within))
         if op in ("d", "t"):
             return op, None
         raise BadEnvelope(f"op {op!r} is not one of Debezium's: {_OPS}" if op is not None
                           else f"no 'op': not a change event ({_OPS})")
+
+    def _filled(self, row: dict[str, Any], within: Any) -> dict[str, Any]:
+        """``row`` with each column Debezium left out (its placeholder) taken from the last
+        row of its key read before it in this partition, if any: a chunk writes each key's
+        newest row only, so the value an earlier change of the chunk wrote would be lost."""
+        if self.key_field is None or within is None:
+            return row
+        key = row.get(self.key_field)
+        if not isinstance(key, int | str | UUID):
+            return row
+        last = self._last.get((within, key))
+        if last is not None:
+            for name, value in row.items():
+                if name in last and unavailable(value):
+                    row[name] = last[name]
+        self._last[(within, key)] = row
+        return row
 
     def _payload(self, value: bytes) -> tuple[Any, RowReader | None]:
         if self.decoder is not None:
@@ -314,10 +370,12 @@ def _parsed(value: bytes) -> Any:
 
 # --------------------------------------------------------------------------- declarations
 
-#: Connect's primitive types -> the declared field type (a string's width: the source
-#: column's length when Debezium propagates it, else the widest a declared text takes).
+#: Connect's primitive types, as JsonConverter names them in a schema (``float`` and
+#: ``double``: Connect's FLOAT32 and FLOAT64) -> the declared field type (a string's width:
+#: the source column's length when Debezium propagates it, else the widest a declared text
+#: takes).
 _PRIMITIVE = {"int8": "smallint", "int16": "smallint", "int32": "integer",
-              "int64": "bigint", "float32": "float", "float64": "float",
+              "int64": "bigint", "float": "float", "double": "float",
               "boolean": "boolean", "string": "text", "bytes": "bytea"}
 #: Semantic types -> the declared field type of the column they came from.
 _SEMANTIC_TYPES = {
@@ -360,8 +418,11 @@ def _column_type(field: dict[str, Any], name: Any, kind: Any,
                 "scale": int(params.get("scale", 0))}, ""
     if name in _SEMANTIC_TYPES:
         return {"type": _SEMANTIC_TYPES[name]}, ""
-    if name is not None and name.startswith("io.debezium."):
-        return None, f"Debezium's {name} has no column type here (declare it as jsonb)"
+    if name == "io.debezium.data.VariableScaleDecimal":
+        return None, f"Debezium's {name} has no precision (declare it as numeric with one)"
+    if name is not None and name.startswith("io.debezium."):  # a string: a jsonb takes none
+        return None, (f"Debezium's {name} has no column type here (declare it as "
+                      f"{'text' if kind == 'string' else 'jsonb'})")
     if kind == "array" and isinstance(field.get("items"), dict):
         items, why = _field_spec({**field["items"], "optional": False})
         if items is None:
@@ -387,9 +448,36 @@ def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str]
         spec, what = _field_spec(field)
         if spec is None:
             left_out.append(f"{field.get('field')}: {what}")
-        else:
-            fields[field["field"]] = spec
-            guesses.append(f"{field['field']}: {what}")
+            continue
+        name = field["field"]
+        if name in RESERVED_COLUMNS:  # a column every table has: this one renamed
+            what += f" (column {name}_: every table has a {name})"
+            if payload_name(name) == name:
+                spec["column"] = f"{name}_"
+        fields[payload_name(name)] = spec
+        guesses.append(f"{name}: {what}")
+    return fields, guesses, left_out
+
+
+def rows_declaration(envelopes: list[Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """:func:`row_declaration` of the newest of ``envelopes`` (change events' schemas,
+    oldest first) that also reads the older ones: a column some of them lack (added or
+    dropped at the source meanwhile) is optional, so no sampled event stops the run."""
+    fields, guesses, left_out = row_declaration(envelopes[-1])
+    seen: list[str] = []
+    for older in reversed(envelopes[:-1]):
+        text = json.dumps(older, sort_keys=True)
+        if text in seen:
+            continue
+        seen.append(text)
+        columns, _, _ = row_declaration(older)
+        for name, spec in columns.items():
+            if name not in fields:  # dropped at the source since
+                fields[name] = {**spec, "required": False}
+                guesses.append(f"{name}: {spec['type']} (in older events only)")
+        for name, spec in fields.items():
+            if name not in columns:
+                spec["required"] = False
     return fields, guesses, left_out
 
 
@@ -402,17 +490,21 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
                          f"({', '.join(map(str, columns))}): a mirror reads a primary key of "
                          "one column")
     column = columns[0]
-    spec = fields.get(column)
+    spec = fields.get(payload_name(column))
     if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):
         raise ValueError(f"the primary key column {column!r} is not an integer, text or uuid "
                          "column of the row")
     spec.pop("required", None)
     numeric = spec["type"] in ("smallint", "integer", "bigint")
-    section = {"column": column, "format": "json", "type": "bigint" if numeric else "text"}
+    named = spec.get("column", payload_name(column))
+    section = {"column": named, "format": "json", "type": "bigint" if numeric else "text"}
+    if named != column:
+        section["field"] = column
     if not numeric:
         section["max_length"] = min(spec.get("max_length", 36), 10_000)
     return section
 
 
 __all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
-           "row_declaration", "row_reader", "semantic", "source_changes"]
+           "payload_name", "row_declaration", "row_reader", "rows_declaration", "semantic",
+           "source_changes", "unavailable"]

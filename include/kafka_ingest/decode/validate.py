@@ -145,7 +145,8 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
     validation = hot_validation(pipeline.model)
     validator = validation.validator
     envelopes = EnvelopeReader(decoder, pipeline=pipeline.name,
-                               declared=declared_fields(pipeline.model))
+                               declared=declared_fields(pipeline.model),
+                               key_field=pipeline.record_key.field)  # type: ignore[union-attr]
     extra = column_reader(pipeline, decoder)
     build = row_builder(pipeline.model, by_key=validation.by_key)
     truncates = pipeline.on_truncate is OnTruncate.TRUNCATE
@@ -161,7 +162,7 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
             if len(value) > pipeline.max_message_bytes:
                 raise TooLarge(f"value is {len(value)} bytes, over the limit "
                                f"{pipeline.max_message_bytes}")
-            op, row = envelopes.read(value)
+            op, row = envelopes.read(value, (msg.topic(), msg.partition()))
             if op in UPSERTS:
                 event = (validator.validate_json(row) if isinstance(row, bytes)
                          else validator.validate_python(row))

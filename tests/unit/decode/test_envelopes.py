@@ -325,3 +325,71 @@ def test_a_schema_whose_text_holds_payload_as_a_key_is_read_whole() -> None:
     assert b',"payload":"c"' in change("c", {"id": 1, "name": "a"}, columns=odd)
     op, row = reader.read(change("c", {"id": 1, "name": "a", "born": 2}, columns=odd))
     assert op == "c" and row == {"id": 1, "name": "a", "born": date(1970, 1, 3)}
+
+
+@pytest.mark.parametrize("name", ["version", "event_id", "ingested_at", "source_offset"])
+def test_a_source_column_named_like_a_column_every_table_has_is_mirrored_renamed(
+        name: str) -> None:
+    """A table with a ``version`` column (an ORM's optimistic lock: 5 is no contract
+    version), an ``event_id``, or another name every table here has: the declaration
+    renames its column and the mirror reads it there."""
+    fields, guesses, _ = row_declaration(envelope_schema(
+        [{"type": "int64", "optional": False, "field": "id"},
+         {"type": "int32", "optional": True, "field": name}]))
+    key_section = key_declaration(json.loads(key(7))["schema"], fields)
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": {**MIRROR, "record_key": key_section}}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", {"id": 7, name: 5}, columns=[
+        {"type": "int64", "optional": False, "field": "id"},
+        {"type": "int32", "optional": True, "field": name}]), key(7))], declared)
+    assert not result.dead, result.dead
+    row = dict(zip(declared.column_names, result.rows[0], strict=False))
+    assert row[f"{name}_"] == 5 and any(f"column {name}_" in g for g in guesses)
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ({"type": "string", "name": "io.debezium.time.ZonedTime"}, "10:11:12+02"),
+    ({"type": "string", "name": "io.debezium.data.Xml"}, "<a/>"),
+    ({"type": "struct", "name": "io.debezium.data.geometry.Point", "fields": []},
+     {"x": 1.0, "y": 2.0, "wkb": "AQ=="}),
+])
+def test_a_column_left_out_declared_as_its_note_says_reads_its_events(
+        column: dict[str, Any], value: Any) -> None:
+    """The note of a column ``schema from-topic`` leaves out names a type that takes its
+    values (a string's is text: a jsonb takes only objects and arrays)."""
+    columns = [{"type": "int64", "optional": False, "field": "id"},
+               {**column, "optional": True, "field": "c"}]
+    fields, _, (note,) = row_declaration(envelope_schema(columns))
+    hinted = note.rsplit("declare it as ", 1)[1].rstrip(")")
+    fields["c"] = {"type": hinted, "required": False,
+                   **({"max_length": 100} if hinted == "text" else {})}
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": {**MIRROR, "record_key": key_declaration(json.loads(key(7))["schema"],
+                                                      fields)}}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", {"id": 7, "c": value}, columns=columns),
+                                 key(7))], declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead
+
+
+@pytest.mark.parametrize("column", [
+    {"type": "int32", "optional": False},  # NOT NULL at the source
+    {"type": "string", "optional": True},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "1", "connect.decimal.precision": "4"}},
+])
+def test_the_field_a_source_change_names_loads_as_a_new_version(
+        column: dict[str, Any]) -> None:
+    """The declaration ``SourceChanged`` gives for a column added at the source, with
+    ``since: 2``, is a contract version that loads and reads the new events."""
+    columns = [*COLUMNS, {**column, "field": "score"}]
+    (change_note,) = source_changes(envelope_schema(columns), CUSTOMER["fields"])
+    given = json.loads(change_note.split("(score: ", 1)[1][:-1])
+    contract = {"version": 2, "fields": {**CUSTOMER["fields"], "score": {**given, "since": 2}}}
+    declared = parse_pipelines({"contracts": {"customer": contract}, "pipelines": {
+        "m": {**MIRROR, "contract": {"event_type": "customer", "version": 2}}}},
+        source="t.yaml")["m"]
+    value = b64(b"\x01") if column["type"] == "bytes" else 5 if column["type"] == "int32" \
+        else "x"
+    result = validate_chunk([Msg(0, change("c", {"id": 1, "name": "a", "score": value},
+                                           columns=columns), key(1))], declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead

@@ -227,6 +227,10 @@ _UNAVAILABLE: dict[str, sql.Composable] = {
     "text": sql.Literal(UNAVAILABLE),
     "bytea": sql.SQL("convert_to({}, 'UTF8')").format(sql.Literal(UNAVAILABLE)),
     "jsonb": sql.SQL("{}::jsonb").format(sql.Literal(json.dumps(list(UNAVAILABLE_JSON)))),
+    # arrays: of text, the placeholder alone; of integers, the placeholder's bytes
+    "text[]": sql.SQL("{}::text[]").format(sql.Literal(list(UNAVAILABLE_JSON))),
+    "int4[]": sql.SQL("{}::int4[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
+    "int8[]": sql.SQL("{}::int8[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
 }
 
 
