@@ -261,12 +261,14 @@ def check_mirror(b: Bench, table: str) -> int:
 
 def _declaration(b: Bench, rep: int) -> tuple[str, dict[str, Any]]:
     """``schema from-topic``'s document with the pipeline renamed for run ``rep``: its own
-    table, group and DLQ; the chunk size of the bench."""
+    table, group and DLQ; the chunk size of the bench and, as the project row, no cap on
+    the records a run reads."""
     name = f"bench_mirror_{rep}"
     document = json.loads(json.dumps(b.mirror.document))
     (entry,) = document["pipelines"].values()
     entry.update(table=name, consumer_group=f"bench-{b.tag}-mirror{rep}",
-                 dlq_topic=f"{b.source}-mirror-dlq", chunk_size=b.args.chunk_size)
+                 dlq_topic=f"{b.source}-mirror-dlq", chunk_size=b.args.chunk_size,
+                 max_records_per_partition=100_000_000)  # one run reads the whole topic
     document["pipelines"] = {name: entry}
     return name, document
 
