@@ -49,14 +49,16 @@ from harness import (
     Measure,
     Target,
     as_measure,
+    committed,
     cpu_spent,
     rss_mb,
     run_child,
     server_cpu,
 )
-from peers.common import sink_timeout
+from peers.common import sink_timeout, warm_count
 from peers.connect import (
     CONNECT_DIR,
+    ConnectWorker,
     await_sink,
     connect_worker,
     fetch_connect_jars,
@@ -351,8 +353,9 @@ def measure_connect_mirror_fresh(b: Bench, rep: int) -> Measure:
 
 
 def measure_connect_mirror_warm(b: Bench, rep: int) -> Measure:
-    """A long-lived worker: a first connector reads the same topic into a throwaway table
-    (JIT, pools, metadata warm) and is deleted; then the measured one, from its PUT."""
+    """A long-lived worker: a first connector applies the topic's first records (as many as
+    the Connect peer's warm-up topic holds: ``warm_count``) to a throwaway table (JIT, pools,
+    metadata warm) and is deleted; then the measured one, from its PUT."""
     m: MirrorData = b.mirror
     warm_name, warm_table = f"bench-{b.tag}-mirror-warmup{rep}", f"bench_mirror_warmup_{rep}"
     name, table = f"bench-{b.tag}-mirror-warm{rep}", f"bench_mirror_connect_warm_{rep}"
@@ -362,7 +365,7 @@ def measure_connect_mirror_warm(b: Bench, rep: int) -> Measure:
                         "connect-mirror-warm") as w:
         w.wait_ready()
         w.rest("PUT", f"/connectors/{warm_name}/config", sink_config(b, warm_name, warm_table))
-        await_sink(b, w, warm_name, m.topic, warm_table, m.rows, sink_timeout(b))
+        warm = await_records(b, w, warm_name, m.topic, min(m.messages, warm_count(b)))
         w.rest("DELETE", f"/connectors/{warm_name}")
         deadline = time.monotonic() + 30
         while warm_name in w.rest("GET", "/connectors") and time.monotonic() < deadline:
@@ -376,7 +379,23 @@ def measure_connect_mirror_warm(b: Bench, rep: int) -> Measure:
     with psycopg.connect(b.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(warm_table)))
     return Measure(CONNECT_WARM, m.messages, secs, peak, start_rss,
-                   _sink_detail(b, table), cpu, spent)
+                   {"warmup_records": warm, **_sink_detail(b, table)}, cpu, spent)
+
+
+def await_records(b: Bench, worker: ConnectWorker, name: str, topic: str, n: int) -> int:
+    """Poll until the connector's group has committed at least ``n`` records of ``topic``
+    (one partition); return the committed offset."""
+    admin = b.clients.admin()
+    deadline = time.monotonic() + sink_timeout(b)
+    while (done := committed(admin, f"connect-{name}", topic, [0])[0]) < n:
+        worker.check_alive()
+        if trace := worker.failure(name):
+            raise RuntimeError(f"connector {name} failed:\n{trace}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"connector {name}: {done} of {n} records after "
+                               f"{sink_timeout(b):.0f}s{worker.tail()}")
+        time.sleep(0.2)  # a poll interval: the warm-up is not timed
+    return done
 
 
 # --------------------------------------------------------------------------- rows, report
