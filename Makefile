@@ -25,7 +25,7 @@ stack-down:
 # --peers (bench, bench-smoke): the Spark peer pip-installs its benchmark extra
 # (benchmarks/spark/requirements.txt: pyspark, a 450 MB download) into .venv on first use;
 # its jars and Kafka Connect's are fetched once by Maven into ${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/.
-bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, median of 3); benchmarks/results/latest.json
+bench: bootstrap  ## ingest benchmark and its peers (200k events, 1 partition, median of 3), and the Debezium mirror rows; benchmarks/results/latest.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_ingest.py --events 200000 --partitions 1 --repeat 3 --peers
 
 bench-scale: bootstrap  ## the scaling rows: 0.1M, 1M, 3M events on 1 partition, then 1M on 1, 2, 3 partitions (median of 3); results/scale.json

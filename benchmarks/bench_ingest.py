@@ -65,6 +65,7 @@ from typing import Any
 
 import avro_rows
 import harness
+import mirror_rows
 import peers
 from harness import BASE_PIPELINE, RESULTS, Bench, Measure, Target, pipeline_of
 from peers import naive
@@ -100,7 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", type=lambda text: [x.strip() for x in text.split(",")],
                    default=None, help="comma-separated path keys to run (e.g. project,"
                    "connect_warm); default all. Keys: "
-                   + ", ".join(k for k, _ in [*PATHS, *avro_rows.PATHS, *peers.PATHS]))
+                   + ", ".join(k for k, _ in [*PATHS, *avro_rows.PATHS, *peers.PATHS,
+                                                *mirror_rows.PATHS]))
     p.add_argument("--skip", type=lambda text: [x.strip() for x in text.split(",")],
                    default=[], help="comma-separated path keys to leave out (the test "
                    "command's smoke leaves out the Spark rows: pyspark is a 450 MB install)")
@@ -166,6 +168,8 @@ def _paths(b: Bench) -> list[tuple[str, Callable[[Bench, int], Measure]]]:
             paths += avro_rows.PATHS
     if b.args.peers:
         paths += peers.PATHS
+    if b.mirror is not None:
+        paths += mirror_rows.PATHS
     return [(k, f) for k, f in paths
             if (b.args.only is None or k in b.args.only) and k not in b.args.skip]
 
@@ -226,6 +230,17 @@ def run_scale(args: argparse.Namespace, clients: KafkaClients,
     return points
 
 
+def prepare_extras(b: Bench, later: ExitStack, registry_url: str | None) -> None:
+    """The data of the rows beside the sample's: the Avro topic, the peers' topics and jars,
+    the mirror's change events (each removed when ``later`` closes)."""
+    if registry_url is not None:
+        b.avro = later.enter_context(avro_rows.avro_topic(b, registry_url))
+    if b.args.peers:
+        b.peers = peers.prepare(b)
+    if mirror_rows.wanted(b):
+        b.mirror = later.enter_context(mirror_rows.mirror_topic(b))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     avro = not args.scale_only and avro_rows.wanted(args.only)
@@ -245,15 +260,13 @@ def main(argv: list[str] | None = None) -> int:
                 harness.fresh_topics(clients, tag, args.partitions) as topics, \
                 ExitStack() as later:
             b = prepare(args, clients, dsn, tag, topics)
-            if avro:
-                b.avro = later.enter_context(avro_rows.avro_topic(
-                    b, env[avro_rows.REGISTRY_ENV]))
-            if args.peers:
-                b.peers = peers.prepare(b)
+            prepare_extras(b, later, env[avro_rows.REGISTRY_ENV] if avro else None)
             results, failures = measure_all(b)
             info = {"produced": b.produced, "expect": b.expect}
             if b.avro is not None:
                 info["avro_expect"] = b.avro.expect
+            if b.mirror is not None:
+                info["mirror"] = b.mirror.info()
     scale = run_scale(args, clients, admin_dsn) if args.scale else []
     info = {"command": command.strip(), "when": datetime.now(tz=UTC).isoformat(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -261,15 +274,17 @@ def main(argv: list[str] | None = None) -> int:
             "args": vars(args), "wall_s": round(time.monotonic() - started, 1),
             "failures": failures}
     baseline = next((m for m in results if m.path.startswith("B ")), None)
-    avro_vs_json = avro_rows.compare(results)
-    if avro_vs_json:
-        info["avro_vs_json"] = avro_vs_json
+    avro_vs_json, mirror_vs_sink = avro_rows.compare(results), mirror_rows.compare(results)
+    info.update({k: v for k, v in (("avro_vs_json", avro_vs_json),
+                                   ("mirror_vs_jdbc_sink", mirror_vs_sink)) if v})
     print(f"\n{info['command']}\nmachine: {json.dumps(info['machine'])}\n"
           f"load average (1, 5, 15 min) before {load_before}, after {info['load_after']}\n")
     if results:
         print(harness.table(results, baseline))
     if avro_vs_json:
         print("\n" + avro_rows.report(avro_vs_json, smoke=args.smoke))
+    if mirror_vs_sink:
+        print("\n" + mirror_rows.report(mirror_vs_sink, smoke=args.smoke))
     if scale:
         print("\n" + harness.scale_table(scale))
     out = RESULTS.with_name("smoke.json" if args.smoke else

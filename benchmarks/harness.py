@@ -119,6 +119,8 @@ class Bench:
     peers: Any = None
     #: avro_rows.AvroData when an Avro row runs: the same sample, Avro-encoded
     avro: Any = None
+    #: mirror_rows.MirrorData when a mirror row runs: the change-event topic and its source
+    mirror: Any = None
 
     def pipeline_doc(self, name: str) -> tuple[str, dict[str, Any]]:
         """A pipeline on the bench topics writing to its own table ``name``."""

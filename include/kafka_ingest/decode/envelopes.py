@@ -149,14 +149,8 @@ def semantic(field: dict[str, Any]) -> Convert | None:
     return None
 
 
-def _guarded(convert: Convert) -> Convert:
-    """``convert`` for a column value: null and the placeholder pass as they are (a jsonb
-    column's placeholder becomes :data:`~kafka_ingest.config.UNAVAILABLE_JSON`)."""
-    def value(raw: Any) -> Any:
-        if raw is None or (raw == UNAVAILABLE and convert is not _json):
-            return raw
-        return convert(raw)
-    return value
+#: A column the row does not carry (:func:`row_reader` leaves it so).
+_MISSING = object()
 
 
 def row_reader(schema: Any) -> RowReader | None:
@@ -166,18 +160,21 @@ def row_reader(schema: Any) -> RowReader | None:
     after = _after(schema)
     if after is None:
         return None
-    converts = {f["field"]: _guarded(c) for f in after
-                if isinstance(f, dict) and "field" in f and (c := semantic(f)) is not None}
+    converts = tuple({f["field"]: c for f in after if isinstance(f, dict) and "field" in f
+                      and (c := semantic(f)) is not None}.items())
 
     def read(row: dict[str, Any]) -> dict[str, Any]:
-        for name, convert in converts.items():
-            if name in row:
-                try:
-                    row[name] = convert(row[name])
-                except (ValueError, TypeError, KeyError, OverflowError,
-                        binascii.Error) as exc:
-                    raise BadEnvelope(f"after.{name}: not a value of its schema's type "
-                                      f"({exc})") from None
+        for name, convert in converts:  # per column of every message: the guard inline
+            raw = row.get(name, _MISSING)
+            # null and the placeholder pass as they are (a jsonb column's placeholder
+            # becomes UNAVAILABLE_JSON: _json's own)
+            if raw is _MISSING or raw is None or (raw == UNAVAILABLE and convert is not _json):
+                continue
+            try:
+                row[name] = convert(raw)
+            except (ValueError, TypeError, KeyError, OverflowError, binascii.Error) as exc:
+                raise BadEnvelope(f"after.{name}: not a value of its schema's type "
+                                  f"({exc})") from None
         return row
 
     return read
@@ -274,6 +271,8 @@ class EnvelopeReader:
         self._readers: dict[bytes, RowReader | None] = {}
         #: The last row read of each (partition, key): see :meth:`_filled`.
         self._last: dict[Any, dict[str, Any]] = {}
+        #: The schema bytes the last message with its schema carried, and their reader.
+        self._last_schema: tuple[bytes, RowReader | None] = (b"", None)
 
     def _row_reader(self, schema: Any) -> RowReader | None:
         if self.declared is not None:
@@ -327,11 +326,22 @@ class EnvelopeReader:
             if isinstance(decoded, bytes | bytearray):  # JSON Schema: the payload's JSON
                 return _parsed(bytes(decoded)), None
             return decoded, lambda row: row  # Avro, Protobuf: typed by their codec
-        at = value.find(self._PAYLOAD) if value.startswith(self._HEAD) else -1
-        if at > 0 and value.endswith(b"}"):
-            found = self._split(value, at)
-            if found is not None:
-                return found
+        schema, reader = self._last_schema
+        at = len(self._HEAD) + len(schema)
+        # The last message's schema again, compared in place (no search, copy or hash of its
+        # bytes): then ',"payload":' is at ``at`` (the split that read that schema parsed).
+        if (schema and value.startswith(self._HEAD) and value.startswith(schema, len(self._HEAD))
+                and value.startswith(self._PAYLOAD, at) and value.endswith(b"}")):
+            try:
+                return from_json(value[at + len(self._PAYLOAD):-1]), reader
+            except ValueError:
+                pass  # the whole value's parse says what is wrong
+        else:
+            at = value.find(self._PAYLOAD) if value.startswith(self._HEAD) else -1
+            if at > 0 and value.endswith(b"}"):
+                found = self._split(value, at)
+                if found is not None:
+                    return found
         document = _parsed(value)
         if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
             return document["payload"], self._row_reader(document["schema"])
@@ -352,9 +362,11 @@ class EnvelopeReader:
                 return None
             reader = self._readers[schema] = self._row_reader(parsed)
         try:
-            return from_json(value[at + len(self._PAYLOAD):-1]), reader
+            payload = from_json(value[at + len(self._PAYLOAD):-1])
         except ValueError:
             return None
+        self._last_schema = (schema, reader)
+        return payload, reader
 
 
 #: A schema not seen yet (its reader may be None).

@@ -256,6 +256,21 @@ def test_each_schema_is_read_once_and_a_new_column_is_decoded_by_its_own() -> No
     assert op == "c" and row["joined"] == date(1970, 1, 3)
 
 
+def test_messages_of_two_schemas_in_turn_are_each_decoded_by_their_own_schema() -> None:
+    """The reader of the last message's schema is reused only for the very same schema bytes:
+    ``born`` a Date in one schema and, in the other (of the same length), of a type with no
+    decoding, in alternation; then a third schema."""
+    plain = [{**c, "name": "io.debeziux.time.Date"} if c["field"] == "born" else c
+             for c in COLUMNS]
+    longer = [*COLUMNS, {"type": "string", "optional": True, "field": "notes2"}]
+    reader = EnvelopeReader(None)
+    seen = [reader.read(change("c", {"id": 1, "name": "a", "born": 1}, columns=cols))[1]["born"]
+            for cols in (COLUMNS, plain, COLUMNS, COLUMNS, plain, plain, longer, COLUMNS)]
+    assert seen == [date(1970, 1, 2), 1, date(1970, 1, 2), date(1970, 1, 2), 1, 1,
+                    date(1970, 1, 2), date(1970, 1, 2)]
+    assert len(reader._readers) == 3
+
+
 def test_a_schema_with_no_after_struct_decodes_nothing() -> None:
     assert row_reader({"type": "struct", "fields": []}) is None
     assert row_reader(None) is None
