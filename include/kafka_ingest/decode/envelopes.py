@@ -412,9 +412,10 @@ def _field_spec(field: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     spec, why = _column_type(field, name, kind, params)
     if spec is None:
         return None, why
-    if spec["type"] == "text":
+    if spec["type"] == "text":  # a source's text may be empty, and as wide as it says
         length = params.get("__debezium.source.column.length")
         spec["max_length"] = int(length) if length else TEXT_MAX
+        spec["min_length"] = 0
     if field.get("optional", False):
         spec["required"] = False
     return spec, f"{name or kind} -> {spec['type']}"

@@ -408,3 +408,13 @@ def test_the_field_a_source_change_names_loads_as_a_new_version(
     result = validate_chunk([Msg(0, change("c", {"id": 1, "name": "a", "score": value},
                                            columns=columns), key(1))], declared)
     assert len(result.rows) == 1 and not result.dead, result.dead
+
+
+def test_a_declared_mirror_takes_the_empty_strings_its_source_holds() -> None:
+    fields, _, _ = row_declaration(envelope_schema(COLUMNS))
+    assert fields["name"]["min_length"] == 0 and fields["notes"]["min_length"] == 0
+    declared = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {
+        "m": MIRROR}}, source="t.yaml")["m"]
+    result = validate_chunk([Msg(0, change("c", {"id": 7, "name": "", "notes": ""}), key(7))],
+                            declared)
+    assert len(result.rows) == 1 and not result.dead, result.dead
