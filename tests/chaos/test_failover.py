@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -46,6 +47,7 @@ from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
 from kafka_ingest_dev.stack.standby import kill_postmaster
+from tests.support.airflow_api import poll
 from tests.support.ingest import (
     Expected,
     assert_invariants,
@@ -361,6 +363,14 @@ def test_the_cli_and_the_airflow_connection_follow_the_new_primary(
             } == dict.fromkeys(range(3), 0)
 
 
+def _in_recovery(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone()[0])  # type: ignore[index]
+    except psycopg.OperationalError:
+        return False
+
+
 def test_a_dsn_naming_both_servers_reaches_the_primary_unless_it_says_otherwise(
         pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The standby named first and no target_session_attrs: libpq's own default (any)
@@ -376,6 +386,12 @@ def test_a_dsn_naming_both_servers_reaches_the_primary_unless_it_says_otherwise(
     with Database(both).session() as conn:
         row = conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone()
     assert row == (primary.port, False)
+    # The standby the previous test's failover rebuilt may still be starting (it takes
+    # longer on a busy machine): libpq would pass it over for the next host.
+    standby_dsn = make_conninfo(pg_dsn, host="127.0.0.1", port=str(standby.port),
+                                target_session_attrs="any")
+    poll("the standby to accept connections in recovery",
+         lambda: _in_recovery(standby_dsn), standby.stop_timeout_s)
     # A DSN that says `any` is taken at its word: it lands on the standby, whose refusal
     # to write is a transient error saying how to reach the primary, not a traceback.
     with pytest.raises(DatabaseUnavailable) as refused, \

@@ -23,10 +23,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.procs import child_env
+from tests.support.airflow_api import metadata_dsn
 from tests.support.pipelines import dag_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def _produce(clients: Any, topic: str, *, kafka_timestamps: bool) -> int:
 
 
 def _airflow_db(stack_env: dict[str, str]) -> str:
-    return make_conninfo(stack_env["KAFKA_INGEST_PG_DSN"], dbname="airflow")
+    return metadata_dsn(stack_env)
 
 
 def _asset_event(stack_env: dict[str, str], uri: str, topic: str) -> tuple[int, dict[str, Any]]:
