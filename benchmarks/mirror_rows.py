@@ -63,6 +63,7 @@ from peers.connect import (
     connect_worker,
     fetch_connect_jars,
     read_properties,
+    remove_connector,
 )
 from psycopg import sql
 
@@ -278,20 +279,14 @@ def _declaration(b: Bench, rep: int) -> tuple[str, dict[str, Any]]:
 def child_mirror(t: Target, document: dict[str, Any], name: str,
                  run_id: str) -> dict[str, Any]:
     """The project row's child on the mirror's pipeline: plan_run + ingest_range per range."""
+    from project_rows import timed_run
+
     from kafka_ingest.config import parse_pipelines
     from kafka_ingest.db import Database
-    from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
 
     start_rss = rss_mb()
     pipeline = parse_pipelines(document)[name]
-    clients, db = KafkaClients(t.kafka), Database(t.dsn)
-    t0, c0 = time.perf_counter(), time.process_time()
-    ranges = plan_run(pipeline, clients, db, run_id=run_id)
-    reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]
-    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
-    summary = summarize(reports)
-    return {"events": summary["read"], "seconds": secs, "cpu_s": cpu, "start_rss_mb": start_rss,
-            "peak_rss_mb": rss_mb(), "detail": summary}
+    return timed_run(pipeline, KafkaClients(t.kafka), Database(t.dsn), run_id, start_rss)
 
 
 def measure_mirror(b: Bench, rep: int) -> Measure:
@@ -366,10 +361,7 @@ def measure_connect_mirror_warm(b: Bench, rep: int) -> Measure:
         w.wait_ready()
         w.rest("PUT", f"/connectors/{warm_name}/config", sink_config(b, warm_name, warm_table))
         warm = await_records(b, w, warm_name, m.topic, min(m.messages, warm_count(b)))
-        w.rest("DELETE", f"/connectors/{warm_name}")
-        deadline = time.monotonic() + 30
-        while warm_name in w.rest("GET", "/connectors") and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the worker has stopped its task: a poll interval
+        remove_connector(w, warm_name)
         start_rss = w.rss_mb("VmRSS")
         c0, t0, servers = w.cpu_s(), time.perf_counter(), server_cpu()
         w.rest("PUT", f"/connectors/{name}/config", sink_config(b, name, table))

@@ -71,13 +71,21 @@ def child_project(t: Target, doc: tuple[str, dict[str, Any]], run_id: str,
                   registry_url: str | None = None) -> dict[str, Any]:
     """The project: plan_run + ingest_range per range, one after another (with
     ``registry_url``, the engine's clients carry that schema registry: the Avro row)."""
-    from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
     from kafka_ingest.kafka.registry import RegistrySettings
 
     start_rss = rss_mb()
     pipeline = pipeline_of(doc)
     registry = RegistrySettings({"url": registry_url}) if registry_url else None
     clients, db = KafkaClients(t.kafka, registry=registry), Database(t.dsn)
+    return timed_run(pipeline, clients, db, run_id, start_rss)
+
+
+def timed_run(pipeline: Any, clients: Any, db: Any, run_id: str,
+              start_rss: float) -> dict[str, Any]:
+    """One run as the DAG chains it (plan_run, then ingest_range per range), timed: wall,
+    this process's CPU, peak RSS; the summary as the detail."""
+    from kafka_ingest.engine.ingest import ingest_range, plan_run, summarize
+
     t0, c0 = time.perf_counter(), time.process_time()
     ranges = plan_run(pipeline, clients, db, run_id=run_id)
     reports = [ingest_range(pipeline, r, clients, db, run_id=run_id).to_dict() for r in ranges]

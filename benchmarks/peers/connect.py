@@ -267,6 +267,15 @@ CREATE TABLE {} (
 )"""
 
 
+def remove_connector(worker: ConnectWorker, name: str, timeout_s: float = 30) -> None:
+    """Delete a connector and wait until the worker no longer lists it (its task stopped),
+    polling at a sink's poll interval."""
+    worker.rest("DELETE", f"/connectors/{name}")
+    deadline = time.monotonic() + timeout_s
+    while name in worker.rest("GET", "/connectors") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def make_connect_table(dsn: str, name: str) -> None:
     """The target table as the record's schema types it (the event's ``timestamp`` stays a
     double: Connect has no SMT for float epoch seconds), plus the provenance columns."""
@@ -413,10 +422,7 @@ def measure_connect_warm(b: Bench, rep: int) -> Measure:
         w.rest("PUT", f"/connectors/{warm_name}/config", sink_config(
             b, warm_name, p.warm_topic, warm_table, f"bench-{b.tag}-connect-dlq-warmup{rep}"))
         await_sink(b, w, warm_name, p.warm_topic, warm_table, p.warm_rows, sink_timeout(b))
-        w.rest("DELETE", f"/connectors/{warm_name}")
-        deadline = time.monotonic() + 30
-        while warm_name in w.rest("GET", "/connectors") and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the worker has stopped its task: a poll interval
+        remove_connector(w, warm_name)
         start_rss = w.rss_mb("VmRSS")
         c0, t0, servers = w.cpu_s(), time.perf_counter(), server_cpu()
         w.rest("PUT", f"/connectors/{name}/config",

@@ -161,7 +161,6 @@ class Worker(LocalService):
     def offsets(self) -> Path:
         return self.home / "connect.offsets"
 
-
     def markers(self) -> tuple[str, ...]:
         """Its command line names our configuration file, which lives in this state dir."""
         return (str(self.props),)
