@@ -170,7 +170,8 @@ def _declared(env: dict[str, str], topic: str, tmp_path: Path, **entry: Any) -> 
 def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
         stage: str, debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
         pg_dsn: str, clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
-    """Updates, deletes and re-inserts streamed through Debezium, mirrored in chunks of 50:
+    """Updates, deletes, re-inserts and a truncate streamed through Debezium, mirrored in
+    chunks of 50 (``on_truncate: truncate``):
     a SIGKILL after a chunk's writes (before its commit, or between the database's commit
     and Kafka's), then the retry: the mirror equals its source and its stored offsets are
     the topic's end."""
@@ -183,13 +184,19 @@ def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
         src.execute(f"DELETE FROM customers WHERE id % 17 = {step}")
         src.execute(f"INSERT INTO customers (id, name) SELECT i, 'again' FROM "
                     f"generate_series(1, 200) i WHERE i % 17 = {step} AND i % 2 = 0")
+        if step == 1:  # about offset 400: in the 8th chunk, where the kill lands
+            src.execute("TRUNCATE customers")
+            src.execute("INSERT INTO customers (id, name) SELECT i, 'after the truncate' "
+                        "FROM generate_series(1, 150) i")
     src.caught_up()
     topic = src.topics["customers"]
-    document = _declared(env, topic, tmp_path, chunk_size=50)
+    document = _declared(env, topic, tmp_path, chunk_size=50, on_truncate="truncate")
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    truncated_at = next(e.offset for e in src.events("customers") if e.op == "t")
+    assert truncated_at // 50 == 7, truncated_at  # the killed chunk holds the truncate
     worker = Path(__file__).resolve().parents[1] / "chaos" / "ingest_worker.py"
     killed = subprocess.run([sys.executable, str(worker), "customers", "chaos-run"],
-                            env={**env, "CHAOS_KILL_STAGE": stage, "CHAOS_KILL_NTH": "4",
+                            env={**env, "CHAOS_KILL_STAGE": stage, "CHAOS_KILL_NTH": "8",
                                  "CHAOS_KILL_WITH_DEAD": "0"},
                             capture_output=True, text=True, timeout=300, check=False)
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
