@@ -150,6 +150,7 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
     extra = column_reader(pipeline, decoder)
     build = row_builder(pipeline.model, by_key=validation.by_key)
     truncates = pipeline.on_truncate is OnTruncate.TRUNCATE
+    max_bytes = pipeline.max_message_bytes
     result = ValidationResult()
     for msg in messages:
         result.read += 1
@@ -159,9 +160,8 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
             continue
         result.bytes += len(value)
         try:
-            if len(value) > pipeline.max_message_bytes:
-                raise TooLarge(f"value is {len(value)} bytes, over the limit "
-                               f"{pipeline.max_message_bytes}")
+            if len(value) > max_bytes:
+                raise TooLarge(f"value is {len(value)} bytes, over the limit {max_bytes}")
             op, row = envelopes.read(value, (msg.topic(), msg.partition()))
             if op in UPSERTS:
                 event = (validator.validate_json(row) if isinstance(row, bytes)
