@@ -128,13 +128,23 @@ class AirflowApi:
 def poll(what: str, check: Callable[[], Any], timeout_s: float, *,
          interval_s: float = 1.0) -> Any:
     """Wait for ``check()`` to return something truthy, by polling with a deadline (asked
-    at least once)."""
+    at least once). A request of ``check()`` that fails on the way (the api-server busy
+    past the client's time-out on a loaded machine, or restarting: ``httpx``'s transport
+    errors) counts as "not yet": the wait's deadline decides, and names the last failure.
+    An answer with an error status still fails at once."""
     deadline = time.monotonic() + timeout_s
-    while not (value := check()):
+    failed: httpx.TransportError | None = None
+    while True:
+        try:
+            value = check()
+        except httpx.TransportError as exc:
+            value, failed = None, exc
+        if value:
+            return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            last = f" (the last request failed: {failed!r})" if failed is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{last}")
         time.sleep(interval_s)
-    return value
 
 
 @contextmanager
