@@ -19,12 +19,13 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kafka_ingest_dev.databases import fresh_database
-from tests.support import ROOT, workers
+from tests.support import ROOT, background, workers
 from tests.support.pipelines import declarations
 
 sys.path.insert(0, str(ROOT / "plugins"))
@@ -69,6 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
     pytest: the parent-death signal follows the thread that forked."""
     workers.configure_controller(config)
     workers.configure_worker(config)
+    if not workers.is_worker(config):
+        background.configure()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "kafka-ingest-xdist")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller burns
@@ -89,36 +92,32 @@ class _XdistHooks:
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         return workers.make_scheduler(config, log)
 
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The controller starts the selected modules' background work (on the first
+        worker's collection: they all collect the same)."""
+        root = node.config.rootpath
+        background.start_modules(root / i.split("::", 1)[0] for i in ids)
+
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     workers.unconfigure(config)
     workers.stop_worker_airflow(config)
     _stop_burners(config.stash.get(_BURNERS, []))
-    for stop in config.stash.get(_BACKGROUND_STOPS, []):
-        stop()
-
-
-_BACKGROUND_STOPS = pytest.StashKey[list[Callable[[], None]]]()
+    if not workers.is_worker(config):
+        background.stop_all()
 
 
 @pytest.hookimpl(trylast=True)  # after ``-k`` and ``-m`` have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the session (:func:`tests.support.workers.order`). Without xdist, a test module
-    with ``start_in_background()`` (the soak: a stack of its own, minutes mostly spent waiting on
-    its faults and Airflow's timers) has it called now, if one of its tests is selected, so
-    that work runs beside the unit and integration tests, and its test, after them, takes
-    it over. With xdist the soak's test comes first instead and starts it itself, on a
-    worker of its own meanwhile. ``stop_background()`` runs when the session (or the
-    worker) ends, whatever way."""
+    """Order the session (:func:`tests.support.workers.order`). Without xdist, a selected
+    test module with background work (:mod:`tests.support.background`: the soak) has it
+    started now, so that it runs beside the other tests and its test, after them, takes it
+    over; with xdist the controller starts it (:class:`_XdistHooks`)."""
     workers.order(items, config)
-    if config.option.collectonly:
+    if config.option.collectonly or workers.distributed(config):
         return
-    stops = config.stash.setdefault(_BACKGROUND_STOPS, [])
-    soaks = [i for i in items if workers.kind(i) == workers.SOAK]
-    for module in dict.fromkeys(getattr(i, "module", None) for i in soaks):
-        if not workers.distributed(config):
-            module.start_in_background()
-        stops.append(module.stop_background)
+    background.start_modules(Path(str(i.path)) for i in items
+                             if workers.kind(i) == workers.BACKGROUND)
 
 
 @pytest.hookimpl(hookwrapper=True)

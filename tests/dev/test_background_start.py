@@ -1,9 +1,9 @@
-"""The session's background start (``tests/conftest.py``, used by the soak's test): a
-selected module's ``start_in_background()`` is called when the session is collected, its
-tests run after the unit and integration tests, ``-k`` that deselects them starts nothing,
-and ``stop_background()`` runs when the session ends, also on Ctrl-C. Each case is a pytest
-of its own with the harness's hooks, over a module whose background work is a sleeping
-process."""
+"""The session's background work (``tests/support/background.py``, used by the soak's
+test): a selected module's ``background_command`` is started as the session begins (by the
+controller with xdist), its test runs last and takes it over, ``-k`` that deselects it
+starts nothing, and what still runs when the session ends is stopped, also on Ctrl-C. Each
+case is a pytest of its own with the harness's hooks, over a module whose background work
+is a sleeping process; and a background process's end, or overrun, as its test sees it."""
 
 from __future__ import annotations
 
@@ -15,51 +15,43 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, background
 
-#: A module that starts a sleeping process in the background and writes its pid down;
-#: its test records that it ran; with HANG, it waits to be interrupted.
+#: A module whose background work is a sleeping process; its test records that it ran
+#: and the process's pid; with HANG, it waits to be interrupted.
 BACKGROUND = '''
-import os, subprocess, sys, time
+import os, sys, time
 from pathlib import Path
 
+from tests.support import background
+
 OUT = Path(os.environ["OUT"])
-_procs = []
 
 
-def start_in_background():
-    _procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
-    (OUT / "pid").write_text(str(_procs[-1].pid))
-
-
-def stop_background():
-    while _procs:
-        proc = _procs.pop()
-        proc.kill()
-        proc.wait(10)
-    (OUT / "stopped").write_text("1")
+def background_command(directory):
+    return [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 def test_background_work():
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:  # with xdist, the test starts it, as the soak's does
-        assert not _procs, "nothing started at collection"
-        start_in_background()
-    assert _procs, "started before this test"
+    run = background.taken_over(__file__)
+    (OUT / "pid").write_text(str(run.pid))
     with (OUT / "order").open("a") as f:
-        f.write(f"background {worker or ''}\\n")
+        f.write(f"background {os.environ.get('PYTEST_XDIST_WORKER', '-')}\\n")
     if os.environ.get("HANG"):
         time.sleep(120)
 '''
+#: Tests that record their worker and whether the background work was started before them.
 FIRST = '''
 import os
 from pathlib import Path
 
 
 def test_first():
+    started = Path(os.environ["KAFKA_INGEST_TEST_BACKGROUND_DIR"], "test_background").is_dir()
     with (Path(os.environ["OUT"]) / "order").open("a") as f:
-        f.write(f"unit {os.environ.get('PYTEST_XDIST_WORKER', '')}\\n")
+        f.write(f"unit {os.environ.get('PYTEST_XDIST_WORKER', '-')} {started}\\n")
 
 
 def test_second():
@@ -79,7 +71,8 @@ def _session(tmp_path: Path, *args: str, hang: bool = False) -> subprocess.Popen
     (tmp_path / "unit" / "test_more.py").write_text(FIRST)  # with -n 2: three units of work
     # the inner session's own: not this session's burner, lock or xdist worker
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")
-           and k not in ("KAFKA_INGEST_TEST_BURN_CPU", "KAFKA_INGEST_TEST_LOCK_DIR")}
+           and k not in ("KAFKA_INGEST_TEST_BURN_CPU", "KAFKA_INGEST_TEST_LOCK_DIR",
+                         background.ROOT_ENV)}
     env.update(OUT=str(tmp_path), HANG="1" if hang else "")
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
@@ -96,14 +89,17 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_started_at_collection_run_after_the_unit_tests_and_stopped_at_the_end(
+def _lines(tmp_path: Path) -> list[list[str]]:
+    return [line.split() for line in (tmp_path / "order").read_text().splitlines()]
+
+
+def test_started_at_collection_taken_over_after_the_unit_tests_and_stopped_at_the_end(
         tmp_path: Path) -> None:
     inner = _session(tmp_path)
     out = inner.communicate(timeout=120)[0].decode()
     assert inner.returncode == 0, out
-    # collected first (chaos/ before unit/), run after the unit tests
-    assert (tmp_path / "order").read_text().split() == ["unit"] * 4 + ["background"]
-    assert (tmp_path / "stopped").read_text() == "1"
+    # collected first (chaos/ before unit/), started before them, its test after them
+    assert _lines(tmp_path) == [["unit", "-", "True"]] * 4 + [["background", "-"]]
     assert _gone(int((tmp_path / "pid").read_text()))
 
 
@@ -111,20 +107,22 @@ def test_deselected_by_k_nothing_starts(tmp_path: Path) -> None:
     inner = _session(tmp_path, "-k", "not background")
     out = inner.communicate(timeout=120)[0].decode()
     assert inner.returncode == 0, out
-    assert (tmp_path / "order").read_text().split() == ["unit"] * 4
+    assert _lines(tmp_path) == [["unit", "-", "False"]] * 4
     assert not (tmp_path / "pid").exists()
 
 
-def test_with_two_workers_it_runs_first_in_the_foreground_on_a_worker_of_its_own(
+def test_with_two_workers_the_controller_starts_it_and_its_test_comes_last(
         tmp_path: Path) -> None:
-    # tests/support/workers.py: the soak's group first, the unit tests' modules after it
+    # tests/support/workers.py: the unit tests' modules first, the background work's test
+    # after them, while the process (started before any test) runs beside them
     inner = _session(tmp_path, "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder")
     out = inner.communicate(timeout=180)[0].decode()
     assert inner.returncode == 0, out
-    ran = [line.split() for line in (tmp_path / "order").read_text().splitlines()]
-    (background,) = [worker for name, worker in ran if name == "background"]
-    assert next(name for name, worker in ran if worker == background) == "background"
-    assert (tmp_path / "stopped").read_text() == "1"
+    ran = _lines(tmp_path)
+    assert len(ran) == 5
+    assert all(line[2] == "True" for line in ran if line[0] == "unit")
+    (worker,) = [line[1] for line in ran if line[0] == "background"]
+    assert [line[0] for line in ran if line[1] == worker][-1] == "background"
     assert _gone(int((tmp_path / "pid").read_text()))
 
 
@@ -140,9 +138,23 @@ def test_interrupted_the_background_work_is_stopped(tmp_path: Path) -> None:
         assert not _gone(pid)  # still running while its test runs
         inner.send_signal(signal.SIGINT)
         inner.communicate(timeout=60)
-        assert (tmp_path / "stopped").read_text() == "1"
         assert _gone(pid)
     finally:
         if inner.poll() is None:
             inner.kill()
             inner.wait(10)
+
+
+def test_its_test_gets_the_exit_status_or_stops_it_past_the_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(background.ROOT_ENV, str(tmp_path))
+    ends = background.start(Path("test_ends.py"), [
+        sys.executable, "-c", "import sys; print('out'); sys.exit(3)"])
+    hangs = background.start(Path("test_hangs.py"), [
+        sys.executable, "-c", "import time; time.sleep(600)"])
+    assert background.taken_over("tests/test_ends.py").finish(60, interval_s=0.05) == 3
+    assert ends.output() == ("out\n", "")
+    assert background.taken_over("test_hangs.py").finish(0.5, interval_s=0.05) is None
+    assert hangs.returncode() == -signal.SIGTERM and _gone(hangs.pid)
+    with pytest.raises(RuntimeError, match=r"test_never\.py's background work was not started"):
+        background.taken_over("test_never.py")

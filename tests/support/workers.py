@@ -18,10 +18,13 @@ kept apart here, by four means:
   fixtures (a stack of its own, a database, topics, Airflow's services) are made once, on
   one worker (and the workers ask for work once a module, not once a test: a unit of work
   costs a round trip to the controller).
-- **Order**: the groups that take longest go first (the soak, then the DAG tests and the
-  fault tests with stacks of their own, then the integration modules), the unit tests'
-  modules last: each worker takes the next unit of work when it is nearly done, so the
-  short ones fill in at the end. Among the DAG tests, those on the shared Airflow services
+- **Order**: the groups that take longest go first (the DAG tests and the fault tests
+  with stacks of their own, then the integration modules), the unit tests' modules after
+  them: each worker takes the next unit of work when it is nearly done, so the short ones
+  fill in at the end. Last comes the test of the soak, whose work the controller started
+  at the session's start (:mod:`tests.support.background`): it runs beside all the
+  others, and its test, on whichever worker is free first at the end, only waits for what
+  is left of it. Among the DAG tests, those on the shared Airflow services
   come first, then the others, each the longest first (:data:`DAG_MODULE_SECONDS`): a
   worker that takes them one after another starts the shared services once.
   ``--no-loadscope-reorder`` keeps this order.
@@ -48,6 +51,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.background import COMMAND
+
 #: The key that carries the lock's directory from the controller to its workers.
 LOCK_DIR = "kafka_ingest_lock_dir"
 #: The lock's directory, when something beside pytest uses the shared stack too.
@@ -55,11 +60,11 @@ LOCK_ENV = "KAFKA_INGEST_TEST_LOCK_DIR"
 _LOCK_DIR = pytest.StashKey[str]()
 _OWN_LOCK_DIR = pytest.StashKey[bool]()
 
-#: Where a test goes: the earlier, the longer its unit of work (with -n: one worker takes
-#: a whole group). Without -n the order is the one the suite had: unit and integration
-#: tests first, then the soak's test (which takes over the soak started beside them), then
-#: the DAG and fault tests.
-SOAK, AIRFLOW, OWN_STACKS, INTEGRATION, UNIT = range(5)
+#: What a test is (:func:`kind`); with -n also where it goes: the earlier, the longer its
+#: unit of work, the tests of background work (the soak, started at the session's start)
+#: last. Without -n the order is the one the suite had: unit and integration tests first,
+#: then the soak's test, then the DAG and fault tests.
+AIRFLOW, OWN_STACKS, INTEGRATION, UNIT, BACKGROUND = range(5)
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -72,10 +77,11 @@ def distributed(config: pytest.Config) -> bool:
 
 
 def kind(item: pytest.Item) -> int:
-    """Which of :data:`SOAK` ... :data:`UNIT` the test is, by its directory and whether it
-    uses the shared stack."""
-    if getattr(getattr(item, "module", None), "start_in_background", None):
-        return SOAK
+    """Which of :data:`AIRFLOW` ... :data:`BACKGROUND` the test is, by its module (one with
+    :data:`~tests.support.background.COMMAND`), its directory and whether it uses the
+    shared stack."""
+    if getattr(getattr(item, "module", None), COMMAND, None):
+        return BACKGROUND
     try:
         dirs = item.path.relative_to(item.config.rootpath).parts[:-1]
     except ValueError:  # a test outside the root directory
@@ -145,7 +151,7 @@ def place(item: pytest.Item, config: pytest.Config) -> int:
     where = kind(item)
     if distributed(config):
         return where
-    return {UNIT: 0, INTEGRATION: 0, SOAK: 1}.get(where, 2)
+    return {UNIT: 0, INTEGRATION: 0, BACKGROUND: 1}.get(where, 2)
 
 
 # --------------------------------------------------------------------------- Airflow
