@@ -317,7 +317,7 @@ class SharedAirflow:
             for pipeline in served:
                 self._pipelines.pop(pipeline.name, None)
             self._write()
-            self._reparse()
+            self.reparse()
             for dag_id in dag_ids:
                 api.client.delete(f"/dags/{dag_id}")  # its runs too; best effort
             for name in pools:
@@ -349,7 +349,7 @@ class SharedAirflow:
         self.api.client.delete(f"/connections/{conn_id}")  # after a restart: made anew
         self.api.client.post("/connections", json=body).raise_for_status()
 
-    def _reparse(self) -> None:
+    def reparse(self) -> None:
         """Ask the dag-processor to parse each DAG file again now."""
         assert self.api is not None
         for dag_id in (d.format(name=self.anchor.name) for d in _DAG_FILES):
@@ -364,7 +364,7 @@ class SharedAirflow:
         api = self.api
         deadline = time.monotonic() + parse_deadline_s(api.settings)
         if all(_dag_known(api, d.format(name=self.anchor.name)) for d in _DAG_FILES):
-            self._reparse()
+            self.reparse()
         for dag_id in dag_ids:
             try:
                 poll(f"the DAG {dag_id} to be parsed", lambda d=dag_id: _dag_known(api, d),
