@@ -15,6 +15,7 @@ when it ends, also on Ctrl-C (SIGTERM: the soak takes its stack down on the way 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -143,6 +144,11 @@ def taken_over(module_file: str | Path) -> Background:
 
 
 def stop_all() -> None:
-    """The session ends: what this process started and still runs is stopped."""
+    """The session ends: what this process started and still runs is stopped; the
+    session's directory goes if nothing was started (else it stays, to be read)."""
     while _started:
         _started.pop().stop()
+    root = os.environ.get(ROOT_ENV)
+    if root:
+        with contextlib.suppress(OSError):  # not empty
+            Path(root).rmdir()
