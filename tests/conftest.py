@@ -95,6 +95,8 @@ class _XdistHooks:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """The controller starts the selected modules' background work (on the first
         worker's collection: they all collect the same)."""
+        if node.config.option.collectonly:
+            return
         root = node.config.rootpath
         background.start_modules(root / i.split("::", 1)[0] for i in ids)
 
