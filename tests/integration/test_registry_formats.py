@@ -764,12 +764,24 @@ def test_schema_evolution_under_backward_and_a_replay_once_the_contract_learns_v
                            dlq_topic=v1.dlq_topic)
     assert apply(pg_dsn, v2) == [
         'ALTER TABLE "orders_evo" ADD COLUMN "channel" character varying(16)']
-    run_id = f"replay__{uuid.uuid4().hex[:8]}"
     reg = registry_clients(clients, registry_url)
-    ranges = plan_replay(v2, reg, db, run_id=run_id,
-                         request=ReplayRequest(LiveRun(), False, ReplayFilters()))
-    replayed = summarize_replay(replay_range(v2, r, reg, db, run_id=run_id, dry_run=False,
-                                             filters=None).to_dict() for r in ranges)
+
+    def replay(filters: ReplayFilters, *, dry_run: bool = False) -> dict[str, Any]:
+        run_id = f"replay__{uuid.uuid4().hex[:8]}"
+        ranges = plan_replay(v2, reg, db, run_id=run_id,
+                             request=ReplayRequest(LiveRun(), dry_run, filters))
+        return summarize_replay(replay_range(v2, r, reg, db, run_id=run_id, dry_run=dry_run,
+                                             filters=filters).to_dict() for r in ranges)
+
+    # The filters read the letters' Avro payloads: o-3's letter is found by its event id
+    # (the identity), another one's filters it out.
+    for other in (ReplayFilters(event_id="o-9"), ReplayFilters(identity="o-9")):
+        outcomes = replay(other, dry_run=True)["outcomes"]
+        assert (outcomes["filtered_out"], outcomes["recovered"]) == (1, 0), outcomes
+    for wanted in (ReplayFilters(event_id="o-3"), ReplayFilters(identity="o-3")):
+        outcomes = replay(wanted, dry_run=True)["outcomes"]
+        assert (outcomes["filtered_out"], outcomes["recovered"]) == (0, 1), outcomes
+    replayed = replay(ReplayFilters())
 
     assert replayed["outcomes"]["recovered"] == 1, replayed
     # o-2 was loaded by the v1 contract, which had no channel column: it stays NULL

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -18,6 +19,7 @@ from kafka_ingest.contracts.base import short_text
 from kafka_ingest.db.copy import write_order
 from kafka_ingest.db.tables import create_statements
 from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.errors import RegistryUnavailable, Undecodable
 from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.requests import ReplayFilters, letter_identity
 
@@ -275,3 +277,44 @@ def test_the_event_id_filter_keeps_its_meaning() -> None:
     letter = _letter({"event_id": "e-1", "orderid": "o-1"})
     assert ReplayFilters(event_id="e-1").matches(letter)
     assert not ReplayFilters(event_id="o-1").matches(letter)
+
+
+def _wire(doc: Any) -> bytes:
+    """A stand-in for a registry's wire format in these tests: a marker byte, then JSON."""
+    return b"W" + json.dumps(doc).encode()
+
+
+def _read(raw: bytes) -> Any:
+    """The stand-in's decoder: what a registry format's ``read_python`` is to the filters."""
+    if not raw.startswith(b"W"):
+        raise Undecodable("not the wire format")
+    return json.loads(raw[1:])
+
+
+def test_a_registry_formats_letters_are_filtered_by_what_its_decoder_reads() -> None:
+    orders = pipeline(identity="orderid")
+    letter = replace(_letter(None), value=_wire({"orderid": "o-17", "event_id": "e-1"}))
+    assert ReplayFilters(identity="o-17").matches(letter, letter_identity(orders, _read), _read)
+    assert not ReplayFilters(identity="o-17").matches(letter, letter_identity(orders))
+    assert ReplayFilters(event_id="e-1").matches(letter, read=_read)
+    assert not ReplayFilters(event_id="e-1").matches(letter)
+    # a payload the decoder cannot read matches no filter
+    unreadable = replace(letter, value=b'{"orderid": "o-17"}')
+    assert not ReplayFilters(identity="o-17").matches(unreadable, letter_identity(orders, _read),
+                                                      _read)
+    # a registry-encoded record key, by the same decoder
+    keyed = pipeline(identity="record_key", format="avro", schema_registry={},
+                     record_key={"format": "registry", "column": "order_key"})
+    by_key = replace(letter, key=_wire("acc-9"))
+    assert ReplayFilters(identity="acc-9").matches(by_key, letter_identity(keyed, _read))
+    assert not ReplayFilters(identity="acc-9").matches(by_key, letter_identity(keyed))
+
+
+def test_a_registry_out_of_reach_fails_the_filter_instead_of_filtering_the_letter_out() -> None:
+    def unreachable(raw: bytes) -> Any:
+        raise RegistryUnavailable("GET /schemas/ids/1", "connection refused")
+
+    letter = replace(_letter(None), value=_wire({"orderid": "o-17"}))
+    with pytest.raises(RegistryUnavailable):
+        ReplayFilters(identity="o-17").matches(
+            letter, letter_identity(pipeline(identity="orderid"), unreachable), unreachable)

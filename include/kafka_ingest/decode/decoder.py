@@ -93,8 +93,10 @@ class RegistryDecoder:
         self._by_header[value[:HEADER_SIZE]] = reader
         return reader
 
-    def read_key(self, value: bytes) -> Any:
-        """A registry-encoded record key, decoded to a Python value."""
+    def read_python(self, value: bytes) -> Any:
+        """A value in the wire format decoded to a Python value, whatever the codec hands
+        the contract: a record key, or a dead letter's payload that a replay's filter
+        reads."""
         return self.codec.python_value(self.read(value))
 
     def _schema(self, schema_id: int) -> WriterSchema | None:

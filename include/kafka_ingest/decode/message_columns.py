@@ -58,7 +58,7 @@ def _structured(spec: RecordKey, raw: bytes, decoder: RegistryDecoder | None) ->
     if decoder is None:  # refused when the pipeline loads; here for the type checker
         raise BadKey("record key: the pipeline has no registry format to read it with")
     try:
-        return decoder.read_key(raw)
+        return decoder.read_python(raw)
     except DataError as exc:  # not the wire format, an unknown schema, undecodable
         raise BadKey(f"record key: {exc.detail}") from None
 

@@ -47,7 +47,13 @@ from kafka_ingest.kafka.dlq import PREFIX, DeadLetter, ReplayedMessage, parse_dl
 from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.ranges import Mode, OffsetRange
 from kafka_ingest.records import REPLAYED, ChunkCounts, Position, Source, row_source
-from kafka_ingest.requests import LiveRun, ReplayFilters, ReplayRequest, letter_identity
+from kafka_ingest.requests import (
+    LiveRun,
+    ReplayFilters,
+    ReplayRequest,
+    ValueReader,
+    letter_identity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +143,15 @@ class ReplayWriter:
     seen: set[tuple[Origin, Position]] = field(default_factory=set)
 
     @cached_property
+    def read(self) -> ValueReader | None:
+        """How the filters read a letter's payload (and a registry-encoded key): the
+        registry format's decoder; None: as JSON."""
+        return None if self.decoder is None else self.decoder.read_python
+
+    @cached_property
     def identity_of(self) -> Callable[[DeadLetter], str | None]:
         """A letter's identity, as the ``identity`` filter writes it."""
-        return letter_identity(self.pipeline)
+        return letter_identity(self.pipeline, self.read)
 
     def prepare(self, chunk: Chunk, encoder: CopyEncoder) -> _Triaged:
         # Which rows load is known only inside the transaction (each letter's status):
@@ -152,7 +164,7 @@ class ReplayWriter:
                 outcomes[(skip, "-")] += 1
                 continue
             origin = (letter.source_topic, letter.source_topic_id)
-            if not self.filters.matches(letter, self.identity_of):
+            if not self.filters.matches(letter, self.identity_of, self.read):
                 outcomes[("filtered_out", letter.error_class)] += 1
             elif (origin, letter.source) in self.seen:
                 outcomes[("duplicate_in_dlq", letter.error_class)] += 1

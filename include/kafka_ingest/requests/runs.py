@@ -16,8 +16,13 @@ from pydantic import (
 )
 
 from kafka_ingest.config import IdentitySource, KeyFormat, Pipeline, RecordKey
-from kafka_ingest.errors import TriggerParamsError
+from kafka_ingest.errors import DataError, TriggerParamsError
 from kafka_ingest.kafka.dlq import DeadLetter
+
+#: A payload in a registry's wire format -> its Python value (dict for a record), as the
+#: pipeline's decoder reads it; a :class:`~kafka_ingest.errors.DataError` for one it
+#: cannot read.
+ValueReader = Callable[[bytes], Any]
 
 
 class _Request(BaseModel):
@@ -85,7 +90,11 @@ class ReplayFilters:
 
     ``identity``: the letters of this identity of the pipeline's (see
     :func:`letter_identity` for how each is written); ``event_id``: the letters whose
-    JSON payload's ``event_id`` is this (the filter's first spelling, for any pipeline)."""
+    payload's ``event_id`` is this (the filter's first spelling, for any pipeline).
+
+    A letter's payload is read as JSON, or by ``read`` (:data:`ValueReader`: a registry
+    format's decoder) when the pipeline's values are in a registry's wire format; a
+    payload it cannot read matches neither filter."""
 
     error_classes: frozenset[str] = frozenset()
     source_partition: int | None = None
@@ -98,7 +107,8 @@ class ReplayFilters:
                     or self.event_id is not None or self.identity is not None)
 
     def matches(self, letter: DeadLetter,
-                identity_of: Callable[[DeadLetter], str | None] | None = None) -> bool:
+                identity_of: Callable[[DeadLetter], str | None] | None = None,
+                read: ValueReader | None = None) -> bool:
         """Whether the replay considers ``letter``; ``identity_of``: the pipeline's
         :func:`letter_identity` (without it, no letter matches an ``identity`` filter)."""
         if self.error_classes and letter.error_class not in self.error_classes:
@@ -108,7 +118,7 @@ class ReplayFilters:
         if self.identity is not None and (
                 identity_of is None or identity_of(letter) != canonical_identity(self.identity)):
             return False
-        return self.event_id is None or _text(_peek(letter.value, ("event_id",))[0]) \
+        return self.event_id is None or _text(_peek(letter.value, ("event_id",), read=read)[0]) \
             == self.event_id
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,15 +127,17 @@ class ReplayFilters:
                 "identity": self.identity}
 
 
-def letter_identity(pipeline: Pipeline) -> Callable[[DeadLetter], str | None]:
+def letter_identity(pipeline: Pipeline, read: ValueReader | None = None
+                    ) -> Callable[[DeadLetter], str | None]:
     """A dead letter -> its record's identity as a replay's ``identity`` filter writes it
     (None: it has none to read, and matches no filter):
 
-    - one payload field: its value as text (``o-17``, ``42``), read from a JSON payload
-      (by its name, or its dotted path into nested objects);
+    - one payload field: its value as text (``o-17``, ``42``), read from the payload (by
+      its name, or its dotted path into nested objects): JSON, or what ``read`` decodes
+      (a registry format's payload);
     - several: their values as a JSON array (``["eu", 42]``, compared canonically);
     - the record key: the key as text (``json``: the key's ``field`` when it has one; a
-      ``registry`` key is not read here);
+      ``registry`` key decoded by ``read``);
     - the source position: ``<partition>:<offset>``.
     """
     source = pipeline.identity_source
@@ -133,12 +145,12 @@ def letter_identity(pipeline: Pipeline) -> Callable[[DeadLetter], str | None]:
         return lambda letter: f"{letter.source_partition}:{letter.source_offset}"
     if source is IdentitySource.RECORD_KEY:
         record_key = pipeline.record_key
-        return lambda letter: _key_text(record_key, letter.key)
+        return lambda letter: _key_text(record_key, letter.key, read)
     paths = tuple(tuple(path.split(".")) if "." in path else (path,)
                   for path in pipeline.identity_fields)
     if len(paths) == 1:
-        return lambda letter: _text(_peek(letter.value, paths[0])[0])
-    return lambda letter: _canonical(_peek(letter.value, *paths))
+        return lambda letter: _text(_peek(letter.value, paths[0], read=read)[0])
+    return lambda letter: _canonical(_peek(letter.value, *paths, read=read))
 
 
 def canonical_identity(value: str) -> str:
@@ -157,14 +169,16 @@ def _canonical(values: Any) -> str | None:
     return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
 
 
-def _peek(value: bytes | None, *paths: tuple[str, ...]) -> list[Any]:
-    """A JSON peek at the values of ``paths`` (a whole key, else nested keys); anything
-    unparseable or missing is None."""
+def _peek(value: bytes | None, *paths: tuple[str, ...], read: ValueReader | None = None
+          ) -> list[Any]:
+    """A peek at the values of ``paths`` (a whole key, else nested keys) in the payload,
+    JSON or decoded by ``read``; anything unreadable or missing is None (a registry that
+    cannot be reached still raises: that is no answer about the letter)."""
     doc: Any = None
     if value is not None:
         try:
-            doc = json.loads(value)
-        except (ValueError, RecursionError):
+            doc = json.loads(value) if read is None else read(value)
+        except (ValueError, RecursionError, DataError):
             doc = None
     return [_at(doc, path) for path in paths]
 
@@ -188,15 +202,20 @@ def _text(found: Any) -> str | None:
     return None
 
 
-def _key_text(record_key: RecordKey | None, key: bytes | None) -> str | None:
-    if key is None or record_key is None or record_key.format is KeyFormat.REGISTRY:
+def _key_text(record_key: RecordKey | None, key: bytes | None, read: ValueReader | None
+              ) -> str | None:
+    if key is None or record_key is None:
         return None
     try:
-        text = key.decode("utf-8")
-        if record_key.format is KeyFormat.STRING:
-            return text
-        doc = record_key.unwrapped(json.loads(text))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        if record_key.format is KeyFormat.REGISTRY:
+            if read is None:
+                return None
+            doc = read(key)
+        elif record_key.format is KeyFormat.STRING:
+            return key.decode("utf-8")
+        else:
+            doc = record_key.unwrapped(json.loads(key.decode("utf-8")))
+    except (UnicodeDecodeError, ValueError, RecursionError, DataError):
         return None
     return _text(_at(doc, (record_key.field,)) if record_key.field else doc)
 
@@ -215,4 +234,4 @@ class ReplayRequest:
 
 
 __all__ = ["LiveRun", "OffsetWindow", "RangeRequest", "ReplayFilters", "ReplayRequest",
-           "TimeWindow", "canonical_identity", "letter_identity", "request_key"]
+           "TimeWindow", "ValueReader", "canonical_identity", "letter_identity", "request_key"]
