@@ -6,11 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 
 from kafka_ingest.config import parse_pipelines
-from tests.support.airflow_api import poll
 from tests.support.deadlines import MARGIN_S, parse_deadline_s, retry_delay_s, run_deadline_s
 
 #: The Celery test's services: 20 s heartbeat time-out checked every 2 s, a queued task
@@ -66,30 +64,3 @@ def test_retry_delay_covers_airflows_jitter_and_cap() -> None:
 def test_parse_deadline() -> None:
     assert parse_deadline_s(SERVICES) == 10 + 50 + MARGIN_S
 
-
-def test_a_request_that_times_out_while_polling_is_asked_again_until_the_deadline() -> None:
-    """The api-server of a loaded machine may answer a request after the client's time-out:
-    the wait goes on (its deadline decides), and a wait that ends in failures names them."""
-    answers: list[Any] = [httpx.ReadTimeout("timed out"), httpx.ConnectError("refused"), "done"]
-
-    def check() -> Any:
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    assert poll("the run", check, 5.0, interval_s=0.01) == "done"
-
-    def never() -> Any:
-        raise httpx.ReadTimeout("timed out")
-
-    with pytest.raises(AssertionError, match=r"waiting for the run \(the last request "
-                                             r"failed: ReadTimeout"):
-        poll("the run", never, 0.05, interval_s=0.01)
-
-    def refused() -> Any:  # an answer with an error status is no transport failure
-        raise httpx.HTTPStatusError("404", request=httpx.Request("GET", "http://x"),
-                                    response=httpx.Response(404))
-
-    with pytest.raises(httpx.HTTPStatusError):
-        poll("the run", refused, 5.0, interval_s=0.01)

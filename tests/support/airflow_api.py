@@ -67,8 +67,19 @@ class AirflowApi:
         self.client = httpx.Client(base_url=f"{url}/api/v2", timeout=30, headers={
             "Authorization": f"Bearer {token.json()['access_token']}"})
 
+    #: A GET that fails on the way (the api-server of a loaded machine answering after the
+    #: client's time-out, a dropped connection) is asked again, this many times in all: a
+    #: hiccup of the test's own client is not what a test is about.
+    GET_TRIES = 3
+
     def get(self, path: str) -> Any:
-        response = self.client.get(path)
+        for left in range(self.GET_TRIES - 1, -1, -1):
+            try:
+                response = self.client.get(path)
+                break
+            except httpx.TransportError:
+                if not left:
+                    raise
         response.raise_for_status()
         return response.json()
 
