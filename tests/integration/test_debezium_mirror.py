@@ -392,8 +392,6 @@ def test_a_replayed_dead_letter_of_a_row_deleted_since_stays_deleted(
     same(src, pg_dsn)  # 2 replayed, 1 not back
 
 
-@pytest.mark.xfail(strict=True, reason="a truncate marks only the keys the table held (see "
-                   "test_mirror_writer's test of it)")
 def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
         debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
         dlq_topics: list[str], tmp_path: Path) -> None:

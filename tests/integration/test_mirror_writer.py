@@ -1,12 +1,12 @@
 """A mirror's table writes on real Postgres (``envelope: debezium``, #34): an update whose
 TOASTed columns Debezium left out keeps their stored values, and a truncate deletes every
-row placed before it, leaving markers, so a replay of older offsets brings none back.
+row placed before it, moving its partition's truncate point, so a replay of older offsets
+brings none back.
 (The change events themselves come from Debezium's real connector in
 ``test_debezium_mirror.py``; here the rows are given as the envelope makes them.)"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,10 +58,11 @@ def row(pipeline: Pipeline, offset: int, **given: Any) -> Row:
 
 
 def write(db: Database, pipeline: Pipeline, rows: list[Row],
-          deletes: list[Tombstone] = ()) -> Any:  # type: ignore[assignment]
-    source = Source(pipeline.topic, None, 1)
+          deletes: list[Tombstone] = (), *,  # type: ignore[assignment]
+          incarnation: int = 1) -> Any:
+    source = Source(pipeline.topic, None, incarnation)
     with UnitOfWork(db.connect(), pipeline) as uow:
-        uow.rows.serialize([0])
+        uow.rows.serialize([0, 1])
         up = uow.rows.upsert(rows, source=source)
         gone = uow.rows.delete(list(deletes), source=source) if deletes else None
         uow.commit()
@@ -77,6 +78,11 @@ def table(conn: Any, pipeline: Pipeline) -> dict[int, tuple[Any, ...]]:
 def markers(conn: Any, pipeline: Pipeline) -> dict[int, int]:
     return dict(conn.execute(sql.SQL("SELECT id, source_offset FROM {}").format(
         sql.Identifier(str(marker_table(pipeline))))).fetchall())
+
+
+def truncate_points(conn: Any) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT pipeline, source_topic, source_partition, source_incarnation,"
+                        " source_offset FROM truncate_points ORDER BY 1, 2, 3").fetchall()
 
 
 def test_an_update_keeps_the_columns_debezium_left_out(db: Database, mirror: Pipeline,
@@ -106,20 +112,18 @@ def test_a_truncate_deletes_every_row_before_it_and_a_replay_brings_none_back(
     assert (up.inserted, gone.deleted, gone.missing, gone.rejected) == (2, 3, 0, [])
     conn.rollback()
     assert list(table(conn, mirror)) == [4]
-    assert markers(conn, mirror) == {1: 5, 2: 5, 3: 5}
+    # no marker per row: the partition's truncate point says it all
+    assert markers(conn, mirror) == {}
+    assert truncate_points(conn) == [(mirror.name, mirror.topic, 0, 1, 5)]
     # a backfill of the offsets before the truncate: every row stays deleted
     again, _ = write(db, mirror, [row(mirror, 0, id=1), row(mirror, 1, id=2),
                                   row(mirror, 3, id=3)])
     assert (again.inserted, again.stale, again.missing) == (0, 3, 0)
     conn.rollback()
     assert list(table(conn, mirror)) == [4]
-    assert json.dumps(sorted(markers(conn, mirror))) == "[1, 2, 3]"
+    assert markers(conn, mirror) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="a truncate marks only the keys the table held: a "
-                   "key placed before it that never reached the table (dead-lettered, "
-                   "or before the offsets the mirror began at) comes back on a replay or "
-                   "backfill (see the review of #34)")
 def test_a_row_placed_before_a_truncate_that_the_table_never_held_stays_truncated(
         db: Database, mirror: Pipeline, conn: Any) -> None:
     """Key 9's insert at offset 2 was dead-lettered (too large, say), then the source was
@@ -129,4 +133,42 @@ def test_a_row_placed_before_a_truncate_that_the_table_never_held_stays_truncate
     replayed, _ = write(db, mirror, [row(mirror, 2, id=9)])
     conn.rollback()
     assert (replayed.inserted, replayed.stale) == (0, 1)
+    assert table(conn, mirror) == {}
+
+
+def test_a_truncate_orders_against_its_own_partition_and_older_incarnations(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """Debezium's truncate event has no key: on a topic of several partitions it lands in
+    one. It deletes the rows placed before it in that partition, and every row of an older
+    incarnation of the topic; another partition's rows are not ordered against it and
+    stay, and so do its records replayed later."""
+    write(db, mirror, [row(mirror, 0, id=1), row(mirror, 4, id=2, source_partition=1)],
+          incarnation=1)
+    write(db, mirror, [row(mirror, 0, id=3), row(mirror, 9, id=4, source_partition=1)],
+          [Tombstone(EVERY_KEY, mirror.topic, 0, 5)], incarnation=2)
+    conn.rollback()
+    assert list(table(conn, mirror)) == [4]  # 1, 2: incarnation 1; 3: before it
+    # replays: partition 0 before the truncate, and incarnation 1 anywhere, stay out;
+    # partition 1 of incarnation 2 is written, before the truncate's offset or not
+    old, _ = write(db, mirror, [row(mirror, 3, id=5, source_partition=1)], incarnation=1)
+    before, _ = write(db, mirror, [row(mirror, 4, id=6)], incarnation=2)
+    beside, _ = write(db, mirror, [row(mirror, 2, id=7, source_partition=1)], incarnation=2)
+    after, _ = write(db, mirror, [row(mirror, 6, id=8)], incarnation=2)
+    assert [(r.inserted, r.stale, r.missing) for r in (old, before, beside, after)] == [
+        (0, 1, 0), (0, 1, 0), (1, 0, 0), (1, 0, 0)]
+    conn.rollback()
+    assert list(table(conn, mirror)) == [4, 7, 8]
+
+
+def test_a_truncate_read_again_leaves_the_newer_truncate_point(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """A backfill re-reads a truncate older than the partition's newest: the point stays
+    at the newest, and a row between the two stays out."""
+    write(db, mirror, [], [Tombstone(EVERY_KEY, mirror.topic, 0, 3)])
+    write(db, mirror, [], [Tombstone(EVERY_KEY, mirror.topic, 0, 8)])
+    write(db, mirror, [row(mirror, 2, id=1)], [Tombstone(EVERY_KEY, mirror.topic, 0, 3)])
+    between, _ = write(db, mirror, [row(mirror, 5, id=2)])
+    conn.rollback()
+    assert truncate_points(conn) == [(mirror.name, mirror.topic, 0, 1, 8)]
+    assert (between.inserted, between.stale, between.missing) == (0, 1, 0)
     assert table(conn, mirror) == {}

@@ -18,7 +18,8 @@ are the row's primary key (a JsonConverter key's ``payload`` is unwrapped,
   tombstone of ``on_tombstone: delete`` is (the null-valued tombstone after it is
   skipped: the delete was its change event);
 - ``t`` (truncate): ``on_truncate`` says: skipped, or every row of the table placed before
-  it in its partition deleted (:data:`~kafka_ingest.records.EVERY_KEY`);
+  it in its partition deleted, and its place kept as the partition's truncate point
+  (:data:`~kafka_ingest.records.EVERY_KEY`, :mod:`~kafka_ingest.db.writers.deleting`);
 - anything else (no ``op``, an unknown one, an insert without ``after``, no object at
   all) is dead-lettered as ``bad_envelope``, and a row the contract refuses as any
   payload is.

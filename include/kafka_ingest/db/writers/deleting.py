@@ -14,6 +14,15 @@ is safe. Markers cost one small row per deleted key: the key space the compacted
 itself holds. A tombstone log order cannot place (its key's row or marker came from
 another partition or topic) is returned for the DLQ, like a row.
 
+A mirror's truncate (``on_truncate: truncate``, :data:`~kafka_ingest.records.EVERY_KEY`)
+leaves no marker per key: it moves its partition's truncate point (``truncate_points``,
+:data:`TRUNCATE_POINT`, forward only) and deletes every row, and every marker, placed
+before it in its partition or in an older incarnation of the topic (:data:`TRUNCATED`);
+the upsert counts a record placed before a truncate point stale, as it counts one older
+than a marker (:data:`~kafka_ingest.db.writers.latest.TRUNCATED_BEFORE`), so a row the
+table never held (dead-lettered, or before the offsets the mirror began at) cannot come
+back either. Rows of the topic's other partitions are not ordered against it.
+
 A deleting chunk's transaction holds its source partitions' keys until it ends (a
 replay's, every partition's: an old incarnation's letters sit in other partitions than the
 new one writes their keys in; :func:`~kafka_ingest.db.locks.hold_keys`): its rows and its
@@ -30,6 +39,7 @@ from typing import Any, ClassVar
 
 from psycopg import sql
 
+from kafka_ingest.config import OnTruncate
 from kafka_ingest.db.locks import hold_keys
 from kafka_ingest.db.tables import marker_table
 from kafka_ingest.db.writers.base import DeleteResult
@@ -41,6 +51,7 @@ from kafka_ingest.db.writers.latest import (
     LOG_MARKER_STALE,
     LOG_MARKER_UNORDERABLE,
     RACE_ATTEMPTS,
+    TRUNCATE_POINTS,
     LatestWriter,
     Raced,
     unorderable,
@@ -102,9 +113,24 @@ WHERE {m}.source_topic = EXCLUDED.source_topic
   AND ({m}.source_incarnation, {m}.source_offset)
       < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
 """
-#: A truncate's keys: every row of the table placed before it (%(p)s, %(o)s) in the log.
+#: A truncate at (%(p)s, %(o)s): its partition's truncate point, moved forward only
+#: (migration 0011; :data:`~kafka_ingest.db.writers.latest.TRUNCATED_BEFORE` makes every
+#: record placed before it stale).
+TRUNCATE_POINT = """
+INSERT INTO truncate_points AS tp (pipeline, source_topic, source_partition,
+                                   source_incarnation, source_offset)
+VALUES (%(pipeline)s, %(topic)s, %(p)s, %(inc)s, %(o)s)
+ON CONFLICT (pipeline, source_topic, source_partition) DO UPDATE
+  SET source_incarnation = EXCLUDED.source_incarnation,
+      source_offset = EXCLUDED.source_offset, truncated_at = now()
+WHERE (tp.source_incarnation, tp.source_offset)
+      < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
+"""
+#: What a truncate deletes from the table ({t}) and from the markers ({m}, which the
+#: truncate point subsumes): every row placed before it in its partition, and every row
+#: of an older incarnation of the topic.
 TRUNCATED = """
-SELECT {k} FROM {t} WHERE source_topic = %(topic)s AND (source_incarnation < %(inc)s
+DELETE FROM {into} WHERE source_topic = %(topic)s AND (source_incarnation < %(inc)s
   OR (source_incarnation = %(inc)s AND source_partition = %(p)s AND source_offset < %(o)s))
 """
 #: The outcome: each key ends deleted at least as late, or with a newer row.
@@ -136,7 +162,16 @@ class DeletingWriter(LatestWriter):
         self._delete_older = self.statement(TOMBSTONES + DELETE_OLDER)
         self._mark_deleted = self.statement(TOMBSTONES + MARK_DELETED)
         self._deletes_missing = self.statement(TOMBSTONES + DELETES_MISSING)
-        self._truncated = self.statement(TRUNCATED)
+        self._truncate_point = self.statement(TRUNCATE_POINT)
+        self._truncated_rows = self.statement(TRUNCATED.replace("{into}", "{t}"))
+        self._truncated_markers = self.statement(TRUNCATED.replace("{into}", "{m}"))
+
+    def _fragments(self) -> dict[str, str]:
+        """A table that follows truncates also counts a record placed before one stale."""
+        fragments = super()._fragments()
+        if self.log_order and self.pipeline.on_truncate is OnTruncate.TRUNCATE:
+            fragments = {**fragments, **TRUNCATE_POINTS}
+        return fragments
 
     @property
     def _marker(self) -> sql.Identifier:
@@ -161,7 +196,13 @@ class DeletingWriter(LatestWriter):
             return DeleteResult(0)
         if source is None:
             raise TypeError("deletes need the tombstones' source (topic and incarnation)")
-        tombstones = self._every_key(tombstones, source)
+        keyed = [t for t in tombstones if t.key is not EVERY_KEY]
+        done = self._delete_keys(keyed, source) if keyed else DeleteResult(0)
+        # after the keys' deletes: a marker one of them left before a truncate goes with it
+        truncated = sum(self._truncate(t, source) for t in tombstones if t.key is EVERY_KEY)
+        return DeleteResult(done.deleted + truncated, done.missing, done.rejected)
+
+    def _delete_keys(self, tombstones: Sequence[Tombstone], source: Source) -> DeleteResult:
         for attempt in range(1, RACE_ATTEMPTS + 1):
             try:
                 with self.conn.transaction():  # a savepoint: a race rolls back to here
@@ -199,21 +240,16 @@ class DeletingWriter(LatestWriter):
         return DeleteResult(deleted, missing, rejected)
 
 
-    def _every_key(self, tombstones: Sequence[Tombstone],
-                   source: Source) -> Sequence[Tombstone]:
-        """The tombstones with each truncate (:data:`~kafka_ingest.records.EVERY_KEY`)
-        replaced by a tombstone of every key placed before it, at its place (the chunk's
-        rows are written by now: those before it go too, those after stay)."""
-        if not any(t.key is EVERY_KEY for t in tombstones):
-            return tombstones
-        expanded = [t for t in tombstones if t.key is not EVERY_KEY]
-        for t in tombstones:
-            if t.key is EVERY_KEY:
-                params = {"topic": source.topic, "inc": source.incarnation,
-                          "p": t.partition, "o": t.offset}
-                expanded += [t._replace(key=k) for (k,) in self.conn.execute(
-                    self._truncated, params)]
-        return expanded
+    def _truncate(self, truncate: Tombstone, source: Source) -> int:
+        """A truncate (:data:`~kafka_ingest.records.EVERY_KEY`) at its place: its
+        partition's truncate point moved to it, and every row placed before it deleted
+        (the chunk's rows are written by now: those before it go too, those after stay),
+        with the markers it subsumes. The rows deleted."""
+        params = {"pipeline": self.pipeline.name, "topic": source.topic,
+                  "inc": source.incarnation, "p": truncate.partition, "o": truncate.offset}
+        self.conn.execute(self._truncate_point, params)
+        self.conn.execute(self._truncated_markers, params)
+        return self.conn.execute(self._truncated_rows, params).rowcount
 
 
 def _tombstone_params(tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
@@ -222,4 +258,5 @@ def _tombstone_params(tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
 
 
 __all__ = ["CLEAR_MARKERS", "DELETES_MISSING", "DELETE_OLDER", "MARK_DELETED", "TOMBSTONES",
-           "TOMBSTONES_UNORDERABLE", "TRUNCATED", "DeletingWriter"]
+           "TOMBSTONES_UNORDERABLE", "TRUNCATED", "TRUNCATE_POINT",
+           "DeletingWriter"]

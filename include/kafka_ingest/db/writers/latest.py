@@ -90,7 +90,8 @@ v AS (
     WHEN split OR (xt IS NOT NULL AND NOT (xt = %(topic)s AND (xi <> %(inc)s OR xp = p)))
          {marker_unorderable} THEN 'unorderable'
     WHEN xt = %(topic)s AND xi = %(inc)s AND xp = p AND xo = o THEN 'stored'
-    WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} THEN 'stale'
+    WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} {truncate_stale}
+         THEN 'stale'
     WHEN newest > 1 THEN 'superseded'
     ELSE 'write' END AS verdict
   FROM f)
@@ -147,7 +148,7 @@ WHERE NOT split
   AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND (NOT (x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition))
       OR (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset)))
-  {marker_excludes}
+  {marker_excludes} {truncate_excludes}
 ORDER BY {k}, source_offset DESC
 ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
   ingested_at = now()
@@ -181,12 +182,29 @@ WHERE NOT EXISTS (SELECT 1 FROM unnest(%(skip_p)s::int4[], %(skip_o)s::int8[]) u
   AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition)
       AND (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset))
-  {marker_holds}
+  {marker_holds} {truncate_holds}
 """
 LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
       AND m.source_topic = %(topic)s
       AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition)
       AND (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset))"""
+#: A mirror's truncate points (``on_truncate: truncate``; migration 0011): a record of
+#: partition {p} at offset {o} placed before its partition's newest truncate, or from an
+#: older incarnation of the topic than a truncate of any partition, is older than the
+#: truncate (which deleted its key's row, if the table held it): stale, like a record
+#: older than its key's deletion marker. One probe of a table of a row per partition.
+TRUNCATED_BEFORE = """EXISTS (SELECT 1 FROM truncate_points tp
+      WHERE tp.pipeline = %(pipeline)s AND tp.source_topic = %(topic)s
+        AND (tp.source_incarnation > %(inc)s OR (tp.source_incarnation = %(inc)s
+             AND tp.source_partition = {p} AND tp.source_offset > {o})))"""
+#: The truncate fragments of the log-order statements (see :data:`TRUNCATED_BEFORE`).
+TRUNCATE_POINTS = {
+    "truncate_stale": "OR " + TRUNCATED_BEFORE.format(p="p", o="o"),
+    "truncate_excludes": "AND NOT " + TRUNCATED_BEFORE.format(
+        p="s.source_partition", o="s.source_offset"),
+    "truncate_holds": "AND NOT " + TRUNCATED_BEFORE.format(
+        p="s.source_partition", o="s.source_offset"),
+}
 TIME_MISSING = """
 SELECT count(*) FROM {s} s
 WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND ({same}
@@ -268,7 +286,8 @@ def unorderable(key: Any, here: str, split: bool, stored: Sequence[Any],
 #: The marker parts of the log-order statements; none for a table without markers.
 NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
               "marker_stale": "", "marker_details": "", "marker_excludes": "",
-              "marker_holds": ""}
+              "marker_holds": "", "truncate_stale": "", "truncate_excludes": "",
+              "truncate_holds": ""}
 
 
 class Raced(Exception):
@@ -295,9 +314,8 @@ class LatestWriter(TableWriter):
 
     def statement(self, template: str) -> sql.Composed:
         """One of the named statements, formatted for this table."""
-        fragments = self.MARKERS if self.log_order else NO_MARKERS
-        text = template.format(**fragments, t="{t}", s="{s}", m="{m}", k="{k}", o="{o}",
-                               c="{c}", u="{u}", kt="{kt}", ids="{ids}", sids="{sids}",
+        text = template.format(**self._fragments(), t="{t}", s="{s}", m="{m}", k="{k}",
+                               o="{o}", c="{c}", u="{u}", kt="{kt}", ids="{ids}", sids="{sids}",
                                lids="{lids}", xids="{xids}", stored="{stored}",
                                same="{same}")
         kept = kept_columns(self.pipeline)
@@ -313,6 +331,10 @@ class LatestWriter(TableWriter):
             o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
             kt=sql.SQL(key_type), **same_record(self.pipeline))
 
+    def _fragments(self) -> dict[str, str]:
+        """The marker (and truncate) fragments of the statements."""
+        return {**NO_MARKERS, **self.MARKERS} if self.log_order else NO_MARKERS
+
     @property
     def _marker(self) -> sql.Identifier:
         return sql.Identifier("no marker table")  # used by no statement of this writer
@@ -323,7 +345,8 @@ class LatestWriter(TableWriter):
             raise TypeError("a latest table's upsert needs the rows' source (topic and "
                             "incarnation)")
         self._stage(rows, encoded)
-        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation}
+        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
+                                  "pipeline": self.pipeline.name}
         for attempt in range(1, RACE_ATTEMPTS + 1):
             try:
                 with self.conn.transaction():  # a savepoint: a race rolls back to here
@@ -373,5 +396,6 @@ class LatestWriter(TableWriter):
         return rejected
 
 
-__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
-           "kept_columns", "same_record", "unorderable", "where"]
+__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "TRUNCATED_BEFORE",
+           "TRUNCATE_POINTS", "LatestWriter", "Raced", "kept_columns", "same_record",
+           "unorderable", "where"]
