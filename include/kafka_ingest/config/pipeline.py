@@ -502,7 +502,7 @@ class Pipeline(Strict):
     def conflict_columns(self) -> tuple[str, ...]:
         """The target table's primary key: what ``ON CONFLICT`` names."""
         if self.upsert.mode is UpsertMode.LATEST:
-            return (self.upsert.key or "",)
+            return self.upsert.keys
         if self.partition_by is not None \
                 and self.partition_by.column not in self.identity_columns:
             return (*self.identity_columns, self.partition_by.column)

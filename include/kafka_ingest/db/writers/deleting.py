@@ -64,31 +64,32 @@ log = logging.getLogger(__name__)
 
 #: A key written again after its deletion keeps no marker: the row is newer.
 CLEAR_MARKERS = """
-DELETE FROM {m} m USING {t} x WHERE m.{k} = x.{k} AND m.{k} IN (SELECT {k} FROM {s})
+DELETE FROM {m} m USING {t} x WHERE {mk} = {xk} AND {mk} IN (SELECT {k} FROM {s})
   AND x.source_topic = m.source_topic
   AND (x.source_incarnation, x.source_offset) > (m.source_incarnation, m.source_offset)
 """
-# The deletes: %(keys)s, %(parts)s, %(offs)s are the chunk's tombstones; {kt} the key's
-# type.
+# The deletes: {karrays} (%(k0)s, ...: a list per key column, cast to its type), %(parts)s,
+# %(offs)s are the chunk's tombstones, unnested as u(k0, ..., p, o) ({kk}; {dk} the key
+# of d, {dkl} its columns).
 TOMBSTONES = """
-WITH u AS (SELECT * FROM unnest(%(keys)s::{kt}[], %(parts)s::int4[], %(offs)s::int8[])
-           AS u(k, p, o)),
-d AS (SELECT DISTINCT ON (k) k, p, o FROM u ORDER BY k, o DESC)
+WITH u AS (SELECT * FROM unnest({karrays}, %(parts)s::int4[], %(offs)s::int8[])
+           AS u({kk}, p, o)),
+d AS (SELECT DISTINCT ON ({kk}) {kk}, p, o FROM u ORDER BY {kk}, o DESC)
 """
 #: Tombstones log order cannot place: a key in two partitions among them, or a stored
 #: row or marker of the key from another partition or topic.
 TOMBSTONES_UNORDERABLE = """
-WITH u AS (SELECT * FROM unnest(%(keys)s::{kt}[], %(parts)s::int4[], %(offs)s::int8[])
-           AS u(k, p, o)),
-d AS (SELECT DISTINCT ON (k) k, p, o, min(p) OVER w <> max(p) OVER w AS split FROM u
-      WINDOW w AS (PARTITION BY k) ORDER BY k, o DESC)
-SELECT d.k, d.p, d.o, d.split, x.source_topic, x.source_incarnation, x.source_partition,
+WITH u AS (SELECT * FROM unnest({karrays}, %(parts)s::int4[], %(offs)s::int8[])
+           AS u({kk}, p, o)),
+d AS (SELECT DISTINCT ON ({kk}) {kk}, p, o, min(p) OVER w <> max(p) OVER w AS split FROM u
+      WINDOW w AS (PARTITION BY {kk}) ORDER BY {kk}, o DESC)
+SELECT {dkl}, d.p, d.o, d.split, x.source_topic, x.source_incarnation, x.source_partition,
        x.source_offset, m.source_topic, m.source_incarnation, m.source_partition,
        m.source_offset
 FROM d LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
-                                 source_offset FROM {t} WHERE {k} = d.k LIMIT 1) x ON true
+                                 source_offset FROM {t} WHERE {lk} = {dk} LIMIT 1) x ON true
        LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
-                                 source_offset FROM {m} WHERE {k} = d.k LIMIT 1) m ON true
+                                 source_offset FROM {m} WHERE {lk} = {dk} LIMIT 1) m ON true
 WHERE d.split
    OR (x.source_topic IS NOT NULL AND NOT (x.source_topic = %(topic)s
        AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)))
@@ -96,13 +97,14 @@ WHERE d.split
        AND (m.source_incarnation <> %(inc)s OR m.source_partition = d.p)))
 """
 DELETE_OLDER = """
-DELETE FROM {t} x USING d WHERE x.{k} = d.k AND x.source_topic = %(topic)s
+DELETE FROM {t} x USING d WHERE {xk} = {dk} AND x.source_topic = %(topic)s
   AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)
   AND (x.source_incarnation, x.source_offset) < (%(inc)s, d.o)
 """
 MARK_DELETED = """
 INSERT INTO {m} ({k}, source_topic, source_incarnation, source_partition, source_offset)
-SELECT k, %(topic)s, %(inc)s, p, o FROM d WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = d.k)
+SELECT {kk}, %(topic)s, %(inc)s, p, o FROM d
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {dk})
 ON CONFLICT ({k}) DO UPDATE SET source_topic = EXCLUDED.source_topic,
   source_incarnation = EXCLUDED.source_incarnation,
   source_partition = EXCLUDED.source_partition, source_offset = EXCLUDED.source_offset,
@@ -136,10 +138,10 @@ DELETE FROM {into} WHERE source_topic = %(topic)s AND (source_incarnation < %(in
 #: The outcome: each key ends deleted at least as late, or with a newer row.
 DELETES_MISSING = """
 SELECT count(*) FROM d
-WHERE NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = d.k AND m.source_topic = %(topic)s
+WHERE NOT EXISTS (SELECT 1 FROM {m} m WHERE {mk} = {dk} AND m.source_topic = %(topic)s
       AND (m.source_incarnation <> %(inc)s OR m.source_partition = d.p)
       AND (m.source_incarnation, m.source_offset) >= (%(inc)s, d.o))
-  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = d.k AND x.source_topic = %(topic)s
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {dk} AND x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = d.p)
       AND (x.source_incarnation, x.source_offset) > (%(inc)s, d.o))
 """
@@ -220,10 +222,12 @@ class DeletingWriter(LatestWriter):
         missing: another partition's transaction wrote its key between them (see
         :mod:`~kafka_ingest.db.writers.latest`)."""
         params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
-                                  **_tombstone_params(tombstones)}
+                                  **self._tombstone_params(tombstones)}
         bad = {}
-        for k, p, o, split, *stored in self.conn.execute(self._tombstones_unorderable,
-                                                          params):
+        width = len(self.keys)
+        for found in self.conn.execute(self._tombstones_unorderable, params):
+            k = found[0] if width == 1 else tuple(found[:width])
+            p, o, split, *stored = found[width:]
             here = where(source.topic, source.incarnation, p, o)
             bad[k] = unorderable(k, here, split, stored[:4], stored[4:])
         rejected: list[tuple[Tombstone, DataError]] = [(t, bad[t.key]) for t in tombstones
@@ -231,7 +235,7 @@ class DeletingWriter(LatestWriter):
         kept = [t for t in tombstones if t.key not in bad]
         if not kept:
             return DeleteResult(0, 0, rejected)
-        params.update(_tombstone_params(kept))
+        params.update(self._tombstone_params(kept))
         deleted = self.conn.execute(self._delete_older, params).rowcount
         self.conn.execute(self._mark_deleted, params)
         missing = self._scalar(self._deletes_missing, params)
@@ -239,6 +243,16 @@ class DeletingWriter(LatestWriter):
             raise Raced
         return DeleteResult(deleted, missing, rejected)
 
+
+    def _tombstone_params(self, tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
+        """The tombstones as arrays: one per key column (a composite key is a tuple), their
+        partitions and offsets."""
+        keys = ([[t.key] for t in tombstones] if len(self.keys) == 1
+                else [t.key for t in tombstones])
+        columns = list(zip(*keys, strict=True)) if keys else [()] * len(self.keys)
+        return {**{f"k{n}": list(c) for n, c in enumerate(columns)},
+                "parts": [t.partition for t in tombstones],
+                "offs": [t.offset for t in tombstones]}
 
     def _truncate(self, truncate: Tombstone, source: Source) -> int:
         """A truncate (:data:`~kafka_ingest.records.EVERY_KEY`) at its place: its
@@ -250,11 +264,6 @@ class DeletingWriter(LatestWriter):
         self.conn.execute(self._truncate_point, params)
         self.conn.execute(self._truncated_markers, params)
         return self.conn.execute(self._truncated_rows, params).rowcount
-
-
-def _tombstone_params(tombstones: Sequence[Tombstone]) -> dict[str, list[Any]]:
-    return {"keys": [t.key for t in tombstones], "parts": [t.partition for t in tombstones],
-            "offs": [t.offset for t in tombstones]}
 
 
 __all__ = ["CLEAR_MARKERS", "DELETES_MISSING", "DELETE_OLDER", "MARK_DELETED", "TOMBSTONES",
