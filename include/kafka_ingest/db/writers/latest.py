@@ -192,11 +192,15 @@ LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE {mk} = {sk}
 #: partition {p} at offset {o} placed before its partition's newest truncate, or from an
 #: older incarnation of the topic than a truncate of any partition, is older than the
 #: truncate (which deleted its key's row, if the table held it): stale, like a record
-#: older than its key's deletion marker. One probe of a table of a row per partition.
-TRUNCATED_BEFORE = """EXISTS (SELECT 1 FROM truncate_points tp
+#: older than its key's deletion marker. The first EXISTS names no row, so Postgres
+#: evaluates it once a statement (an InitPlan): a topic never truncated costs no probe
+#: per row; one truncated costs a probe of a table of a row per partition.
+TRUNCATED_BEFORE = """(EXISTS (SELECT 1 FROM truncate_points
+                WHERE pipeline = %(pipeline)s AND source_topic = %(topic)s)
+    AND EXISTS (SELECT 1 FROM truncate_points tp
       WHERE tp.pipeline = %(pipeline)s AND tp.source_topic = %(topic)s
         AND (tp.source_incarnation > %(inc)s OR (tp.source_incarnation = %(inc)s
-             AND tp.source_partition = {p} AND tp.source_offset > {o})))"""
+             AND tp.source_partition = {p} AND tp.source_offset > {o}))))"""
 #: The truncate fragments of the log-order statements (see :data:`TRUNCATED_BEFORE`).
 TRUNCATE_POINTS = {
     "truncate_stale": "OR " + TRUNCATED_BEFORE.format(p="p", o="o"),
