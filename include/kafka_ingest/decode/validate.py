@@ -203,8 +203,11 @@ def change_key(pipeline: Pipeline,
     a tuple in key order)."""
     if pipeline.composite_key:
         types = {c.name: c.value_type for c in pipeline.sink_columns}
-        return key_reader(change_key_fields(pipeline),
+        read = key_reader(change_key_fields(pipeline),
                           tuple(types[k] for k in pipeline.upsert.keys))
+        if len(pipeline.upsert.keys) == 1:  # one field named by identity: its value
+            return lambda raw: read(raw)[0]
+        return read
     spec = pipeline.record_key
     if spec is None:  # refused when the pipeline loads
         raise ValueError(f"{pipeline.name}: a change-event pipeline reads deletes' keys from "

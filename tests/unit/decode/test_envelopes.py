@@ -373,6 +373,13 @@ def test_a_delete_of_a_composite_key_reads_its_fields_from_the_record_key() -> N
     assert "no field 'order_no'" in result.dead[0].error_detail
 
 
+def test_a_mirror_keyed_by_one_identity_field_deletes_by_its_value() -> None:
+    p = lines(identity=["order_no"])
+    schema = change("d", None, before={"region": "eu", "order_no": 1}, columns=LINE_COLUMNS)
+    result = validate_chunk([Msg(0, schema, line_key("eu", 4))], p)
+    assert p.upsert.keys == ("order_no",) and [t.key for t in result.deletes] == [4]
+
+
 def test_a_placeholder_of_a_composite_key_is_filled_from_its_earlier_change_in_the_chunk(
         ) -> None:
     msgs = [Msg(0, change("c", {"region": "eu", "order_no": 1, "notes": "long"},
