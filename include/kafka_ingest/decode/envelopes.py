@@ -588,10 +588,13 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """The ``record_key`` section of a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): its one field, a column of the row."""
     columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
-    if len(columns) != 1:
+    if not columns:
+        raise ValueError("the primary key has 0 columns (the change events carry no key "
+                         "schema: a table without a primary key?): a mirror deletes and "
+                         "orders rows by the primary key its record keys carry")
+    if len(columns) != 1:  # primary_key_declaration's: the identity
         raise ValueError(f"the primary key has {len(columns)} columns "
-                         f"({', '.join(map(str, columns))}): a mirror reads a primary key of "
-                         "one column")
+                         f"({', '.join(map(str, columns))}): declare them as the identity")
     column = columns[0]
     spec = fields.get(payload_name(column))
     if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):

@@ -336,6 +336,11 @@ def test_a_composite_primary_key_is_declared_as_the_identity_and_keys_the_mirror
     assert p.deletes and p.composite_key and p.record_key is None
 
 
+def test_change_events_without_a_key_schema_have_no_key_to_declare() -> None:
+    with pytest.raises(ValueError, match=r"0 columns \(the change events carry no key schema"):
+        primary_key_declaration(None, {"a": {"type": "bigint"}})
+
+
 @pytest.mark.parametrize(("body", "says"), [
     ({"identity": ["region", "notes"]}, "must be a required field"),
     ({"upsert": {"mode": "latest", "key": "region", "order_by": "source_offset"}},
