@@ -189,7 +189,7 @@ def _state_demo(args: argparse.Namespace, env: dict[str, str], pipeline: Pipelin
         return code
     with db.session() as conn:
         stored = dict(conn.execute(sql.SQL("SELECT {}, event_id FROM {}").format(
-            sql.Identifier(pipeline.upsert.key or ""), sql.Identifier(pipeline.table))))
+            sql.Identifier(*pipeline.upsert.keys), sql.Identifier(pipeline.table))))
     wrong = [a for a, e in sample.final.items() if stored.get(a) != e]
     wrong += [a for a in sample.deleted if a in stored]
     print(f"    {len(sample.final)} accounts live, {len(sample.deleted)} deleted by the log; "

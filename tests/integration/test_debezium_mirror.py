@@ -392,8 +392,6 @@ def test_a_replayed_dead_letter_of_a_row_deleted_since_stays_deleted(
     same(src, pg_dsn)  # 2 replayed, 1 not back
 
 
-@pytest.mark.xfail(strict=True, reason="a truncate marks only the keys the table held (see "
-                   "test_mirror_writer's test of it)")
 def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
         debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
         dlq_topics: list[str], tmp_path: Path) -> None:
@@ -406,19 +404,78 @@ def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
 
 def test_a_pattern_leaves_out_a_table_it_cannot_mirror_and_mirrors_the_others(
         debezium_source: Callable[..., DebeziumSource], env: dict[str, str]) -> None:
-    """A join table (a primary key of two columns) among the pattern's topics: left out,
-    with the reason; the other tables' pipelines are printed."""
-    src = debezium_source({**SOURCE, "links": "a int, b int, PRIMARY KEY (a, b)"},
+    """A table without a primary key (its change events have no key) among the pattern's
+    topics: left out, with the reason; the other tables' pipelines are printed, a join
+    table's (a primary key of two columns) keyed by both."""
+    src = debezium_source({**SOURCE, "links": "a int, b int, PRIMARY KEY (a, b)",
+                           "log": "at timestamp, line text"},
                           setup=[f"INSERT INTO customers VALUES {row(1)}",
-                                 "INSERT INTO links VALUES (1, 2)"])
+                                 "INSERT INTO links VALUES (1, 2)",
+                                 "INSERT INTO log VALUES (TIMESTAMP '2026-01-02', 'x')"])
     prefix = src.topics["customers"].rsplit(".", 1)[0]
     shown = cli(env, "schema", "from-topic", f"{prefix}.*")
     assert shown.returncode == 0, shown.stderr
-    tables = {p["table"] for p in yaml.safe_load(shown.stdout)["pipelines"].values()}
-    assert "customers" in tables and "links" not in tables
+    pipelines = {p["table"]: p for p in yaml.safe_load(shown.stdout)["pipelines"].values()}
+    assert "customers" in pipelines and "log" not in pipelines
+    assert pipelines["links"]["identity"] == ["a", "b"]
     said = " ".join(line.removeprefix("# ").strip() for line in shown.stdout.splitlines()
                     if line.startswith("#"))
-    assert f"left out: {src.topics['links']}: the primary key has 2 columns (a, b)" in said
+    assert f"left out: {src.topics['log']}: the primary key has 0 columns" in said
+
+
+def test_a_table_with_a_composite_primary_key_is_mirrored(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
+    """A source table keyed by (region, id), two of its rows sharing an id: ``schema
+    from-topic`` declares the key's fields as the identity; inserts, an update that leaves
+    a TOASTed value out, a delete by the composite key, a backfill of every offset, a
+    truncate: the mirror equals its source after each run."""
+    columns = "region, id, name, notes"
+    src = debezium_source({"customers": "region text, id int, name text NOT NULL, notes text, "
+                                        "PRIMARY KEY (region, id)"},
+                          setup=["INSERT INTO customers VALUES ('eu', 1, 'a', 's'), "
+                                 "('us', 1, 'b', 's'), ('eu', 2, 'c', NULL)"])
+    topic = src.topics["customers"]
+    document = _declared(env, topic, tmp_path, on_truncate="truncate")
+    entry = document["pipelines"]["customers"]
+    assert entry["identity"] == ["region", "id"] and "record_key" not in entry, entry
+    dlq_topics.append(entry["dlq_topic"])
+
+    def equal() -> None:
+        query_ = f"SELECT {columns} FROM customers ORDER BY region, id"
+        assert query(pg_dsn, query_) == src.query(query_)
+
+    first = ran(env, "run", "customers")
+    assert (first["inserted"], first["dead_lettered"]) == (3, 0), first
+    equal()
+    src.execute(f"UPDATE customers SET notes = '{LONG}' WHERE region = 'eu' AND id = 1")
+    src.caught_up()
+    ran(env, "run", "customers")
+    # an update that leaves the TOASTed notes out, a delete, an insert
+    src.execute("UPDATE customers SET name = 'a2' WHERE region = 'eu' AND id = 1")
+    src.execute("UPDATE customers SET name = 'b2' WHERE region = 'us' AND id = 1")
+    src.execute("DELETE FROM customers WHERE region = 'eu' AND id = 2")
+    src.execute("INSERT INTO customers VALUES ('eu', 3, 'd', NULL)")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"][-2]
+    assert update.after["notes"] == "__debezium_unavailable_value", update.after
+    second = ran(env, "run", "customers")
+    assert (second["dead_lettered"], second["deleted"]) == (0, 1), second
+    equal()
+    assert query(pg_dsn, "SELECT notes FROM customers WHERE region = 'eu' AND id = 1") == [
+        (LONG,)]
+    # every offset again: the deleted row stays deleted, nothing newer is overwritten
+    backfill = cli(env, "backfill", "customers", "--partition", "0", "--from-offset", "0",
+                   "--to-offset", str(highs(clients, topic)[0]))
+    assert backfill.returncode == 0, backfill.stderr
+    equal()
+    # a truncate, then a row
+    src.execute("TRUNCATE customers")
+    src.execute("INSERT INTO customers VALUES ('us', 9, 'e', NULL)")
+    src.caught_up()
+    ran(env, "run", "customers")
+    equal()
+    assert query(pg_dsn, "SELECT count(*) FROM customers") == [(1,)]
 
 
 def test_from_topic_reads_a_history_with_a_column_added_and_one_dropped(

@@ -1,12 +1,12 @@
 """A mirror's table writes on real Postgres (``envelope: debezium``, #34): an update whose
 TOASTed columns Debezium left out keeps their stored values, and a truncate deletes every
-row placed before it, leaving markers, so a replay of older offsets brings none back.
+row placed before it, moving its partition's truncate point, so a replay of older offsets
+brings none back.
 (The change events themselves come from Debezium's real connector in
 ``test_debezium_mirror.py``; here the rows are given as the envelope makes them.)"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,10 +58,11 @@ def row(pipeline: Pipeline, offset: int, **given: Any) -> Row:
 
 
 def write(db: Database, pipeline: Pipeline, rows: list[Row],
-          deletes: list[Tombstone] = ()) -> Any:  # type: ignore[assignment]
-    source = Source(pipeline.topic, None, 1)
+          deletes: list[Tombstone] = (), *,  # type: ignore[assignment]
+          incarnation: int = 1) -> Any:
+    source = Source(pipeline.topic, None, incarnation)
     with UnitOfWork(db.connect(), pipeline) as uow:
-        uow.rows.serialize([0])
+        uow.rows.serialize([0, 1])
         up = uow.rows.upsert(rows, source=source)
         gone = uow.rows.delete(list(deletes), source=source) if deletes else None
         uow.commit()
@@ -77,6 +78,11 @@ def table(conn: Any, pipeline: Pipeline) -> dict[int, tuple[Any, ...]]:
 def markers(conn: Any, pipeline: Pipeline) -> dict[int, int]:
     return dict(conn.execute(sql.SQL("SELECT id, source_offset FROM {}").format(
         sql.Identifier(str(marker_table(pipeline))))).fetchall())
+
+
+def truncate_points(conn: Any) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT pipeline, source_topic, source_partition, source_incarnation,"
+                        " source_offset FROM truncate_points ORDER BY 1, 2, 3").fetchall()
 
 
 def test_an_update_keeps_the_columns_debezium_left_out(db: Database, mirror: Pipeline,
@@ -106,20 +112,18 @@ def test_a_truncate_deletes_every_row_before_it_and_a_replay_brings_none_back(
     assert (up.inserted, gone.deleted, gone.missing, gone.rejected) == (2, 3, 0, [])
     conn.rollback()
     assert list(table(conn, mirror)) == [4]
-    assert markers(conn, mirror) == {1: 5, 2: 5, 3: 5}
+    # no marker per row: the partition's truncate point says it all
+    assert markers(conn, mirror) == {}
+    assert truncate_points(conn) == [(mirror.name, mirror.topic, 0, 1, 5)]
     # a backfill of the offsets before the truncate: every row stays deleted
     again, _ = write(db, mirror, [row(mirror, 0, id=1), row(mirror, 1, id=2),
                                   row(mirror, 3, id=3)])
     assert (again.inserted, again.stale, again.missing) == (0, 3, 0)
     conn.rollback()
     assert list(table(conn, mirror)) == [4]
-    assert json.dumps(sorted(markers(conn, mirror))) == "[1, 2, 3]"
+    assert markers(conn, mirror) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="a truncate marks only the keys the table held: a "
-                   "key placed before it that never reached the table (dead-lettered, "
-                   "or before the offsets the mirror began at) comes back on a replay or "
-                   "backfill (see the review of #34)")
 def test_a_row_placed_before_a_truncate_that_the_table_never_held_stays_truncated(
         db: Database, mirror: Pipeline, conn: Any) -> None:
     """Key 9's insert at offset 2 was dead-lettered (too large, say), then the source was
@@ -130,3 +134,111 @@ def test_a_row_placed_before_a_truncate_that_the_table_never_held_stays_truncate
     conn.rollback()
     assert (replayed.inserted, replayed.stale) == (0, 1)
     assert table(conn, mirror) == {}
+
+
+def test_a_truncate_orders_against_its_own_partition_and_older_incarnations(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """Debezium's truncate event has no key: on a topic of several partitions it lands in
+    one. It deletes the rows placed before it in that partition, and every row of an older
+    incarnation of the topic; another partition's rows are not ordered against it and
+    stay, and so do its records replayed later."""
+    write(db, mirror, [row(mirror, 0, id=1), row(mirror, 4, id=2, source_partition=1)],
+          incarnation=1)
+    write(db, mirror, [row(mirror, 0, id=3), row(mirror, 9, id=4, source_partition=1)],
+          [Tombstone(EVERY_KEY, mirror.topic, 0, 5)], incarnation=2)
+    conn.rollback()
+    assert list(table(conn, mirror)) == [4]  # 1, 2: incarnation 1; 3: before it
+    # replays: partition 0 before the truncate, and incarnation 1 anywhere, stay out;
+    # partition 1 of incarnation 2 is written, before the truncate's offset or not
+    old, _ = write(db, mirror, [row(mirror, 3, id=5, source_partition=1)], incarnation=1)
+    before, _ = write(db, mirror, [row(mirror, 4, id=6)], incarnation=2)
+    beside, _ = write(db, mirror, [row(mirror, 2, id=7, source_partition=1)], incarnation=2)
+    after, _ = write(db, mirror, [row(mirror, 6, id=8)], incarnation=2)
+    assert [(r.inserted, r.stale, r.missing) for r in (old, before, beside, after)] == [
+        (0, 1, 0), (0, 1, 0), (1, 0, 0), (1, 0, 0)]
+    conn.rollback()
+    assert list(table(conn, mirror)) == [4, 7, 8]
+
+
+def test_a_truncate_read_again_leaves_the_newer_truncate_point(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """A backfill re-reads a truncate older than the partition's newest: the point stays
+    at the newest, and a row between the two stays out."""
+    write(db, mirror, [], [Tombstone(EVERY_KEY, mirror.topic, 0, 3)])
+    write(db, mirror, [], [Tombstone(EVERY_KEY, mirror.topic, 0, 8)])
+    write(db, mirror, [row(mirror, 2, id=1)], [Tombstone(EVERY_KEY, mirror.topic, 0, 3)])
+    between, _ = write(db, mirror, [row(mirror, 5, id=2)])
+    conn.rollback()
+    assert truncate_points(conn) == [(mirror.name, mirror.topic, 0, 1, 8)]
+    assert (between.inserted, between.stale, between.missing) == (0, 1, 0)
+    assert table(conn, mirror) == {}
+
+
+ORDER_LINE: dict[str, Any] = {"fields": {
+    "region": {"type": "text", "max_length": 8},
+    "order_no": {"type": "integer"},
+    "name": {"type": "text", "max_length": 64},
+    "notes": {"type": "text", "max_length": 100_000, "required": False},
+}}
+
+
+@pytest.fixture
+def lines(topics: Any, db: Database) -> Pipeline:
+    """A mirror of a source table whose primary key is (region, order_no)."""
+    pipeline = parse_pipelines({"contracts": {"line": ORDER_LINE}, "pipelines": {"lines": {
+        "topic": topics(1, "src"), "dlq_topic": topics(1, "dlq"), "table": "order_lines",
+        "contract": {"event_type": "line", "version": 1}, "envelope": "debezium",
+        "on_truncate": "truncate", "identity": ["region", "order_no"]}}},
+        source="t.yaml")["lines"]
+    with db.connect() as c:
+        apply_tables(c, pipeline)
+        c.commit()
+    return pipeline
+
+
+def line(pipeline: Pipeline, offset: int, region: str, order_no: int, name: str = "n",
+         notes: str | None = None) -> Row:
+    values = {"event_id": None, "region": region, "order_no": order_no, "name": name,
+              "notes": notes, "source_topic": pipeline.topic, "source_partition": 0,
+              "source_offset": offset, "kafka_key": b"k", "kafka_timestamp": None}
+    return tuple(values[c.name] for c in row_columns(pipeline))
+
+
+def lines_table(conn: Any, pipeline: Pipeline) -> dict[tuple[str, int], tuple[Any, ...]]:
+    conn.rollback()
+    return {(r[0], r[1]): r[2:] for r in conn.execute(sql.SQL(
+        "SELECT region, order_no, name, notes, source_offset FROM {} ORDER BY 1, 2").format(
+            sql.Identifier(pipeline.table)))}
+
+
+def test_a_composite_primary_key_keys_the_mirror_its_deletes_markers_and_truncates(
+        db: Database, lines: Pipeline) -> None:
+    """Rows told apart by (region, order_no) only; an update keeps the TOASTed column it
+    left out; a delete by the composite key leaves a marker of both columns, which a replay
+    of the older insert meets; a truncate and a replay from before it."""
+    conn = db.connect()
+    assert conn.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON "
+                        "a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE "
+                        "i.indisprimary AND i.indrelid = %s::regclass ORDER BY a.attnum",
+                        (str(marker_table(lines)),)).fetchall() == [("region",), ("order_no",)]
+    long = "x" * 20_000
+    up, _ = write(db, lines, [line(lines, 0, "eu", 1, "a", long), line(lines, 1, "us", 1, "b"),
+                              line(lines, 2, "eu", 2, "c")])
+    assert (up.inserted, up.missing) == (3, 0)
+    up, gone = write(db, lines, [line(lines, 3, "eu", 1, "a2", UNAVAILABLE)],
+                     [Tombstone(("us", 1), lines.topic, 0, 4)])
+    assert (up.inserted, gone.deleted, gone.missing, gone.rejected) == (1, 1, 0, [])
+    assert lines_table(conn, lines) == {("eu", 1): ("a2", long, 3), ("eu", 2): ("c", None, 2)}
+    assert conn.execute(sql.SQL("SELECT region, order_no, source_offset FROM {}").format(
+        sql.Identifier(str(marker_table(lines))))).fetchall() == [("us", 1, 4)]
+    # a replay of the deleted row's insert: stale against its marker; a new key is written
+    again, _ = write(db, lines, [line(lines, 1, "us", 1, "b"), line(lines, 5, "us", 2, "d")])
+    assert (again.inserted, again.stale, again.missing) == (1, 1, 0)
+    # the truncate at 6, then a replay of offsets before it: nothing comes back
+    _, gone = write(db, lines, [line(lines, 7, "eu", 9, "e")],
+                    [Tombstone(EVERY_KEY, lines.topic, 0, 6)])
+    assert gone.deleted == 3
+    replayed, _ = write(db, lines, [line(lines, 0, "eu", 1, "a"), line(lines, 5, "us", 2, "d")])
+    assert (replayed.inserted, replayed.stale, replayed.missing) == (0, 2, 0)
+    assert lines_table(conn, lines) == {("eu", 9): ("e", None, 7)}
+    conn.close()

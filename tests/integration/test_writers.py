@@ -240,7 +240,7 @@ def test_deletes_missing_counts_a_tombstone_whose_key_ended_neither_deleted_nor_
     with UnitOfWork(conn, balances) as uow:
         writer = uow.rows
         assert isinstance(writer, DeletingWriter)
-        params = {**PARAMS, "keys": ["x"], "parts": [0], "offs": [5]}
+        params = {**PARAMS, "k0": ["x"], "parts": [0], "offs": [5]}
         assert writer._scalar(writer._deletes_missing, params) == 1  # no marker, no row
         conn.execute(writer._mark_deleted, params)
         assert writer._scalar(writer._deletes_missing, params) == 0

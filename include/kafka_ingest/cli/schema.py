@@ -35,7 +35,7 @@ from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
-from kafka_ingest.decode.envelopes import key_declaration, rows_declaration
+from kafka_ingest.decode.envelopes import primary_key_declaration, rows_declaration
 from kafka_ingest.decode.infer import (
     ProposedIdentity,
     column_name,
@@ -375,18 +375,20 @@ def _mirror(topic: str, values: list[Any], records: list[dict[str, Any]], *, pip
         fields, guesses, left_out = rows_declaration([r["schema"] for r in records
                                                       if _is_change_event(r)])
         key_schema = json.loads(keyed.key()).get("schema") if keyed is not None else None
-        key = key_declaration(key_schema, fields)
+        key = primary_key_declaration(key_schema, fields)
     except (ValueError, AttributeError) as exc:
         raise SettingsError(f"topic {topic!r}: {exc}") from None
     document = declaration(
         event_type=event_type, pipeline=pipeline, topic=topic,
-        identity=ProposedIdentity(None, ""), extra={"envelope": "debezium", "record_key": key},
+        identity=ProposedIdentity(None, ""), extra={"envelope": "debezium", **key},
         contract={"version": 1, "doc": f"The rows of the change events of topic {topic!r}.",
                   "fields": fields})
     document["pipelines"][pipeline]["table"] = table
+    what = (f"the record key's {key['record_key']['column']!r}" if "record_key" in key
+            else f"the record key's fields {', '.join(key['identity'])} (a composite key)")
     return document, [
         f"{topic}: Debezium change events; the contract is their schema's row (the newest "
-        f"sampled), the table's key the record key's {key['column']!r}",
+        f"sampled), the table's key {what}",
         *(f"  {line}" for line in guesses), *(f"  left out: {line}" for line in left_out)]
 
 

@@ -57,8 +57,9 @@ UNAVAILABLE_JSON = (UNAVAILABLE,)
 
 class OnTruncate(StrEnum):
     """A change event's truncate (``op: t``): ``skip`` it (counted), or ``truncate``: delete
-    every row of the table that came before it in the log (each leaves a deletion marker,
-    so a replay of older offsets cannot bring a row back)."""
+    every row of the table that came before it in the log (in its partition, or in an older
+    incarnation of the topic) and keep its place as the partition's truncate point, so a
+    replay or a backfill of older offsets cannot bring a row back."""
 
     SKIP = "skip"
     TRUNCATE = "truncate"

@@ -106,7 +106,8 @@ class Pipeline(Strict):
     format: Format = Format.JSON
     #: What values are wrapped in: ``debezium`` for change events (the contract validates
     #: their ``after`` row; a delete deletes the record key's row). Such a pipeline is a
-    #: ``latest`` table keyed by the record key in log order (the default ``upsert``).
+    #: ``latest`` table keyed by the record key in log order (the default ``upsert``), or,
+    #: for a primary key of several columns, by ``identity``'s fields (the record key's).
     envelope: Envelope | None = None
     #: ``envelope: debezium``: what a truncate of the source table does to the table.
     on_truncate: OnTruncate = OnTruncate.SKIP
@@ -354,7 +355,11 @@ class Pipeline(Strict):
         """The entity key and the ordering column must exist and never be null: a null
         compares as unknown, so the newest version of an entity could not be told."""
         key_column = self.record_key.column if self.record_key else None
-        for role, column in (("key", self.upsert.key), ("order_by", self.upsert.order_by)):
+        if len(self.upsert.keys) > 1 and self.envelope is None:
+            raise ValueError(f"upsert.key of several columns ({list(self.upsert.keys)}) is for "
+                             "envelope: debezium (a source table's composite primary key)")
+        roles = [*(("key", k) for k in self.upsert.keys), ("order_by", self.upsert.order_by)]
+        for role, column in roles:
             if (role, column) in (("key", key_column), ("order_by", LOG_ORDER)):
                 continue
             if column not in self.contract_column_names:
@@ -371,7 +376,8 @@ class Pipeline(Strict):
     def _check_log_order(self) -> None:
         """Offsets order a key's records only within one partition, which is where the
         producer's partitioner keeps a key: the record key's, not a payload field's."""
-        if self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER:
+        if self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER \
+                or self.composite_key:  # its record key's fields: checked as it loads
             return
         if self.record_key is None or self.upsert.key != self.record_key.column:
             raise ValueError(f"upsert.order_by {LOG_ORDER!r} (the log's order) needs upsert.key "
@@ -386,11 +392,15 @@ class Pipeline(Strict):
             if self.on_truncate is not OnTruncate.SKIP:
                 raise ValueError("on_truncate is for change events: set envelope: debezium")
             return
+        if self.composite_key:
+            self._check_composite_envelope()
+            return
         if self.record_key is None or self.record_key.format is KeyFormat.STRING:
             raise ValueError("envelope 'debezium' reads the row's primary key from the record "
                              "key: set record_key with format json (or registry) and field "
                              "(the key column, e.g. {column: id, format: json, field: id, "
-                             "type: bigint})")
+                             "type: bigint}), or, for a primary key of several columns, "
+                             "identity: [its fields] (read from a JSON key)")
         key = self.record_key
         if key.column not in self.contract_column_names:
             raise ValueError(f"envelope 'debezium': record_key.column {key.column!r} must be "
@@ -405,6 +415,39 @@ class Pipeline(Strict):
                 or self.upsert.key != self.record_key.column):
             raise ValueError("envelope 'debezium' mirrors a table: upsert.mode 'latest' keyed "
                              f"by the record key ({self.record_key.column!r}) in log order "
+                             f"({LOG_ORDER!r}); leave upsert out for that")
+        if self.on_tombstone is not OnTombstone.SKIP:
+            raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
+                             "tombstone after it is skipped, so on_tombstone must stay 'skip'")
+
+    @property
+    def composite_key(self) -> bool:
+        """Whether a change-event pipeline is keyed by its ``identity``'s fields, read from
+        its record key (a JSON object of them: a source table's primary key of several
+        columns, or of one named by ``identity``), instead of by ``record_key``."""
+        return (self.envelope is not None and self.record_key is None
+                and self.identity is not None and bool(self.identity.fields))
+
+    def _check_composite_envelope(self) -> None:
+        """A mirror keyed by several columns: the ``identity``'s fields (required fields of
+        the contract) are the table's primary key, in that order; its record keys are JSON
+        objects of them (Kafka Connect's JsonConverter, with its schema or without)."""
+        paths = self.identity.fields if self.identity is not None else None
+        columns = tuple(self._identity_field(path) for path in paths or ())
+        if "upsert" not in self.model_fields_set:  # the mirror's own: frozen, so set once
+            object.__setattr__(self, "upsert", Upsert(
+                mode=UpsertMode.LATEST, key=columns if len(columns) > 1 else columns[0],
+                order_by=LOG_ORDER))
+        kinds = {c.name: c.value_type for c in contract_columns(self._model)}  # uncached
+        odd = [c for c in columns if kinds[c] not in ("int2", "int4", "int8", "text", "uuid")]
+        if odd:
+            raise ValueError(f"envelope 'debezium': primary key column {odd[0]!r} is a "
+                             f"{kinds[odd[0]]}; a key of several fields takes integer, text "
+                             "and uuid columns")
+        if (self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER
+                or self.upsert.keys != columns):
+            raise ValueError("envelope 'debezium' mirrors a table: upsert.mode 'latest' keyed "
+                             f"by its primary key (identity: {list(columns)}) in log order "
                              f"({LOG_ORDER!r}); leave upsert out for that")
         if self.on_tombstone is not OnTombstone.SKIP:
             raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
@@ -502,7 +545,7 @@ class Pipeline(Strict):
     def conflict_columns(self) -> tuple[str, ...]:
         """The target table's primary key: what ``ON CONFLICT`` names."""
         if self.upsert.mode is UpsertMode.LATEST:
-            return (self.upsert.key or "",)
+            return self.upsert.keys
         if self.partition_by is not None \
                 and self.partition_by.column not in self.identity_columns:
             return (*self.identity_columns, self.partition_by.column)

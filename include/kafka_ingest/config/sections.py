@@ -64,8 +64,9 @@ class Upsert(Strict):
     #: ``key``.
     mode: UpsertMode = UpsertMode.APPEND
     #: ``latest`` only: the entity key column (the table's primary key): a field of the
-    #: contract, or the ``record_key`` column.
-    key: str | None = None
+    #: contract, or the ``record_key`` column; several (a list) only for ``envelope:
+    #: debezium``, whose source table has a composite primary key.
+    key: str | tuple[str, ...] | None = None
     #: ``latest`` only: the event-time column that orders versions of an entity, or
     #: ``source_offset``: the log's order (what a compacted topic means by "latest").
     order_by: str = "timestamp"
@@ -76,7 +77,16 @@ class Upsert(Strict):
             raise ValueError("upsert.mode 'latest' needs upsert.key (the entity key column)")
         if self.mode is UpsertMode.APPEND and self.key:
             raise ValueError("upsert.key is only used with upsert.mode 'latest'")
+        if isinstance(self.key, tuple) and len(set(self.key)) != len(self.key):
+            raise ValueError(f"upsert.key names a column twice: {list(self.key)}")
         return self
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The entity key's columns, in key order (one, unless a composite key)."""
+        if self.key is None:
+            return ()
+        return (self.key,) if isinstance(self.key, str) else self.key
 
 
 class RecordKey(Strict):

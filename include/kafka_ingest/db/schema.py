@@ -26,6 +26,8 @@ RUNTIME_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "run_plans": ("SELECT", "INSERT"),
     "offset_gaps": ("SELECT", "INSERT"),
     "monitor_checks": ("SELECT", "INSERT"),
+    # a mirror's truncates (migration 0011), one row per partition, moved forward
+    "truncate_points": ("SELECT", "INSERT", "UPDATE"),
     # kept by the owner's triggers (migration 0010) as the ledger and the letters change
     "ingest_totals": ("SELECT",),
     "dead_letter_totals": ("SELECT",),

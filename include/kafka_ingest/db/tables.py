@@ -186,17 +186,23 @@ def create_statements(pipeline: Pipeline) -> list[Change]:
                    f"CREATE TABLE {_quote(table)} (\n    {body}\n){tail}")]
 
 
-def _marker_key(pipeline: Pipeline) -> Column:
-    return next(c for c in pipeline.sink_columns if c.name == pipeline.upsert.key)
+def _marker_key(pipeline: Pipeline) -> list[Column]:
+    """The key's columns (several: a composite key), in key order."""
+    by_name = {c.name: c for c in pipeline.sink_columns}
+    return [by_name[k] for k in pipeline.upsert.keys]
 
 
 def marker_statement(pipeline: Pipeline) -> Change | None:
     marker = marker_table(pipeline)
     if marker is None:
         return None
-    key = _marker_key(pipeline)
-    columns = [f"{_quote(key.name)} {key.ddl} PRIMARY KEY", '"source_topic" text NOT NULL',
-               *(ddl for _, ddl in _MARKER_COLUMNS.values())]
+    keys = _marker_key(pipeline)
+    one = len(keys) == 1  # a composite key: its columns, then the PRIMARY KEY clause
+    columns = [*(f"{_quote(k.name)} {k.ddl} {'PRIMARY KEY' if one else 'NOT NULL'}"
+                 for k in keys),
+               '"source_topic" text NOT NULL',
+               *(ddl for _, ddl in _MARKER_COLUMNS.values()),
+               *([] if one else [f"PRIMARY KEY ({', '.join(_quote(k.name) for k in keys)})"])]
     return Change(marker, "tombstones delete rows: their markers keep a deleted key deleted",
                   f"CREATE TABLE {_quote(marker)} (\n    " + ",\n    ".join(columns) + "\n)")
 
@@ -322,7 +328,7 @@ def _plan_markers(conn: psycopg.Connection[Any], plan: TablePlan, pipeline: Pipe
         return
     _compare_markers(plan, pipeline, marker.table, markers)
     plan.drift += _key_drift(conn, pipeline, table=legacy or marker.table,
-                             key=(pipeline.upsert.key or "",))
+                             key=pipeline.upsert.keys)
 
 
 def _legacy_markers(conn: psycopg.Connection[Any], pipeline: Pipeline,
@@ -425,15 +431,17 @@ def _rule_drift(table: str, rules: list[str]) -> list[str]:
 def _compare_markers(plan: TablePlan, pipeline: Pipeline, table: str,
                      actual: dict[str, ActualColumn]) -> None:
     """The marker table holds each deleted key and where its tombstone was: its key
-    column must fit the key; the columns it gained since are added."""
-    key = _marker_key(pipeline)
-    have = actual.get(key.name)
-    if have is None:
-        plan.drift.append(f"{table} has no column {key.name}: it holds the deleted keys; drop "
-                          "it and run `kafka-ingest schema apply` (it holds markers only)")
-    elif not fits(key.ddl, have.ddl):
-        plan.drift.append(f"{table}.{key.name} is {have.ddl}, but the key needs {key.ddl}: "
-                          f"ALTER TABLE {table} ALTER COLUMN {key.name} TYPE {key.ddl}")
+    columns must fit the key; the columns it gained since are added."""
+    for key in _marker_key(pipeline):
+        have = actual.get(key.name)
+        if have is None:
+            plan.drift.append(f"{table} has no column {key.name}: it holds the deleted keys; "
+                              "drop it and run `kafka-ingest schema apply` (it holds markers "
+                              "only)")
+        elif not fits(key.ddl, have.ddl):
+            plan.drift.append(f"{table}.{key.name} is {have.ddl}, but the key needs "
+                              f"{key.ddl}: ALTER TABLE {table} ALTER COLUMN {key.name} TYPE "
+                              f"{key.ddl}")
     topic = sql.Literal(pipeline.topic).as_string(None)
     wanted = {"source_topic": ("text", f'"source_topic" text NOT NULL DEFAULT {topic}'),
               **_MARKER_COLUMNS}

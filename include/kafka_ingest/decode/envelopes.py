@@ -14,11 +14,13 @@ are the row's primary key (a JsonConverter key's ``payload`` is unwrapped,
   A column Debezium left out of an update (a TOASTed value the update did not change:
   :data:`~kafka_ingest.config.UNAVAILABLE`) keeps its stored value (the writer's update skips it,
   :func:`~kafka_ingest.db.writers.latest.kept_columns`);
-- ``d`` (delete): a delete of the record key's row, with a deletion marker, as a
+- ``d`` (delete): a delete of the record key's row (a composite key: the record key's
+  fields, :func:`key_reader`), with a deletion marker, as a
   tombstone of ``on_tombstone: delete`` is (the null-valued tombstone after it is
   skipped: the delete was its change event);
 - ``t`` (truncate): ``on_truncate`` says: skipped, or every row of the table placed before
-  it in its partition deleted (:data:`~kafka_ingest.records.EVERY_KEY`);
+  it in its partition deleted, and its place kept as the partition's truncate point
+  (:data:`~kafka_ingest.records.EVERY_KEY`, :mod:`~kafka_ingest.db.writers.deleting`);
 - anything else (no ``op``, an unknown one, an insert without ``after``, no object at
   all) is dead-lettered as ``bad_envelope``, and a row the contract refuses as any
   payload is.
@@ -42,7 +44,7 @@ from pydantic_core import from_json, to_json
 from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
 from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX
 from kafka_ingest.decode.decoder import RegistryDecoder
-from kafka_ingest.errors import BadEnvelope, SourceChanged, Undecodable
+from kafka_ingest.errors import BadEnvelope, BadKey, SourceChanged, Undecodable
 
 #: The operations that carry a row to write.
 UPSERTS = frozenset({"c", "r", "u"})
@@ -190,6 +192,64 @@ def payload_name(column: str) -> str:
     return _RENAMED.get(column, column)
 
 
+def source_name(path: str) -> str:
+    """The source column a contract's field reads (:func:`payload_name` undone)."""
+    return next((column for column, name in _RENAMED.items() if name == path), path)
+
+
+#: The key column types a key of several fields may have, and the Python types a
+#: value of each is read as (an integer's range is checked: a delete's keys travel as one
+#: array, which a value out of range would fail whole).
+_KEY_KINDS: dict[str, tuple[int, int] | None] = {
+    "int2": (-(2**15), 2**15 - 1), "int4": (-(2**31), 2**31 - 1),
+    "int8": (-(2**63), 2**63 - 1), "text": None, "uuid": None}
+KEY_TYPES = frozenset(_KEY_KINDS)
+
+
+def _key_part(name: str, value: Any, kind: str) -> Any:
+    bounds = _KEY_KINDS[kind]
+    if bounds is not None:
+        if type(value) is not int or not bounds[0] <= value <= bounds[1]:
+            raise BadKey(f"record key field {name!r} is not an integer its column holds")
+        return value
+    if not isinstance(value, str) or "\x00" in value:
+        raise BadKey(f"record key field {name!r} is not a string (without NUL)")
+    if kind == "uuid":
+        try:
+            return UUID(value)
+        except ValueError:
+            raise BadKey(f"record key field {name!r} is not a UUID") from None
+    return value
+
+
+def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...]) -> Callable[[bytes | None],
+                                                                           tuple[Any, ...]]:
+    """The reader of a change event's record key of several fields: a JSON object (with
+    JsonConverter's schema or without) -> the values of ``fields`` (the source's column
+    names), in that order, each checked as its column's value type (``kinds``, one of
+    :data:`KEY_TYPES`): the key of a delete. :class:`BadKey` when it is none."""
+    parts = tuple(zip(fields, kinds, strict=True))
+
+    def read(raw: bytes | None) -> tuple[Any, ...]:
+        if raw is None:
+            raise BadKey("the record has no key: a delete names its row by the record key")
+        try:
+            key = from_json(raw)
+        except ValueError:
+            raise BadKey("record key is not JSON") from None
+        if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
+            key = key["payload"]
+        if not isinstance(key, dict):
+            raise BadKey(f"record key is not a JSON object of the fields {list(fields)}")
+        missing = [name for name in fields if name not in key]
+        if missing:
+            raise BadKey(f"record key has no field {missing[0]!r} (the primary key's fields "
+                         f"are {list(fields)})")
+        return tuple(_key_part(name, key[name], kind) for name, kind in parts)
+
+    return read
+
+
 def _renamed(row: dict[str, Any]) -> dict[str, Any]:
     """An ``after`` row with the columns of :data:`_RENAMED` under their contract names
     (the row's ``version`` is no contract version)."""
@@ -265,9 +325,11 @@ class EnvelopeReader:
     _HEAD, _PAYLOAD = b'{"schema":', b',"payload":'
 
     def __init__(self, decoder: RegistryDecoder | None, *, pipeline: str = "",
-                 declared: dict[str, Any] | None = None, key_field: str | None = None) -> None:
+                 declared: dict[str, Any] | None = None,
+                 key_fields: tuple[str, ...] = ()) -> None:
         self.decoder = decoder
-        self.pipeline, self.declared, self.key_field = pipeline, declared, key_field
+        #: The primary key's columns as the row names them (none: rows are left as they are).
+        self.pipeline, self.declared, self.key_fields = pipeline, declared, key_fields
         self._readers: dict[bytes, RowReader | None] = {}
         #: The last row read of each (partition, key): see :meth:`_filled`.
         self._last: dict[Any, dict[str, Any]] = {}
@@ -307,11 +369,16 @@ class EnvelopeReader:
         """``row`` with each column Debezium left out (its placeholder) taken from the last
         row of its key read before it in this partition, if any: a chunk writes each key's
         newest row only, so the value an earlier change of the chunk wrote would be lost."""
-        if self.key_field is None or within is None:
+        if not self.key_fields or within is None:
             return row
-        key = row.get(self.key_field)
-        if not isinstance(key, int | str | UUID):
-            return row
+        if len(self.key_fields) == 1:
+            key = row.get(self.key_fields[0])
+            if not isinstance(key, int | str | UUID):
+                return row
+        else:
+            key = tuple(row.get(name) for name in self.key_fields)
+            if not all(isinstance(part, int | str | UUID) for part in key):
+                return row
         last = self._last.get((within, key))
         if last is not None:
             for name, value in row.items():
@@ -494,14 +561,40 @@ def rows_declaration(envelopes: list[Any]) -> tuple[dict[str, Any], list[str], l
     return fields, guesses, left_out
 
 
+#: The declared field types a column of a composite primary key may have.
+_COMPOSITE_KEY_TYPES = ("smallint", "integer", "bigint", "text", "uuid")
+
+
+def primary_key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """The settings that key a mirror whose record keys have the Connect schema
+    ``key_schema`` (the primary key's struct): ``record_key`` for one column
+    (:func:`key_declaration`), ``identity`` (the row's fields, in key order) for several
+    (a composite primary key, read from the JSON key's fields)."""
+    columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
+    if len(columns) < 2:
+        return {"record_key": key_declaration(key_schema, fields)}
+    names = []
+    for column in columns:
+        spec = fields.get(payload_name(str(column)))
+        if spec is None or spec["type"] not in _COMPOSITE_KEY_TYPES:
+            raise ValueError(f"the primary key column {column!r} is not an integer, text or "
+                             "uuid column of the row")
+        spec.pop("required", None)  # a key's column is never null
+        names.append(payload_name(str(column)))
+    return {"identity": names}
+
+
 def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """The ``record_key`` section of a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): its one field, a column of the row."""
     columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
-    if len(columns) != 1:
+    if not columns:
+        raise ValueError("the primary key has 0 columns (the change events carry no key "
+                         "schema: a table without a primary key?): a mirror deletes and "
+                         "orders rows by the primary key its record keys carry")
+    if len(columns) != 1:  # primary_key_declaration's: the identity
         raise ValueError(f"the primary key has {len(columns)} columns "
-                         f"({', '.join(map(str, columns))}): a mirror reads a primary key of "
-                         "one column")
+                         f"({', '.join(map(str, columns))}): declare them as the identity")
     column = columns[0]
     spec = fields.get(payload_name(column))
     if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):
@@ -518,6 +611,7 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields", "key_declaration",
-           "payload_name", "row_declaration", "row_reader", "rows_declaration", "semantic",
-           "source_changes", "unavailable"]
+__all__ = ["KEY_TYPES", "SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields",
+           "key_declaration", "key_reader", "payload_name", "primary_key_declaration",
+           "row_declaration", "row_reader",
+           "rows_declaration", "semantic", "source_changes", "source_name", "unavailable"]

@@ -25,7 +25,13 @@ from kafka_ingest.contracts.base import Contract, hot_validation, sink_getter
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.codecs import codec_for
 from kafka_ingest.decode.decoder import RegistryDecoder
-from kafka_ingest.decode.envelopes import UPSERTS, EnvelopeReader, declared_fields
+from kafka_ingest.decode.envelopes import (
+    UPSERTS,
+    EnvelopeReader,
+    declared_fields,
+    key_reader,
+    source_name,
+)
 from kafka_ingest.decode.message_columns import column_reader, key_value
 from kafka_ingest.errors import (
     ContractViolation,
@@ -146,7 +152,8 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
     validator = validation.validator
     envelopes = EnvelopeReader(decoder, pipeline=pipeline.name,
                                declared=declared_fields(pipeline.model),
-                               key_field=pipeline.record_key.field)  # type: ignore[union-attr]
+                               key_fields=change_key_fields(pipeline))
+    delete_key = change_key(pipeline, decoder)
     extra = column_reader(pipeline, decoder)
     build = row_builder(pipeline.model, by_key=validation.by_key)
     truncates = pipeline.on_truncate is OnTruncate.TRUNCATE
@@ -169,8 +176,7 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
                 result.rows.append(build(event, msg, () if extra is None else extra(msg)))
                 continue
             if op == "d" or truncates:
-                key = EVERY_KEY if op == "t" else key_value(
-                    pipeline.record_key, msg.key(), decoder)  # type: ignore[arg-type]
+                key = EVERY_KEY if op == "t" else delete_key(msg.key())
                 result.deletes.append(Tombstone(key, msg.topic() or pipeline.topic,
                                                 msg.partition() or 0, msg.offset() or 0))
             result.tombstones += 1
@@ -180,6 +186,33 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
         except DataError as exc:
             result.dead.append(dead_letter(msg, pipeline, exc))
     return result
+
+
+def change_key_fields(pipeline: Pipeline) -> tuple[str, ...]:
+    """A change-event pipeline's primary key columns as its rows (and record keys) name
+    them: ``record_key.field``, or the source names of a composite key's fields."""
+    if pipeline.composite_key:
+        return tuple(source_name(path) for path in pipeline.identity_fields)
+    return (pipeline.record_key.field or "",) if pipeline.record_key else ()
+
+
+def change_key(pipeline: Pipeline,
+               decoder: RegistryDecoder | None) -> Callable[[bytes | None], Any]:
+    """What reads a change event's record key as the key of a delete: ``record_key``'s
+    column, or a composite key's fields (:func:`~kafka_ingest.decode.envelopes.key_reader`,
+    a tuple in key order)."""
+    if pipeline.composite_key:
+        types = {c.name: c.value_type for c in pipeline.sink_columns}
+        read = key_reader(change_key_fields(pipeline),
+                          tuple(types[k] for k in pipeline.upsert.keys))
+        if len(pipeline.upsert.keys) == 1:  # one field named by identity: its value
+            return lambda raw: read(raw)[0]
+        return read
+    spec = pipeline.record_key
+    if spec is None:  # refused when the pipeline loads
+        raise ValueError(f"{pipeline.name}: a change-event pipeline reads deletes' keys from "
+                         "its record key")
+    return lambda raw: key_value(spec, raw, decoder)
 
 
 #: A validated event (the validator's result), its message and its key and header

@@ -148,6 +148,8 @@ def letter_identity(pipeline: Pipeline, read: ValueReader | None = None
         return lambda letter: _key_text(record_key, letter.key, read)
     paths = tuple(tuple(path.split(".")) if "." in path else (path,)
                   for path in pipeline.identity_fields)
+    if pipeline.composite_key:  # a change event's primary key: its record key's fields
+        return lambda letter: _identity_text(_peek(_key_payload(letter.key), *paths))
     if len(paths) == 1:
         return lambda letter: _text(_peek(letter.value, paths[0], read=read)[0])
     return lambda letter: _canonical(_peek(letter.value, *paths, read=read))
@@ -191,6 +193,22 @@ def _at(doc: Any, path: tuple[str, ...]) -> Any:
             return None
         doc = doc.get(name)
     return doc
+
+
+def _key_payload(key: bytes | None) -> bytes | None:
+    """A JSON record key as its producer meant it (JsonConverter's ``payload`` unwrapped)."""
+    try:
+        doc = json.loads(key) if key is not None else None
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(doc, dict) and doc.keys() == {"schema", "payload"}:
+        return json.dumps(doc["payload"]).encode()
+    return key
+
+
+def _identity_text(values: list[Any]) -> str | None:
+    """One value as text, several as their JSON array (see :func:`letter_identity`)."""
+    return _text(values[0]) if len(values) == 1 else _canonical(values)
 
 
 def _text(found: Any) -> str | None:

@@ -18,6 +18,7 @@ from kafka_ingest.config import UNAVAILABLE, parse_pipelines
 from kafka_ingest.decode.envelopes import (
     EnvelopeReader,
     key_declaration,
+    primary_key_declaration,
     row_declaration,
     row_reader,
     source_changes,
@@ -297,10 +298,114 @@ def test_the_declaration_from_a_change_events_schema_reads_its_events() -> None:
     assert len(result.rows) == 1 and not result.dead, result.dead
 
 
-def test_a_composite_primary_key_is_refused_with_the_reason() -> None:
-    two = {"fields": [{"type": "int64", "field": "a"}, {"type": "string", "field": "b"}]}
-    with pytest.raises(ValueError, match=r"2 columns \(a, b\): a mirror reads a primary key"):
-        key_declaration(two, {"a": {"type": "bigint"}, "b": {"type": "text"}})
+LINE: dict[str, Any] = {"fields": {
+    "region": {"type": "text", "max_length": 8}, "order_no": {"type": "integer"},
+    "notes": {"type": "text", "max_length": 100_000, "required": False}}}
+LINE_COLUMNS: list[dict[str, Any]] = [
+    {"type": "string", "optional": False, "field": "region"},
+    {"type": "int32", "optional": False, "field": "order_no"},
+    {"type": "string", "optional": True, "field": "notes"}]
+LINE_KEY_SCHEMA: dict[str, Any] = {
+    "type": "struct", "optional": False, "name": "pg.public.lines.Key",
+    "fields": [{"type": "string", "optional": False, "field": "region"},
+               {"type": "int32", "optional": False, "field": "order_no"}]}
+
+
+def line_key(region: str, order_no: int) -> bytes:
+    return json.dumps({"schema": LINE_KEY_SCHEMA,
+                       "payload": {"region": region, "order_no": order_no}}).encode()
+
+
+def lines(**body: Any) -> Any:
+    return parse_pipelines({"contracts": {"line": LINE}, "pipelines": {"l": {
+        "topic": "pg.public.lines", "contract": {"event_type": "line", "version": 1},
+        "table": "lines", "dlq_topic": "lines-dlq", "envelope": "debezium",
+        "identity": ["region", "order_no"], **body}}}, source="t.yaml")["l"]
+
+
+def test_a_composite_primary_key_is_declared_as_the_identity_and_keys_the_mirror() -> None:
+    """``schema from-topic``'s key of a primary key of two columns: the identity, whose
+    fields become the table's key, in the key's order."""
+    fields = {"a": {"type": "bigint", "required": True}, "b": {"type": "text"}}
+    two = {"fields": [{"type": "string", "field": "b"}, {"type": "int64", "field": "a"}]}
+    assert primary_key_declaration(two, fields) == {"identity": ["b", "a"]}
+    assert "required" not in fields["a"]
+    p = lines()
+    assert (p.upsert.keys, p.conflict_columns, p.upsert.order_by) == (
+        ("region", "order_no"), ("region", "order_no"), "source_offset")
+    assert p.deletes and p.composite_key and p.record_key is None
+
+
+def test_change_events_without_a_key_schema_have_no_key_to_declare() -> None:
+    with pytest.raises(ValueError, match=r"0 columns \(the change events carry no key schema"):
+        primary_key_declaration(None, {"a": {"type": "bigint"}})
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"identity": ["region", "notes"]}, "must be a required field"),
+    ({"upsert": {"mode": "latest", "key": "region", "order_by": "source_offset"}},
+     "keyed by its primary key"),
+])
+def test_a_composite_mirror_that_could_not_mirror_is_refused_at_load(body: dict[str, Any],
+                                                                     says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        lines(**body)
+
+
+def test_a_composite_key_of_a_column_type_a_delete_cannot_name_is_refused() -> None:
+    dated = {"fields": {**LINE["fields"], "day": {"type": "date"}}}
+    with pytest.raises(ValueError, match="primary key column 'day' is a date"):
+        parse_pipelines({"contracts": {"line": dated}, "pipelines": {"l": {
+            "topic": "t", "contract": {"event_type": "line", "version": 1}, "table": "lines",
+            "dlq_topic": "lines-dlq", "envelope": "debezium",
+            "identity": ["region", "day"]}}}, source="t.yaml")
+
+
+def test_a_delete_of_a_composite_key_reads_its_fields_from_the_record_key() -> None:
+    """The delete's key is the record key's fields in key order (with JsonConverter's
+    schema or without); a key that lacks one, or holds another type, is dead-lettered."""
+    schema = change("d", None, before={"region": "eu", "order_no": 1}, columns=LINE_COLUMNS)
+    msgs = [Msg(0, schema, line_key("eu", 1)),
+            Msg(1, schema, json.dumps({"order_no": 2, "region": "us"}).encode()),
+            Msg(2, schema, json.dumps({"region": "eu"}).encode()),
+            Msg(3, schema, json.dumps({"region": "eu", "order_no": "1"}).encode()),
+            Msg(4, schema, json.dumps({"region": "eu", "order_no": 2**40}).encode()),
+            Msg(5, schema, None)]
+    result = validate_chunk(msgs, lines())
+    assert [(t.key, t.offset) for t in result.deletes] == [(("eu", 1), 0), (("us", 2), 1)]
+    assert [(d.source_offset, d.error_class) for d in result.dead] == [
+        (2, "bad_key"), (3, "bad_key"), (4, "bad_key"), (5, "bad_key")]
+    assert "no field 'order_no'" in result.dead[0].error_detail
+
+
+def test_a_mirror_keyed_by_one_identity_field_deletes_by_its_value() -> None:
+    p = lines(identity=["order_no"])
+    schema = change("d", None, before={"region": "eu", "order_no": 1}, columns=LINE_COLUMNS)
+    result = validate_chunk([Msg(0, schema, line_key("eu", 4))], p)
+    assert p.upsert.keys == ("order_no",) and [t.key for t in result.deletes] == [4]
+
+
+def test_a_placeholder_of_a_composite_key_is_filled_from_its_earlier_change_in_the_chunk(
+        ) -> None:
+    msgs = [Msg(0, change("c", {"region": "eu", "order_no": 1, "notes": "long"},
+                          columns=LINE_COLUMNS), line_key("eu", 1)),
+            Msg(1, change("c", {"region": "us", "order_no": 1, "notes": "other"},
+                          columns=LINE_COLUMNS), line_key("us", 1)),
+            Msg(2, change("u", {"region": "eu", "order_no": 1, "notes": UNAVAILABLE},
+                          columns=LINE_COLUMNS), line_key("eu", 1))]
+    p = lines()
+    result = validate_chunk(msgs, p)
+    notes = p.column_names.index("notes")
+    assert [r[notes] for r in result.rows] == ["long", "other", "long"]
+
+
+def test_a_replay_filters_a_composite_mirrors_letters_by_the_fields_of_their_record_key(
+        ) -> None:
+    identity_of = letter_identity(lines())
+    letter = DeadLetter("pg.public.lines", 0, 3, line_key("eu", 7), b"{}", None,
+                        "contract_violation", "x", "line.v1", "lines-dlq")
+    assert ReplayFilters(identity='["eu", 7]').matches(letter, identity_of)
+    assert not ReplayFilters(identity='["eu", 8]').matches(letter, identity_of)
 
 
 def test_a_replay_filters_a_mirrors_letters_by_the_primary_key_in_their_record_key() -> None:
@@ -418,3 +523,12 @@ def test_a_declared_mirror_takes_the_empty_strings_its_source_holds() -> None:
     result = validate_chunk([Msg(0, change("c", {"id": 7, "name": "", "notes": ""}), key(7))],
                             declared)
     assert len(result.rows) == 1 and not result.dead, result.dead
+
+
+def test_a_latest_key_of_several_columns_is_only_for_change_events() -> None:
+    with pytest.raises(ValueError, match="is for envelope: debezium"):
+        parse_pipelines({"contracts": {"line": LINE}, "pipelines": {"l": {
+            "topic": "t", "contract": {"event_type": "line", "version": 1}, "table": "lines",
+            "dlq_topic": "lines-dlq", "identity": ["region", "order_no"],
+            "upsert": {"mode": "latest", "key": ["region", "order_no"],
+                       "order_by": "order_no"}}}}, source="t.yaml")

@@ -82,7 +82,7 @@ f AS (
   SELECT s.*, x.source_topic AS xt, x.source_incarnation AS xi, x.source_partition AS xp,
          x.source_offset AS xo{marker_columns}
   FROM s LEFT JOIN LATERAL (SELECT source_topic, source_incarnation, source_partition,
-                                   source_offset FROM {t} WHERE {k} = s.{k} LIMIT 1) x ON true
+                                   source_offset FROM {t} WHERE {lk} = {sk} LIMIT 1) x ON true
   {marker_join}),
 v AS (
   SELECT f.*, CASE
@@ -90,7 +90,8 @@ v AS (
     WHEN split OR (xt IS NOT NULL AND NOT (xt = %(topic)s AND (xi <> %(inc)s OR xp = p)))
          {marker_unorderable} THEN 'unorderable'
     WHEN xt = %(topic)s AND xi = %(inc)s AND xp = p AND xo = o THEN 'stored'
-    WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} THEN 'stale'
+    WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} {truncate_stale}
+         THEN 'stale'
     WHEN newest > 1 THEN 'superseded'
     ELSE 'write' END AS verdict
   FROM f)
@@ -98,7 +99,7 @@ v AS (
 LOG_MARKER_COLUMNS = (", m.source_topic AS mt, m.source_incarnation AS mi,"
                        " m.source_partition AS mp, m.source_offset AS mo")
 LOG_MARKER_JOIN = ("LEFT JOIN LATERAL (SELECT source_topic, source_incarnation,"
-                    " source_partition, source_offset FROM {m} WHERE {k} = s.{k} LIMIT 1) m"
+                    " source_partition, source_offset FROM {m} WHERE {lk} = {sk} LIMIT 1) m"
                     " ON true")
 LOG_MARKER_UNORDERABLE = ("OR (mt IS NOT NULL AND NOT (mt = %(topic)s"
                            " AND (mi <> %(inc)s OR mp = p)))")
@@ -121,7 +122,7 @@ f AS (
   SELECT s.*, x.{o} AS xts, x.source_incarnation AS xi, x.source_offset AS xo,
          x.source_partition AS xp{xids}
   FROM s LEFT JOIN LATERAL (SELECT {o}, source_incarnation, source_offset,
-                                   source_partition{lids} FROM {t} WHERE {k} = s.{k} LIMIT 1) x
+                                   source_partition{lids} FROM {t} WHERE {lk} = {sk} LIMIT 1) x
   ON true),
 v AS (
   SELECT f.*, CASE
@@ -144,10 +145,10 @@ SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM (
   SELECT *, min(source_partition) OVER w <> max(source_partition) OVER w AS split
   FROM {s} WINDOW w AS (PARTITION BY {k})) s
 WHERE NOT split
-  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND (NOT (x.source_topic = %(topic)s
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {sk} AND (NOT (x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition))
       OR (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset)))
-  {marker_excludes}
+  {marker_excludes} {truncate_excludes}
 ORDER BY {k}, source_offset DESC
 ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
   ingested_at = now()
@@ -157,14 +158,14 @@ WHERE {t}.source_topic = EXCLUDED.source_topic
   AND ({t}.source_incarnation, {t}.source_offset)
       < (EXCLUDED.source_incarnation, EXCLUDED.source_offset)
 """
-LOG_MARKER_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
+LOG_MARKER_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE {mk} = {sk}
       AND (NOT (m.source_topic = %(topic)s
                 AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition))
            OR (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset)))"""
 TIME_INSERT = """
 INSERT INTO {t} ({c}, source_incarnation)
 SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM {s} s
-WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND {same})
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {sk} AND {same})
 ORDER BY {k}, {o} DESC, source_offset DESC, source_partition DESC
 ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
   ingested_at = now()
@@ -178,18 +179,39 @@ LOG_MISSING = """
 SELECT count(*) FROM (SELECT DISTINCT {k}, source_partition, source_offset FROM {s}) s
 WHERE NOT EXISTS (SELECT 1 FROM unnest(%(skip_p)s::int4[], %(skip_o)s::int8[]) u(p, o)
                   WHERE u.p = s.source_partition AND u.o = s.source_offset)
-  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND x.source_topic = %(topic)s
+  AND NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {sk} AND x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition)
       AND (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset))
-  {marker_holds}
+  {marker_holds} {truncate_holds}
 """
-LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE m.{k} = s.{k}
+LOG_MARKER_HOLDS = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE {mk} = {sk}
       AND m.source_topic = %(topic)s
       AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition)
       AND (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset))"""
+#: A mirror's truncate points (``on_truncate: truncate``; migration 0011): a record of
+#: partition {p} at offset {o} placed before its partition's newest truncate, or from an
+#: older incarnation of the topic than a truncate of any partition, is older than the
+#: truncate (which deleted its key's row, if the table held it): stale, like a record
+#: older than its key's deletion marker. The first EXISTS names no row, so Postgres
+#: evaluates it once a statement (an InitPlan): a topic never truncated costs no probe
+#: per row; one truncated costs a probe of a table of a row per partition.
+TRUNCATED_BEFORE = """(EXISTS (SELECT 1 FROM truncate_points
+                WHERE pipeline = %(pipeline)s AND source_topic = %(topic)s)
+    AND EXISTS (SELECT 1 FROM truncate_points tp
+      WHERE tp.pipeline = %(pipeline)s AND tp.source_topic = %(topic)s
+        AND (tp.source_incarnation > %(inc)s OR (tp.source_incarnation = %(inc)s
+             AND tp.source_partition = {p} AND tp.source_offset > {o}))))"""
+#: The truncate fragments of the log-order statements (see :data:`TRUNCATED_BEFORE`).
+TRUNCATE_POINTS = {
+    "truncate_stale": "OR " + TRUNCATED_BEFORE.format(p="p", o="o"),
+    "truncate_excludes": "AND NOT " + TRUNCATED_BEFORE.format(
+        p="s.source_partition", o="s.source_offset"),
+    "truncate_holds": "AND NOT " + TRUNCATED_BEFORE.format(
+        p="s.source_partition", o="s.source_offset"),
+}
 TIME_MISSING = """
 SELECT count(*) FROM {s} s
-WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = s.{k} AND ({same}
+WHERE NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {sk} AND ({same}
       OR (x.{o}, x.source_incarnation, x.source_offset, x.source_partition)
          >= (s.{o}, %(inc)s, s.source_offset, s.source_partition)))
 """
@@ -218,6 +240,41 @@ def same_record(pipeline: Pipeline) -> dict[str, sql.Composable]:
         "xids": sql.SQL("").join(sql.SQL(", x.{}").format(x) for _, _, x in named),
         "stored": sql.SQL(" AND ").join(sql.SQL("{} = {}").format(x, i) for _, i, x in named),
         "same": sql.SQL(" AND ").join(sql.SQL("x.{c} = s.{c}").format(c=c) for c in columns),
+    }
+
+
+#: The key's places in the statements: {k} its columns (a list: select lists, PARTITION
+#: BY, ON CONFLICT), {lk} them as one value, {sk}/{xk}/{mk} that of the staged row s, the
+#: stored row x, the marker m; the tombstones' (:mod:`~kafka_ingest.db.writers.deleting`):
+#: {kk} the unnested columns k0, k1, ..., {dk} them as the value of d, {dkl} as its
+#: columns, {karrays} the arrays they are unnested from, each cast to its column's type.
+_KEY_PLACES = ("k", "lk", "sk", "xk", "mk", "kk", "dk", "dkl", "karrays")
+
+
+def key_places(pipeline: Pipeline) -> dict[str, sql.Composable]:
+    """The key's places (:data:`_KEY_PLACES`) for a latest table keyed by
+    ``upsert.keys``: one column, or several (a composite key, compared as a row value)."""
+    keys = pipeline.upsert.keys
+    types = {c.name: c.value_type for c in pipeline.sink_columns}
+    one = len(keys) == 1
+
+    def value(parts: list[sql.Composable]) -> sql.Composable:
+        return parts[0] if one else sql.SQL("({})").format(sql.SQL(", ").join(parts))
+
+    def qualified(alias: str) -> sql.Composable:
+        return value([sql.SQL(f"{alias}.{{}}").format(sql.Identifier(k)) for k in keys])
+
+    unnested = [sql.SQL(f"k{n}") for n in range(len(keys))]
+    return {
+        "k": sql.SQL(", ").join(map(sql.Identifier, keys)),
+        "lk": value([sql.Identifier(k) for k in keys]),
+        "sk": qualified("s"), "xk": qualified("x"), "mk": qualified("m"),
+        "kk": sql.SQL(", ").join(unnested),
+        "dk": value([sql.SQL(f"d.k{n}") for n in range(len(keys))]),
+        "dkl": sql.SQL(", ").join(sql.SQL(f"d.k{n}") for n in range(len(keys))),
+        "karrays": sql.SQL(", ").join(
+            sql.SQL(f"%(k{n})s::{{}}[]").format(sql.SQL(types.get(k, "text")))
+            for n, k in enumerate(keys)),
     }
 
 
@@ -268,7 +325,8 @@ def unorderable(key: Any, here: str, split: bool, stored: Sequence[Any],
 #: The marker parts of the log-order statements; none for a table without markers.
 NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
               "marker_stale": "", "marker_details": "", "marker_excludes": "",
-              "marker_holds": ""}
+              "marker_holds": "", "truncate_stale": "", "truncate_excludes": "",
+              "truncate_holds": ""}
 
 
 class Raced(Exception):
@@ -284,8 +342,9 @@ class LatestWriter(TableWriter):
     def __init__(self, conn: psycopg.Connection[Any], pipeline: Pipeline, *,
                  shape: TargetShape | None = None, lock_timeout_s: float = 30.0) -> None:
         super().__init__(conn, pipeline, shape=shape, lock_timeout_s=lock_timeout_s)
-        self.key = pipeline.upsert.key or ""
-        self._key_at = self.columns.index(self.key)
+        #: The key's columns (several: a source table's composite primary key).
+        self.keys = pipeline.upsert.keys
+        self._key_at = [self.columns.index(k) for k in self.keys]
         self.log_order = pipeline.upsert.order_by == LOG_ORDER
         staged = LOG_STAGED if self.log_order else TIME_STAGED
         self._verdicts = self.statement(staged + VERDICTS)
@@ -295,23 +354,24 @@ class LatestWriter(TableWriter):
 
     def statement(self, template: str) -> sql.Composed:
         """One of the named statements, formatted for this table."""
-        fragments = self.MARKERS if self.log_order else NO_MARKERS
-        text = template.format(**fragments, t="{t}", s="{s}", m="{m}", k="{k}", o="{o}",
-                               c="{c}", u="{u}", kt="{kt}", ids="{ids}", sids="{sids}",
-                               lids="{lids}", xids="{xids}", stored="{stored}",
-                               same="{same}")
+        keys = {name: "{" + name + "}" for name in _KEY_PLACES}
+        text = template.format(**self._fragments(), t="{t}", s="{s}", m="{m}", o="{o}",
+                               c="{c}", u="{u}", ids="{ids}", sids="{sids}", lids="{lids}",
+                               xids="{xids}", stored="{stored}", same="{same}", **keys)
         kept = kept_columns(self.pipeline)
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) if c not in kept
             else sql.SQL("{c} = CASE WHEN EXCLUDED.{c} = {p} THEN {t}.{c} ELSE EXCLUDED.{c} "
                          "END").format(c=sql.Identifier(c), p=kept[c], t=self.table)
-            for c in self.columns if c != self.key)
-        key_type = next((c.value_type for c in self.pipeline.sink_columns
-                         if c.name == self.key), "text")
+            for c in self.columns if c not in self.keys)
         return sql.SQL(text).format(
-            t=self.table, s=self.stage, m=self._marker, k=sql.Identifier(self.key),
+            t=self.table, s=self.stage, m=self._marker,
             o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
-            kt=sql.SQL(key_type), **same_record(self.pipeline))
+            **key_places(self.pipeline), **same_record(self.pipeline))
+
+    def _fragments(self) -> dict[str, str]:
+        """The marker (and truncate) fragments of the statements."""
+        return {**NO_MARKERS, **self.MARKERS} if self.log_order else NO_MARKERS
 
     @property
     def _marker(self) -> sql.Identifier:
@@ -323,7 +383,8 @@ class LatestWriter(TableWriter):
             raise TypeError("a latest table's upsert needs the rows' source (topic and "
                             "incarnation)")
         self._stage(rows, encoded)
-        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation}
+        params: dict[str, Any] = {"topic": source.topic, "inc": source.incarnation,
+                                  "pipeline": self.pipeline.name}
         for attempt in range(1, RACE_ATTEMPTS + 1):
             try:
                 with self.conn.transaction():  # a savepoint: a race rolls back to here
@@ -368,10 +429,12 @@ class LatestWriter(TableWriter):
         for p, o, split, *stored in self.conn.execute(self._unorderable, params):
             row = by_place[(p, o)]
             here = where(source.topic, source.incarnation, p, o)
-            rejected.append((row, unorderable(row[self._key_at], here, split, stored[:4],
-                                              stored[4:])))
+            key = (row[self._key_at[0]] if len(self._key_at) == 1
+                   else tuple(row[i] for i in self._key_at))
+            rejected.append((row, unorderable(key, here, split, stored[:4], stored[4:])))
         return rejected
 
 
-__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "LatestWriter", "Raced",
-           "kept_columns", "same_record", "unorderable", "where"]
+__all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "TRUNCATED_BEFORE",
+           "TRUNCATE_POINTS", "LatestWriter", "Raced", "kept_columns", "key_places",
+           "same_record", "unorderable", "where"]
