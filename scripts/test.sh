@@ -56,6 +56,10 @@ trap 'kill "$checks_pid" 2>/dev/null || true' EXIT  # interrupted: the checks go
 # Two workers (the tests mostly wait); which tests share a worker, in which order, and which
 # have the stack alone: tests/support/workers.py.
 echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/), at ${SECONDS} s"
+# The machine's CPU over the tests (/proc/stat: user, nice, system, idle, iowait, ...): how
+# busy the cores were says whether more workers could help (idle) or not (busy).
+cpu() { head -1 /proc/stat 2>/dev/null || true; }
+cpu_before=$(cpu)
 set +e
 python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 \
     --junitxml=test-artifacts/junit.xml "$@"  # every test's time, for where the time goes
@@ -68,6 +72,13 @@ for log in "$checks"/*.log; do
   echo "== $(basename "$log" .log)"; cat "$log"
 done
 echo "== checks"; cat "$checks/summary"
+if [ -n "$cpu_before" ]; then
+  printf '%s\n%s\n' "$cpu_before" "$(cpu)" | awk '
+    { busy[NR] = $2 + $3 + $4 + $7 + $8 + $9; idle[NR] = $5 + $6 }
+    END { b = busy[2] - busy[1]; i = idle[2] - idle[1]
+          if (b + i > 0) printf "== the cores during the tests: %.0f%% busy, %.0f%% idle\n",
+                                100 * b / (b + i), 100 * i / (b + i) }'
+fi
 echo "== make test: ${SECONDS} s in all"
 if [ "$rc" -eq 5 ]; then echo "pytest collected no test" >&2; exit 1; fi
 if [ "$checks_rc" -ne 0 ]; then echo "a check beside the tests failed (see above)" >&2; exit 1; fi

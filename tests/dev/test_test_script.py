@@ -5,6 +5,7 @@ alone, so each way it can go is run: all passing, pytest failing, a check failin
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -54,3 +55,6 @@ def test_make_test_exits_with_what_the_tests_and_checks_say(
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == expected, (done.stdout, done.stderr)
     assert "== make test: " in done.stdout
+    if Path("/proc/stat").exists():  # how busy the cores were during the tests
+        assert re.search(r"== the cores during the tests: \d+% busy, \d+% idle\n",
+                         done.stdout), done.stdout
