@@ -559,6 +559,7 @@ def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refu
     b"\x04\xff\xfe\x00",  # a string that is not UTF-8
     b"\x00\x04",  # a union index past its branches
     b"\x00\x01",  # a negative union index
+    b"\x00\x80\x01",  # a union index of two bytes (64), past its branches
     b"\x01",  # a negative length
 ])
 def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -> None:
