@@ -81,7 +81,7 @@ class RegistryDecoder:
         reader = self._by_header.get(value[:HEADER_SIZE])
         if reader is None:  # a header not met yet, or no header at all
             reader = self._header_reader(value)
-        return reader(value[HEADER_SIZE:])
+        return reader(value, HEADER_SIZE)
 
     def _header_reader(self, value: bytes) -> PayloadReader:
         """The reader of ``value``'s schema id, kept under its header bytes;
@@ -179,7 +179,7 @@ def _refusing(exc: SchemaUnreadable) -> PayloadReader:
     for the same reason, without building it again."""
     schema_id, reason = exc.schema_id, exc.reason
 
-    def refuse(payload: bytes) -> Any:
+    def refuse(value: bytes, start: int = 0, /) -> Any:
         raise SchemaUnreadable(schema_id, reason)
 
     return refuse

@@ -161,9 +161,11 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
         return _flat_reader(schema.schema_id, plan)
     read = fastavro.schemaless_reader
 
-    def decode(payload: bytes) -> Any:
+    def decode(value: bytes, start: int = 0, /) -> Any:
+        stream = io.BytesIO(value)
+        stream.seek(start)
         try:
-            return read(io.BytesIO(payload), writer)
+            return read(stream, writer)
         except Exception as exc:  # fastavro raises what its reading met: EOF, index, value
             raise Undecodable(f"Avro payload does not decode with schema id "
                               f"{schema.schema_id}: {type(exc).__name__}: {exc}") from None
