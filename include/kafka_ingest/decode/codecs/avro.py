@@ -184,16 +184,15 @@ _PRIMITIVES = {"null": _NULL, "boolean": _BOOLEAN, "int": _VARINT, "long": _VARI
                "float": _FLOAT, "double": _DOUBLE, "string": _STRING, "bytes": _BYTES}
 #: The code of a field that is a union: its branch's code follows its index on the wire.
 _UNION = -1
-#: The code of a field that is a record: its fields follow, read by the same loop.
+#: The code of a field that is a record: its fields' steps follow, then :data:`_END_RECORD`.
 _RECORD = -2
+#: The step after a record's last field: on with the fields of the record around it.
+_END_RECORD = -3
 #: Avro's float (4 bytes) and double (8 bytes): little-endian IEEE 754.
 _UNPACK_FLOAT, _UNPACK_DOUBLE = struct.Struct("<f").unpack_from, struct.Struct("<d").unpack_from
-#: (field name, its code, a union's branch codes or a record's plan) per field, in the
-#: schema's order.
-FlatPlan = tuple[tuple[str, int, tuple[Any, ...]], ...]
-#: Where a record read inside another one leaves the position after it (a key of its dict
-#: for that moment only: the outer loop takes it out).
-_END = object()
+#: (field name, its code, a union's branch codes) per step, in the order the fields are
+#: on the wire: a record's fields between its own step and an :data:`_END_RECORD` step.
+FlatPlan = tuple[tuple[str, int, tuple[int, ...]], ...]
 
 
 def _primitive(avro_type: Any) -> int | None:
@@ -209,7 +208,7 @@ def _flat_plan(schema: Any) -> FlatPlan | None:
     (defined in place) of those; None for any other schema."""
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return None
-    plan: list[tuple[str, int, tuple[Any, ...]]] = []
+    plan: list[tuple[str, int, tuple[int, ...]]] = []
     for field in schema.get("fields", ()):
         kind = field["type"]
         if isinstance(kind, list):
@@ -220,7 +219,7 @@ def _flat_plan(schema: Any) -> FlatPlan | None:
         elif (code := _primitive(kind)) is not None:
             plan.append((str(field["name"]), code, ()))
         elif (inner := _flat_plan(kind)) is not None:
-            plan.append((str(field["name"]), _RECORD, inner))
+            plan += [(str(field["name"]), _RECORD, ()), *inner, ("", _END_RECORD, ())]
         else:
             return None
     return tuple(plan)
@@ -253,11 +252,12 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
     message on the benchmark's 7-field event)."""
     union, string, double, float_, varint, null = _UNION, _STRING, _DOUBLE, _FLOAT, _VARINT, _NULL
     unpack_double, unpack_float = _UNPACK_DOUBLE, _UNPACK_FLOAT
-    boolean, end_key = _BOOLEAN, _END
+    boolean, record = _BOOLEAN, _RECORD
 
-    def decode(payload: bytes, pos: int = 0, plan: FlatPlan = plan,  # noqa: C901 (hot loop)
-               inner: bool = False) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}  # str keys, and _END for a moment
+    def decode(payload: bytes, pos: int = 0, /) -> dict[str, Any]:  # noqa: C901 (hot loop)
+        out: dict[str, Any] = {}
+        top = out
+        around: list[dict[str, Any]] = []  # the records a nested record's fields are in
         try:
             for name, code, branches in plan:
                 if code == union:  # the branch the writer wrote: its index, then its value
@@ -304,15 +304,17 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901
                 elif code == boolean:  # any byte but 0 is true, as fastavro reads it
                     out[name] = payload[pos] != 0
                     pos += 1
-                else:  # _RECORD: its fields, then on with this record's
-                    out[name] = record = decode(payload, pos, branches, True)
-                    pos = record.pop(end_key)
+                elif code == record:  # its fields' steps follow: into a dict of its own
+                    inner: dict[str, Any] = {}
+                    out[name] = inner
+                    around.append(out)
+                    out = inner
+                else:  # _END_RECORD: on with the fields of the record around it
+                    out = around.pop()
         except (IndexError, ValueError, struct.error) as exc:  # cut short, not UTF-8, ...
             raise Undecodable(f"Avro payload does not decode with schema id {schema_id}: "
                               f"{type(exc).__name__}: {exc}") from None
-        if inner:
-            out[end_key] = pos
-        return out
+        return top
 
     return decode
 
