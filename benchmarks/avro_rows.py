@@ -248,7 +248,7 @@ def measure_avro(b: Bench, rep: int) -> Measure:
 
 #: The stages, in the order printed: (key, label).
 STAGES: list[tuple[str, str]] = [
-    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.read; in "
+    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.checking; in "
                     "validate_chunk)"),
     ("avro_decode_alone", "the same, alone over the chunk's valid values"),
     ("avro_validate", "validate: validate_json (parse + validate) / validate_python, alone"),
