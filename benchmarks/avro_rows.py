@@ -248,7 +248,7 @@ def measure_avro(b: Bench, rep: int) -> Measure:
 
 #: The stages, in the order printed: (key, label).
 STAGES: list[tuple[str, str]] = [
-    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.read; in "
+    ("avro_decode", "decode: header + the Avro codec's reader (RegistryDecoder.checking; in "
                     "validate_chunk)"),
     ("avro_decode_alone", "the same, alone over the chunk's valid values"),
     ("avro_validate", "validate: validate_json (parse + validate) / validate_python, alone"),
@@ -296,12 +296,17 @@ class _Decoded(dict[bytes, Any]):
 
 
 class _Predecoded:
-    """``decoder`` with its ``read`` replaced (by a lookup of values decoded beforehand):
-    whatever else ``validate_chunk`` asks of a decoder is the real one's."""
+    """``decoder`` with its ``read`` replaced (by a lookup of values decoded beforehand),
+    and its ``checking`` reading that way: whatever else ``validate_chunk`` asks of a
+    decoder is the real one's."""
 
     def __init__(self, decoder: Any, read: Callable[[bytes], Any]) -> None:
         self._decoder = decoder
         self.read = read
+
+    def checking(self, check: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+        read = self.read
+        return lambda value: check(read(value))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._decoder, name)

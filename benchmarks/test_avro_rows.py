@@ -116,11 +116,12 @@ class _Message:
 def test_the_stages_time_validate_chunk_with_the_values_decoded_beforehand(
         pipeline: Any) -> None:
     # The "decoded beforehand" pass hands validate_chunk a stand-in for the decoder: it
-    # must answer whatever validate_chunk asks of one (read, python, explained, ...).
+    # must answer whatever validate_chunk asks of one (read, checking, python, explained).
     samples = list(sample_stream(pipeline, 20, 0, tag="t", partitions=1))  # no pills
     chunk = SimpleNamespace(messages=[_Message(i, s.value, s.key)
                                       for i, s in enumerate(samples)])
     decoder = SimpleNamespace(read=json.loads, python=True,
+                              checking=lambda check: lambda value: check(json.loads(value)),
                               explained=lambda value, error: error)
     spent = dict.fromkeys(("avro_decode_alone", "avro_validate", "avro_predecoded",
                            "avro_total"), 0.0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kafka_ingest.config import KeyFormat, Pipeline
@@ -63,8 +63,9 @@ class RegistryDecoder:
         self.python = self.codec.python
         self._readers: dict[int, PayloadReader] = {}
         #: The same readers by the header bytes that carry their id (magic byte and id):
-        #: the hot path's one lookup, without parsing the header (:meth:`read`).
-        self._by_header: dict[bytes, PayloadReader] = {}
+        #: the hot path's one lookup, without parsing the header (:meth:`read`); a header
+        #: not met yet is parsed then (:class:`_ReadersByHeader`).
+        self._by_header = _ReadersByHeader(self._header_reader)
         #: The writer schemas behind ``_readers``.
         self._schemas: dict[int, WriterSchema] = {}
         #: Schema id -> why the contract cannot read it (None: it can), judged the first
@@ -78,19 +79,25 @@ class RegistryDecoder:
                      and pipeline.record_key.format is KeyFormat.REGISTRY)
 
     def read(self, value: bytes) -> Any:
-        reader = self._by_header.get(value[:HEADER_SIZE])
-        if reader is None:  # a header not met yet, or no header at all
-            reader = self._header_reader(value)
-        return reader(value[HEADER_SIZE:])
+        return self._by_header[value[:HEADER_SIZE]](value, HEADER_SIZE)
 
-    def _header_reader(self, value: bytes) -> PayloadReader:
-        """The reader of ``value``'s schema id, kept under its header bytes;
-        :class:`NotWireFormat` for a value without the header (nothing kept)."""
-        schema_id, _ = split_header(value)
+    def checking(self, check: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+        """value -> ``check`` of what :meth:`read` returns, in one frame a message (the hot
+        path's: a frame is about 0.1 µs, the Avro path's time was 1.4x JSON's)."""
+        by_header = self._by_header
+
+        def read_and_check(value: bytes) -> Any:
+            return check(by_header[value[:HEADER_SIZE]](value, HEADER_SIZE))
+
+        return read_and_check
+
+    def _header_reader(self, header: bytes) -> PayloadReader:
+        """The reader of the schema id in ``header`` (a value's first bytes);
+        :class:`NotWireFormat` when they are not the wire format's header."""
+        schema_id, _ = split_header(header)
         reader = self._readers.get(schema_id)
         if reader is None:
             reader = self._readers[schema_id] = self._reader(schema_id)
-        self._by_header[value[:HEADER_SIZE]] = reader
         return reader
 
     def read_python(self, value: bytes) -> Any:
@@ -176,12 +183,25 @@ class RegistryDecoder:
         return f"RegistryDecoder({self.codec.format.value}, {self.registry.settings!r})"
 
 
+class _ReadersByHeader(dict[bytes, PayloadReader]):
+    """Readers by a value's header bytes: one the dict lacks is found by ``find`` (which
+    raises for a header that is none: nothing is kept then) and kept."""
+
+    def __init__(self, find: Callable[[bytes], PayloadReader]) -> None:
+        super().__init__()
+        self._find = find
+
+    def __missing__(self, header: bytes) -> PayloadReader:
+        reader = self[header] = self._find(header)
+        return reader
+
+
 def _refusing(exc: SchemaUnreadable) -> PayloadReader:
     """The reader of a schema id the codec could not build: each of its records is refused
     for the same reason, without building it again."""
     schema_id, reason = exc.schema_id, exc.reason
 
-    def refuse(payload: bytes) -> Any:
+    def refuse(value: bytes, start: int = 0, /) -> Any:
         raise SchemaUnreadable(schema_id, reason)
 
     return refuse

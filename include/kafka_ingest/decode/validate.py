@@ -78,27 +78,27 @@ class ValidationResult:
     bytes: int = 0  # (named like the type: fields that use the type come before it)
 
 
+#: A value the contract refused, and pydantic's reasons -> the data error to dead-letter.
+Refusal = Callable[[bytes, ValidationError], DataError]
+
+
 def _parser(validator: SchemaValidator,
-            decoder: RegistryDecoder | None) -> Callable[[bytes], Any]:
-    """Bytes -> the validated event: ``validator``'s JSON validation straight from bytes
-    (without a Python frame per message), or the registry format decoded first (a refusal
-    classified against the payload, and explained by the writer schema when the contract
-    cannot read that schema)."""
+            decoder: RegistryDecoder | None) -> tuple[Callable[[bytes], Any], Refusal]:
+    """(bytes -> the validated event, and what a refusal is): ``validator``'s JSON
+    validation straight from bytes (without a Python frame per message), or the registry
+    format decoded first, in one frame (:meth:`RegistryDecoder.checking`); its refusal
+    classified against the payload (decoded again: a refusal is the rare path), and
+    explained by the writer schema when the contract cannot read that schema."""
     if decoder is None:
-        return validator.validate_json
-    read, check = decoder.read, (validator.validate_python if decoder.python
-                                 else validator.validate_json)
-    explained = decoder.explained
+        return validator.validate_json, classify
+    check = validator.validate_python if decoder.python else validator.validate_json
 
-    def parse(value: bytes) -> Any:
-        payload = read(value)
-        try:
-            return check(payload)
-        except ValidationError as exc:
-            error = classify(payload if isinstance(payload, bytes) else b"{}", exc)
-            raise explained(value, error) from None
+    def refusal(value: bytes, exc: ValidationError) -> DataError:
+        payload = decoder.read(value)
+        error = classify(payload if isinstance(payload, bytes) else b"{}", exc)
+        return decoder.explained(value, error)
 
-    return parse
+    return decoder.checking(check), refusal
 
 
 def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
@@ -109,7 +109,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
         return validate_changes(messages, pipeline, decoder)
     model = pipeline.model
     validation = hot_validation(model)
-    parse = _parser(validation.validator, decoder)
+    parse, refusal = _parser(validation.validator, decoder)
     max_bytes = pipeline.max_message_bytes
     extra = column_reader(pipeline, decoder)  # the key and header columns; None: none
     build = row_builder(model, by_key=validation.by_key)
@@ -132,7 +132,7 @@ def validate_chunk(messages: Iterable[MessageLike], pipeline: Pipeline,
             event = parse(value)
             more = () if extra is None else extra(msg)
         except ValidationError as exc:
-            result.dead.append(dead_letter(msg, pipeline, classify(value, exc)))
+            result.dead.append(dead_letter(msg, pipeline, refusal(value, exc)))
             continue
         except DataError as exc:  # the wire format, or the record key or a header
             result.dead.append(dead_letter(msg, pipeline, exc))

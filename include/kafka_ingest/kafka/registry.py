@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+from urllib.request import getproxies
 
 with warnings.catch_warnings():
     # authlib (imported with the client for its OAuth support) asks for httpx2 on import;
@@ -209,13 +210,29 @@ def map_registry_error(operation: str, exc: Exception) -> Exception:
     return exc
 
 
+def _client_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The client's config: :data:`DEFAULTS`, then the user's settings. A registry reached
+    over plain ``http://`` only (every URL; no ``ssl.*`` setting; no proxy, set or in the
+    environment, that could speak TLS) is given no TLS trust store: the client would
+    otherwise build a verifying TLS context, loading the whole CA bundle (20-40 ms of CPU
+    per client, a plan and a slice each making one) for connections that never speak TLS
+    (the client follows no redirect). An ``https://`` URL keeps the client's verification
+    as it is."""
+    out = {**DEFAULTS, **config}
+    urls = [u.strip().lower() for u in str(out["url"]).split(",")]
+    if (all(u.startswith("http://") for u in urls) and "proxy" not in out
+            and not getproxies() and not any(k.startswith("ssl.") for k in out)):
+        out["ssl.ca.location"] = False  # the client's "no trust store"; http never uses it
+    return out
+
+
 class SchemaRegistry:
     """One client of one registry; writer schemas cached by id (they never change)."""
 
     def __init__(self, settings: RegistrySettings) -> None:
         self.settings = settings
         try:
-            self._client = SchemaRegistryClient({**DEFAULTS, **settings.config})
+            self._client = SchemaRegistryClient(_client_config(settings.config))
         except ValueError as exc:  # an unknown or malformed setting, named by the client
             raise SettingsError(f"schema registry settings: {exc}") from None
         self._by_id: dict[int, WriterSchema | None] = {}

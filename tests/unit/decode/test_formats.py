@@ -134,6 +134,35 @@ def test_cut_message_indexes_are_undecodable() -> None:
         message_indexes(b"\x04\x00")
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "record", "name": "F", "fields": [  # the flat reader
+        {"name": "s", "type": "string"}, {"name": "u", "type": ["null", "string"]},
+        {"name": "d", "type": "double"}]},
+    {"type": "record", "name": "G", "fields": [  # fastavro's reader (an enum)
+        {"name": "s", "type": "string"},
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}}]},
+])
+def test_an_avro_reader_reads_the_payload_where_it_starts_in_the_value(schema: Any) -> None:
+    """The decoder hands a reader the whole value and where its payload starts (after the
+    wire header), so the payload is not copied out of every value first."""
+    from kafka_ingest.decode.codecs.avro import _avro_reader
+
+    reader = _avro_reader(WriterSchema(3, "AVRO", json.dumps(schema)))
+    record = {"s": "é-1", "u": "x", "d": 1.5, "e": "B"}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    payload = out.getvalue()
+    want = {f["name"]: record[f["name"]] for f in schema["fields"]}
+    assert reader(payload) == want
+    assert reader(b"\x00\x00\x00\x00\x03" + payload, 5) == want
+    with pytest.raises(Undecodable):  # cut short, counted from where the payload starts
+        reader(b"\x00\x00\x00\x00\x03" + payload[:3], 5)
+
+
+def test_protobuf_message_indexes_are_read_where_the_payload_starts() -> None:
+    assert message_indexes(b"\x00\x00\x00\x00\x07\x04\x00\x06msg", 5) == ([0, 3], b"msg")
+
+
 # --------------------------------------------------------------------------- decoding
 
 def test_avro_decodes_once_per_schema_id_and_every_poison_is_its_own_dead_letter() -> None:
@@ -559,6 +588,7 @@ def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refu
     b"\x04\xff\xfe\x00",  # a string that is not UTF-8
     b"\x00\x04",  # a union index past its branches
     b"\x00\x01",  # a negative union index
+    b"\x00\x80\x01",  # a union index of two bytes (64), past its branches
     b"\x01",  # a negative length
 ])
 def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -> None:

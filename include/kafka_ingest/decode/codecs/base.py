@@ -9,9 +9,9 @@ the contract. Callers hold a codec and never ask which format it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kafka_ingest.config import Format
 from kafka_ingest.decode.codecs.wire import wire_schema_id
@@ -43,9 +43,12 @@ JSON_KINDS: Mapping[str, frozenset[str]] = {
     "uuid": frozenset({STR, UUID_}), "timestamp": frozenset({STR, LOCAL_DATETIME}),
     "time": frozenset({STR, TIME_}), "interval": frozenset({STR, DURATION})}
 
-#: A decoder: the value's payload (after the wire header) -> what the contract validates
-#: (a dict in Python mode, or the payload's JSON bytes).
-PayloadReader = Callable[[bytes], Any]
+class PayloadReader(Protocol):
+    """A decoder: a record's value and where its payload starts (after the wire header:
+    read in place, not copied out first) -> what the contract validates (a dict in Python
+    mode, or the payload's JSON bytes)."""
+
+    def __call__(self, value: bytes, start: int = 0, /) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ class JsonSchemaCodec(Codec):
         return [json_schema_fields(schema.text)]
 
 
-def _as_it_is(payload: bytes) -> bytes:
-    return payload
+def _as_it_is(value: bytes, start: int = 0, /) -> bytes:
+    return value[start:]
 
 
 _JSON = {"string": STR, "integer": INT, "number": FLOAT, "boolean": BOOL, "object": OBJECT,

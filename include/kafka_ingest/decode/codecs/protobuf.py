@@ -117,9 +117,10 @@ def _zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def message_indexes(payload: bytes) -> tuple[list[int], bytes]:
-    """The message indexes after the header (a count, then the path; 0 alone is [0])."""
-    count, pos = _zigzag_varint(payload, 0)
+def message_indexes(payload: bytes, start: int = 0) -> tuple[list[int], bytes]:
+    """The message indexes at ``start``, after the header (a count, then the path; 0 alone
+    is [0]), and the message's bytes after them."""
+    count, pos = _zigzag_varint(payload, start)
     if count == 0:
         return [0], payload[pos:]
     if not 0 < count <= 64:
@@ -262,8 +263,8 @@ def _protobuf_reader(schema: WriterSchema) -> PayloadReader:
                                f"built: {exc}") from None
     classes: dict[tuple[int, ...], Any] = {}
 
-    def decode(payload: bytes) -> Any:
-        indexes, body = message_indexes(payload)
+    def decode(value: bytes, start: int = 0, /) -> Any:
+        indexes, body = message_indexes(value, start)
         key = tuple(indexes)
         cls = classes.get(key)
         if cls is None:
