@@ -42,10 +42,16 @@ def test_background_work():
     if os.environ.get("HANG"):
         time.sleep(120)
 '''
-#: Tests that record their worker and whether the background work was started before them.
+#: Tests that record their worker and whether the background work was started before them
+#: (a module without background work, though its text names the function in a string).
 FIRST = '''
 import os
 from pathlib import Path
+
+TEMPLATE = """
+def background_command(directory):
+    return []
+"""
 
 
 def test_first():

@@ -15,6 +15,7 @@ when it ends, also on Ctrl-C (SIGTERM: the soak takes its stack down on the way 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import os
@@ -125,13 +126,21 @@ def start_modules(files: Iterable[Path]) -> None:
     that define :data:`COMMAND`, once (each worker reports its collection). The controller
     has not imported them: their source says which do, and only those are imported here."""
     for path in dict.fromkeys(files):
-        if _directory(path).exists() or f"\ndef {COMMAND}(" not in path.read_text():
+        if _directory(path).exists() or not _defines_command(path.read_text()):
             continue
         spec = importlib.util.spec_from_file_location(f"_background_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         start(path, getattr(module, COMMAND)(_directory(path)))
+
+
+def _defines_command(source: str) -> bool:
+    """Whether a module's source defines :data:`COMMAND` at its top level (the words in a
+    string, such as a test's module template, do not count)."""
+    return f"def {COMMAND}(" in source and any(
+        isinstance(node, ast.FunctionDef) and node.name == COMMAND
+        for node in ast.parse(source).body)
 
 
 def taken_over(module_file: str | Path) -> Background:
