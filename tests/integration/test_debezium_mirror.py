@@ -23,7 +23,7 @@ import yaml
 
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.support.cli import cli
-from tests.support.debezium import DebeziumSource
+from tests.support.debezium import UNAVAILABLE, DebeziumSource
 from tests.support.ingest import highs, query
 
 pytestmark = pytest.mark.integration
@@ -400,6 +400,51 @@ def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
     _dead_lettered_then(env, src, tmp_path, dlq_topics, "TRUNCATE customers",
                         f"INSERT INTO customers VALUES {row(4)}")
     same(src, pg_dsn)  # only 4
+
+
+def test_an_update_leaving_out_a_toasted_value_of_a_dead_lettered_row_writes_no_placeholder(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """Rows 1 and 2 with TOASTed notes, too long for the contract's ``max_length``: their
+    snapshot reads are dead-lettered. Updates of their names leave the notes out
+    (Debezium's placeholder): the mirror holds no row to keep them from, so the updates are
+    dead-lettered ``unavailable_value`` and the mirror holds no placeholder. Row 2's later
+    update carries its notes: the row is written. With the contract fixed, the DLQ replay
+    writes row 1's read then its update: the mirror equals its source."""
+    src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i, n)}"
+                                         for i, n in ((1, LONG), (2, LONG), (3, "s"))])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    notes = document["contracts"]["customer"]["fields"]["notes"]
+    pipelines, wide = Path(env["KAFKA_INGEST_PIPELINES"]), notes["max_length"]
+    notes["max_length"] = 1_000  # the table's column stays as wide as it was made
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    first = ran(env, "run", "customers")
+    assert (first["inserted"], first["dead_lettered"]) == (1, 2), first
+
+    src.execute("UPDATE customers SET name = 'renamed 1' WHERE id = 1")
+    src.execute("UPDATE customers SET name = 'renamed 2' WHERE id = 2")
+    src.caught_up()
+    updates = [e for e in src.events("customers") if e.op == "u"]
+    assert [e.after["notes"] for e in updates if e.after] == [UNAVAILABLE] * 2
+    second = ran(env, "run", "customers")
+    assert (second["inserted"], second["dead_lettered"]) == (0, 2), second
+    placeholders = ("SELECT count(*) FROM customers WHERE notes = %s OR name = %s")
+    assert query(pg_dsn, placeholders, (UNAVAILABLE, UNAVAILABLE)) == [(0,)]
+    assert query(pg_dsn, "SELECT error_class, count(*) FROM dead_letters GROUP BY 1 "
+                 "ORDER BY 1") == [("contract_violation", 2), ("unavailable_value", 2)]
+
+    src.execute("UPDATE customers SET notes = 'short now' WHERE id = 2")
+    src.caught_up()
+    ran(env, "run", "customers")
+    assert query(pg_dsn, "SELECT id, name, notes FROM customers ORDER BY id") == [
+        (2, "renamed 2", "short now"), (3, "name 3", "s")]
+
+    notes["max_length"] = wide
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    ran(env, "replay-dlq", "customers")
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT notes FROM customers WHERE id = 1") == [(LONG,)]
 
 
 def test_a_pattern_leaves_out_a_table_it_cannot_mirror_and_mirrors_the_others(
