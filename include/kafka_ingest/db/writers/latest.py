@@ -45,7 +45,9 @@ from psycopg import sql
 from kafka_ingest.config import (
     LOG_ORDER,
     UNAVAILABLE,
+    UNAVAILABLE_DATES,
     UNAVAILABLE_JSON,
+    UNAVAILABLE_UUID,
     IdentitySource,
     Pipeline,
 )
@@ -305,6 +307,9 @@ _UNAVAILABLE: dict[str, sql.Composable] = {
     "text[]": sql.SQL("{}::text[]").format(sql.Literal(list(UNAVAILABLE_JSON))),
     "int4[]": sql.SQL("{}::int4[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
     "int8[]": sql.SQL("{}::int8[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
+    # of dates, those bytes as days; of uuids, the name-based UUID of those bytes
+    "date[]": sql.SQL("{}::date[]").format(sql.Literal(list(UNAVAILABLE_DATES))),
+    "uuid[]": sql.SQL("{}::uuid[]").format(sql.Literal([UNAVAILABLE_UUID])),
 }
 
 
