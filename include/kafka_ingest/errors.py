@@ -60,6 +60,9 @@
         │                         (or is missing, when required)
         ├── Unorderable           a key's record that log order cannot place against its
         │                         stored version (another partition or topic)
+        ├── BadEnvelope           a change event that is not one (no or an unknown op)
+        ├── UnavailableValue      a change event leaving a TOASTed column out, for a key
+        │                         the mirror holds no row of
         └── RejectedByDatabase    passed the contract, Postgres still refused it
 
 Retry policy is the class: the Airflow adapter fails at once on ``PermanentError`` and
@@ -490,6 +493,16 @@ class BadEnvelope(DataError):
     ``op``, no ``after`` row for an insert or update, or a truncate the pipeline refuses."""
 
     error_class = "bad_envelope"
+
+
+class UnavailableValue(DataError):
+    """A change event (``envelope: debezium``) that leaves a column out (Debezium's
+    placeholder for a TOASTed value the change did not touch) while the mirror holds no
+    row of its key to keep the column's value from (the row's insert was dead-lettered, or
+    came before the offsets the mirror began at): writing it would store the placeholder.
+    Replayable once the row's insert is (the update then keeps the value it wrote)."""
+
+    error_class = "unavailable_value"
 
 
 class RejectedByDatabase(DataError):

@@ -23,7 +23,7 @@ import yaml
 
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.support.cli import cli
-from tests.support.debezium import DebeziumSource
+from tests.support.debezium import UNAVAILABLE, DebeziumSource
 from tests.support.ingest import highs, query
 
 pytestmark = pytest.mark.integration
@@ -296,6 +296,78 @@ def test_an_update_that_leaves_toasted_arrays_out_keeps_them(
         f"SELECT {columns} FROM customers") == [(1, "b", tags, nums)]
 
 
+def test_an_update_that_leaves_toasted_date_uuid_and_char_arrays_out_keeps_them(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """A ``date[]``, a ``uuid[]`` and a ``char(3)[]`` stored out of line, then updates of
+    another column (row 1 mirrored before; row 2 inserted and updated in one run):
+    Debezium writes its placeholders for them (the placeholder's bytes as days, the
+    name-based UUID of those bytes, ``[placeholder]``); the mirror keeps the arrays."""
+    columns = "id, name, days, refs, codes"
+    made = ("(SELECT array_agg(DATE '2000-01-01' + (random() * 9000)::int) "
+            "FROM generate_series(1, 3000)), "
+            "(SELECT array_agg(gen_random_uuid()) FROM generate_series(1, 500)), "
+            "(SELECT array_agg(substr(md5(random()::text), 1, 3)::char(3)) "
+            "FROM generate_series(1, 3000))")
+    src = debezium_source(
+        {"customers": "id int PRIMARY KEY, name text NOT NULL, days date[], refs uuid[], "
+                      "codes char(3)[]"},
+        setup=[f"INSERT INTO customers VALUES (1, 'a', {made})"])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    assert {"days", "refs", "codes"} <= set(document["contracts"]["customer"]["fields"])
+    ran(env, "run", "customers")
+    src.execute("UPDATE customers SET name = 'b' WHERE id = 1")
+    src.execute(f"INSERT INTO customers VALUES (2, 'c', {made})")
+    src.execute("UPDATE customers SET name = 'd' WHERE id = 2")
+    src.caught_up()
+    updates = [e.after for e in src.events("customers") if e.op == "u" and e.after]
+    assert [(u["days"], u["refs"], u["codes"]) for u in updates] == [(
+        list(UNAVAILABLE.encode()), ["b68a35a7-17ad-35b3-af2a-ae46edb4545a"],
+        [UNAVAILABLE])] * 2
+    done = ran(env, "run", "customers")
+    assert done["dead_lettered"] == 0, done
+    assert query(pg_dsn, f"SELECT {columns} FROM customers ORDER BY id") == src.query(
+        f"SELECT {columns} FROM customers ORDER BY id")
+
+
+def test_from_topic_leaves_out_arrays_debezium_sends_as_null_when_left_out(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """Arrays of smallint, boolean, numeric, double precision, timestamp, timestamptz and
+    time stored out of line arrive as null in an update that leaves them out: a NULL the
+    mirror would store. ``schema from-topic`` leaves them out, saying why; the mirror of
+    the other columns equals its source."""
+    refused = {"small": "smallint[]", "flags": "boolean[]", "amounts": "numeric(12,2)[]",
+               "ratios": "double precision[]", "at": "timestamp[]", "ats": "timestamptz[]",
+               "times": "time[]"}
+    src = debezium_source(
+        {"customers": "id int PRIMARY KEY, name text NOT NULL, nums int[], "
+                      + ", ".join(f"{c} {t}" for c, t in refused.items())},
+        setup=["INSERT INTO customers (id, name, nums, small, flags) VALUES (1, 'a', "
+               "(SELECT array_agg(g) FROM generate_series(1, 3000) g), "
+               "(SELECT array_agg((random() * 30000)::int2) FROM generate_series(1, 15000)), "
+               "(SELECT array_agg(random() < 0.5) FROM generate_series(1, 15000)))"])
+    src.execute("UPDATE customers SET name = 'b' WHERE id = 1")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"][-1]
+    assert update.after is not None and (update.after["small"], update.after["flags"]) == (
+        None, None), update.after  # what the mirror would have stored
+    shown = cli(env, "schema", "from-topic", src.topics["customers"], "--event-type",
+                "customer", "--pipeline", "customers")
+    assert shown.returncode == 0, shown.stderr
+    notes = [line for line in shown.stdout.splitlines() if "left out:" in line]
+    assert sorted(line.split("left out: ")[1].split(":")[0] for line in notes) == sorted(
+        refused), shown.stdout
+    assert "an array Debezium sends as null when an update leaves it" in shown.stdout
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    assert set(document["contracts"]["customer"]["fields"]) == {"id", "name", "nums"}
+    ran(env, "run", "customers")
+    assert query(pg_dsn, "SELECT id, name, nums FROM customers") == src.query(
+        "SELECT id, name, nums FROM customers")
+
+
 def test_a_table_with_a_version_column_is_mirrored(
         debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
         dlq_topics: list[str], tmp_path: Path) -> None:
@@ -400,6 +472,51 @@ def test_a_replayed_dead_letter_of_a_row_truncated_since_stays_truncated(
     _dead_lettered_then(env, src, tmp_path, dlq_topics, "TRUNCATE customers",
                         f"INSERT INTO customers VALUES {row(4)}")
     same(src, pg_dsn)  # only 4
+
+
+def test_an_update_leaving_out_a_toasted_value_of_a_dead_lettered_row_writes_no_placeholder(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """Rows 1 and 2 with TOASTed notes, too long for the contract's ``max_length``: their
+    snapshot reads are dead-lettered. Updates of their names leave the notes out
+    (Debezium's placeholder): the mirror holds no row to keep them from, so the updates are
+    dead-lettered ``unavailable_value`` and the mirror holds no placeholder. Row 2's later
+    update carries its notes: the row is written. With the contract fixed, the DLQ replay
+    writes row 1's read then its update: the mirror equals its source."""
+    src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i, n)}"
+                                         for i, n in ((1, LONG), (2, LONG), (3, "s"))])
+    document = _declared(env, src.topics["customers"], tmp_path)
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    notes = document["contracts"]["customer"]["fields"]["notes"]
+    pipelines, wide = Path(env["KAFKA_INGEST_PIPELINES"]), notes["max_length"]
+    notes["max_length"] = 1_000  # the table's column stays as wide as it was made
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    first = ran(env, "run", "customers")
+    assert (first["inserted"], first["dead_lettered"]) == (1, 2), first
+
+    src.execute("UPDATE customers SET name = 'renamed 1' WHERE id = 1")
+    src.execute("UPDATE customers SET name = 'renamed 2' WHERE id = 2")
+    src.caught_up()
+    updates = [e for e in src.events("customers") if e.op == "u"]
+    assert [e.after["notes"] for e in updates if e.after] == [UNAVAILABLE] * 2
+    second = ran(env, "run", "customers")
+    assert (second["inserted"], second["dead_lettered"]) == (0, 2), second
+    placeholders = ("SELECT count(*) FROM customers WHERE notes = %s OR name = %s")
+    assert query(pg_dsn, placeholders, (UNAVAILABLE, UNAVAILABLE)) == [(0,)]
+    assert query(pg_dsn, "SELECT error_class, count(*) FROM dead_letters GROUP BY 1 "
+                 "ORDER BY 1") == [("contract_violation", 2), ("unavailable_value", 2)]
+
+    src.execute("UPDATE customers SET notes = 'short now' WHERE id = 2")
+    src.caught_up()
+    ran(env, "run", "customers")
+    assert query(pg_dsn, "SELECT id, name, notes FROM customers ORDER BY id") == [
+        (2, "renamed 2", "short now"), (3, "name 3", "s")]
+
+    notes["max_length"] = wide
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    ran(env, "replay-dlq", "customers")
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT notes FROM customers WHERE id = 1") == [(LONG,)]
 
 
 def test_a_pattern_leaves_out_a_table_it_cannot_mirror_and_mirrors_the_others(

@@ -103,6 +103,48 @@ def test_an_update_keeps_the_columns_debezium_left_out(db: Database, mirror: Pip
     assert table(conn, mirror) == {1: ("Ada", "short", {"t": 1}, None, 2)}
 
 
+def test_a_change_that_leaves_columns_out_of_a_row_the_table_lacks_is_dead_lettered(
+        db: Database, mirror: Pipeline, conn: Any) -> None:
+    """Updates carrying Debezium's placeholders (text, jsonb, bytea) of keys the table holds
+    no row of (their inserts were dead-lettered, or came before the mirror began; key 3's
+    row deleted): each is returned for the DLQ as ``unavailable_value``, never written with
+    the placeholder, while the rest of the chunk (key 2, key 5's update of a held row) is
+    written. Replaying key 1's insert, then its letter, or a later change carrying the
+    values (key 4), leaves the rows the source holds."""
+    long = "x" * 20_000
+    write(db, mirror, [row(mirror, 0, id=5, notes=long), row(mirror, 1, id=3)],
+          [Tombstone(3, mirror.topic, 0, 2)])
+    left_out = {"notes": UNAVAILABLE, "profile": list(UNAVAILABLE_JSON),
+                "photo": UNAVAILABLE.encode()}
+    chunk = [row(mirror, 11, id=1, name="Ada", **left_out),
+             row(mirror, 12, id=2, name="Bob", notes="b"),
+             row(mirror, 13, id=3, name="Cy", notes=UNAVAILABLE),
+             row(mirror, 14, id=4, name="Di", photo=UNAVAILABLE.encode()),
+             row(mirror, 15, id=5, name="Ed", **left_out)]
+    up, _ = write(db, mirror, chunk)
+    assert (up.inserted, up.missing) == (2, 0)
+    assert [(r, e.error_class) for r, e in up.rejected] == [
+        (chunk[0], "unavailable_value"), (chunk[2], "unavailable_value"),
+        (chunk[3], "unavailable_value")]
+    detail = up.rejected[0][1].detail
+    assert "key 1 at" in detail and "notes, profile, photo" in detail, detail
+    conn.rollback()
+    assert table(conn, mirror) == {2: ("Bob", "b", None, None, 12),
+                                   5: ("Ed", long, None, None, 15)}
+    # key 1's insert replayed (its contract fixed), then its update's letter; key 4 changed
+    # again at the source, carrying the value this time
+    write(db, mirror, [row(mirror, 10, id=1, name="A", notes=long, profile={"t": 1},
+                           photo=b"\x01")])
+    again, _ = write(db, mirror, [up.rejected[0][0],
+                                  row(mirror, 16, id=4, name="Di", photo=b"\x02")])
+    assert (again.inserted, again.rejected, again.missing) == (2, [], 0)
+    conn.rollback()
+    assert table(conn, mirror) == {1: ("Ada", long, {"t": 1}, b"\x01", 11),
+                                   2: ("Bob", "b", None, None, 12),
+                                   4: ("Di", None, None, b"\x02", 16),
+                                   5: ("Ed", long, None, None, 15)}
+
+
 def test_a_truncate_deletes_every_row_before_it_and_a_replay_brings_none_back(
         db: Database, mirror: Pipeline, conn: Any) -> None:
     write(db, mirror, [row(mirror, 0, id=1), row(mirror, 1, id=2)])

@@ -55,6 +55,7 @@ from kafka_ingest.errors import (
     TopicRecreated,
     TransientError,
     TriggerParamsError,
+    UnavailableValue,
     Undecodable,
     UnknownSchema,
     UnknownVersion,
@@ -83,6 +84,7 @@ from kafka_ingest.kafka.clients import map_kafka_error
     (TopicMissing, PermanentError),
     # a bad message: dead-lettered, the batch goes on
     (RejectedByDatabase, DataError),
+    (UnavailableValue, DataError),
 ])
 def test_each_error_is_on_the_branch_that_decides_its_fate(cls: type, branch: type) -> None:
     assert issubclass(cls, branch)
@@ -105,7 +107,7 @@ def test_every_data_error_has_a_distinct_class_name() -> None:
     assert names == ["undecodable", "not_an_object", "contract_violation", "unknown_version",
                      "too_large", "not_wire_format", "unknown_schema", "schema_unreadable",
                      "bad_key", "bad_header", "unorderable", "bad_envelope",
-                     "rejected_by_database"]
+                     "unavailable_value", "rejected_by_database"]
     assert DataError.error_class == "data_error"  # the generic class (tombstones) stays apart
     assert DATA_ERROR_CLASSES[0]("why").detail == "why"
 
@@ -165,6 +167,7 @@ ONE_OF_EACH: list[IngestError] = [
     BadKey("the record has no key"),
     BadHeader("header 'trace-id' is not UTF-8"),
     BadEnvelope("op 'x' is not one of Debezium's"),
+    UnavailableValue("key 1 at offset 3: the change leaves notes out"),
     RejectedByDatabase("NUL"),
     Unorderable("key 'a' at partition 1: stored from partition 0"),
     TopicRecreated("p", "t", "old-id", "new-id", [0, 2], dlq=True),

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
+from datetime import date, timedelta
 from enum import StrEnum
+from uuid import UUID
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
@@ -53,6 +56,20 @@ UNAVAILABLE = "__debezium_unavailable_value"
 #: The same in a ``jsonb`` column (Debezium's ``Json`` is text, and the placeholder is no
 #: JSON): a one-element array, which the writer recognises.
 UNAVAILABLE_JSON = (UNAVAILABLE,)
+#: The same in a ``date[]`` column: the placeholder's bytes, each as Debezium's days.
+UNAVAILABLE_DATES = tuple(date(1970, 1, 1) + timedelta(days=b) for b in UNAVAILABLE.encode())
+#: The same in a ``uuid[]`` column (its one element): the name-based (version 3) UUID of
+#: the placeholder's bytes, as Java's ``UUID.nameUUIDFromBytes`` makes it.
+UNAVAILABLE_UUID = UUID(bytes=hashlib.md5(UNAVAILABLE.encode(), usedforsecurity=False).digest(),
+                        version=3)
+#: The array types of a mirror's columns whose placeholder Debezium's Postgres connector
+#: tells apart from a value (``[placeholder]`` for text; the placeholder's bytes as the
+#: integers of an ``integer[]``, ``bigint[]`` or ``date[]``, Debezium's days; for a
+#: ``uuid[]``, the name-based UUID of those bytes): such a column keeps its stored value.
+#: An array of another type left out of an update arrives as null, which cannot be told
+#: from a NULL: a mirror refuses such a column (``text``, ``bytea`` and ``jsonb`` have
+#: placeholders too; no other type is stored out of line).
+KEPT_ARRAYS = ("text[]", "int4[]", "int8[]", "date[]", "uuid[]")
 
 
 class OnTruncate(StrEnum):

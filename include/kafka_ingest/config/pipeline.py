@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from kafka_ingest.config.modes import (
+    KEPT_ARRAYS,
     LOG_ORDER,
     NAME_PATTERN,
     POOL_PATTERN,
@@ -392,6 +393,7 @@ class Pipeline(Strict):
             if self.on_truncate is not OnTruncate.SKIP:
                 raise ValueError("on_truncate is for change events: set envelope: debezium")
             return
+        self._check_left_out_arrays()
         if self.composite_key:
             self._check_composite_envelope()
             return
@@ -419,6 +421,20 @@ class Pipeline(Strict):
         if self.on_tombstone is not OnTombstone.SKIP:
             raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
                              "tombstone after it is skipped, so on_tombstone must stay 'skip'")
+
+    def _check_left_out_arrays(self) -> None:
+        """A mirror's array column keeps its value when an update leaves it out only if
+        Debezium's placeholder for it is told apart from a value (:data:`KEPT_ARRAYS`)."""
+        for column in contract_columns(self._model):  # uncached
+            kind = column.value_type
+            if kind.endswith("[]") and kind not in KEPT_ARRAYS:
+                raise ValueError(
+                    f"envelope 'debezium': column {column.name!r} is a {kind}: Debezium "
+                    "sends null for such an array an update leaves out (stored out of line "
+                    "and unchanged, under the source table's REPLICA IDENTITY DEFAULT), "
+                    "which the mirror cannot tell from a NULL; leave the column out of the "
+                    "contract (and of the connector: column.exclude.list), or declare it "
+                    f"as one of {', '.join(KEPT_ARRAYS)}")
 
     @property
     def composite_key(self) -> bool:

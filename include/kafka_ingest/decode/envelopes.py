@@ -41,8 +41,14 @@ from uuid import UUID
 
 from pydantic_core import from_json, to_json
 
-from kafka_ingest.config import UNAVAILABLE, UNAVAILABLE_JSON
-from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX
+from kafka_ingest.config import (
+    KEPT_ARRAYS,
+    UNAVAILABLE,
+    UNAVAILABLE_DATES,
+    UNAVAILABLE_JSON,
+    UNAVAILABLE_UUID,
+)
+from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX, FieldSpec
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadEnvelope, BadKey, SourceChanged, Undecodable
 
@@ -99,9 +105,10 @@ def _json(value: Any) -> Any:
 
 #: The placeholder as a column's value reads: text, a jsonb column's (:func:`_json`) or a
 #: text array's, bytea's decoded or (without a schema) base64, an integer array's (its
-#: bytes).
+#: bytes), a date array's (those as days) and a uuid array's (decoded or as text).
 _PLACEHOLDERS = (UNAVAILABLE, list(UNAVAILABLE_JSON), UNAVAILABLE.encode(),
-                 base64.b64encode(UNAVAILABLE.encode()).decode(), list(UNAVAILABLE.encode()))
+                 base64.b64encode(UNAVAILABLE.encode()).decode(), list(UNAVAILABLE.encode()),
+                 list(UNAVAILABLE_DATES), [UNAVAILABLE_UUID], [str(UNAVAILABLE_UUID)])
 
 
 def unavailable(value: Any) -> bool:
@@ -504,15 +511,27 @@ def _column_type(field: dict[str, Any], name: Any, kind: Any,
         return None, (f"Debezium's {name} has no column type here (declare it as "
                       f"{'text' if kind == 'string' else 'jsonb'})")
     if kind == "array" and isinstance(field.get("items"), dict):
-        items, why = _field_spec({**field["items"], "optional": False})
-        if items is None:
-            return None, f"an array of {why}"
-        if items["type"] in ("jsonb", "bytea"):
-            return None, f"an array of {items['type']} (declare it as jsonb)"
-        return {"type": "array", "items": items}, ""
+        return _array_type(field["items"])
     if kind in _PRIMITIVE:
         return {"type": _PRIMITIVE[kind]}, ""
     return None, f"a {kind} has no column type here (declare it as jsonb)"
+
+
+def _array_type(items: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """An array column of Connect items ``items``, or None and why: a type whose
+    placeholder Debezium does not tell apart (:data:`~kafka_ingest.config.KEPT_ARRAYS`)."""
+    spec, why = _field_spec({**items, "optional": False})
+    if spec is None:
+        return None, f"an array of {why}"
+    if spec["type"] in ("jsonb", "bytea"):
+        return None, f"an array of {spec['type']} (declare it as jsonb)"
+    array = {"type": "array", "items": spec}
+    kind = FieldSpec.model_validate(array).value_type
+    if kind not in KEPT_ARRAYS:
+        return None, (f"{kind}, an array Debezium sends as null when an update leaves it "
+                      "out (stored out of line and unchanged), which a mirror cannot tell "
+                      "from a NULL")
+    return array, ""
 
 
 def row_declaration(envelope: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:

@@ -293,6 +293,9 @@ the contract rejects.
    `bad_key`, `bad_header`: the record key or a header cannot fill its column.
    `unorderable` (log-order pipelines): a key arrived from another partition or topic than
    its stored version ([guarantees.md](guarantees.md#places-in-the-log-partitions-and-topics-created-again)).
+   `unavailable_value` (mirrors): an update left a TOASTed column out for a row the mirror
+   does not hold; replay the row's insert (its own letter) first, then
+   `--error-class unavailable_value` ([mirror.md](mirror.md#what-each-change-event-does)).
 The ingest itself goes on: dead letters never stop a run."""  # noqa: E501
 
 _FRESHNESS_RUNBOOK = """\

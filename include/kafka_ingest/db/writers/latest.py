@@ -45,13 +45,15 @@ from psycopg import sql
 from kafka_ingest.config import (
     LOG_ORDER,
     UNAVAILABLE,
+    UNAVAILABLE_DATES,
     UNAVAILABLE_JSON,
+    UNAVAILABLE_UUID,
     IdentitySource,
     Pipeline,
 )
 from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
-from kafka_ingest.errors import DataError, Unorderable
+from kafka_ingest.errors import DataError, UnavailableValue, Unorderable
 from kafka_ingest.records import Row, Source, row_source
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,12 @@ log = logging.getLogger(__name__)
 #: it against another version of its key (dead-lettered); ``stored``: the stored version
 #: is this record (a replay); ``stale``: the stored version or deletion marker is at
 #: least as new; ``superseded``: a newer version of its key is in the chunk; ``write``:
-#: the newest version of its key, newer than the stored one.
-LATEST_VERDICTS = ("copy", "unorderable", "stored", "stale", "superseded", "write")
+#: the newest version of its key, newer than the stored one, but ``unavailable``: such a
+#: version of a change event that leaves a column out (Debezium's placeholder,
+#: :func:`kept_columns`) while the table holds no row of its key to keep the column from
+#: (dead-lettered: writing it would store the placeholder).
+LATEST_VERDICTS = ("copy", "unorderable", "stored", "stale", "superseded", "unavailable",
+                   "write")
 
 #: How many times a chunk's rows are classified and written when a concurrent transaction
 #: changed what the classification decided from (see the module doc).
@@ -76,7 +82,7 @@ WITH s AS (
   SELECT {k}, source_partition AS p, source_offset AS o,
          row_number() OVER (PARTITION BY {k}, source_partition, source_offset) AS copy,
          dense_rank() OVER (PARTITION BY {k} ORDER BY source_offset DESC) AS newest,
-         min(source_partition) OVER w <> max(source_partition) OVER w AS split
+         min(source_partition) OVER w <> max(source_partition) OVER w AS split{held}
   FROM {s} WINDOW w AS (PARTITION BY {k})),
 f AS (
   SELECT s.*, x.source_topic AS xt, x.source_incarnation AS xi, x.source_partition AS xp,
@@ -93,6 +99,7 @@ v AS (
     WHEN (xt IS NOT NULL AND (xi, xo) > (%(inc)s, o)) {marker_stale} {truncate_stale}
          THEN 'stale'
     WHEN newest > 1 THEN 'superseded'
+    {held_verdict}
     ELSE 'write' END AS verdict
   FROM f)
 """
@@ -136,6 +143,12 @@ v AS (
 VERDICTS = "SELECT verdict, count(*) FROM v GROUP BY verdict"
 UNORDERABLE = ("SELECT p, o, split, xt, xi, xp, xo{marker_details} FROM v"
                 " WHERE verdict = 'unorderable'")
+#: The ``unavailable`` rows ({held_names}: the columns each leaves out, of staged row x).
+UNAVAILABLE_ROWS = """
+SELECT DISTINCT ON (v.p, v.o) v.p, v.o, {held_names} FROM v
+JOIN {s} x ON x.source_partition = v.p AND x.source_offset = v.o
+WHERE v.verdict = 'unavailable'
+"""
 
 #: Write the newest version of each key that is newer than the stored one; the ON
 #: CONFLICT's WHERE decides against the row as it is when the key is locked.
@@ -148,7 +161,7 @@ WHERE NOT split
   AND NOT EXISTS (SELECT 1 FROM {t} x WHERE {xk} = {sk} AND (NOT (x.source_topic = %(topic)s
       AND (x.source_incarnation <> %(inc)s OR x.source_partition = s.source_partition))
       OR (x.source_incarnation, x.source_offset) >= (%(inc)s, s.source_offset)))
-  {marker_excludes} {truncate_excludes}
+  {marker_excludes} {truncate_excludes} {held_excludes}
 ORDER BY {k}, source_offset DESC
 ON CONFLICT ({k}) DO UPDATE SET {u}, source_incarnation = EXCLUDED.source_incarnation,
   ingested_at = now()
@@ -162,6 +175,12 @@ LOG_MARKER_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {m} m WHERE {mk} = {sk}
       AND (NOT (m.source_topic = %(topic)s
                 AND (m.source_incarnation <> %(inc)s OR m.source_partition = s.source_partition))
            OR (m.source_incarnation, m.source_offset) >= (%(inc)s, s.source_offset)))"""
+#: A chunk with ``unavailable`` rows writes no version of their keys (%(held_p)s,
+#: %(held_o)s: their places): the older versions of such a key in the chunk are superseded
+#: by the dead-lettered one.
+HELD_EXCLUDES = """AND NOT EXISTS (SELECT 1 FROM {s} x
+      JOIN unnest(%(held_p)s::int4[], %(held_o)s::int8[]) h(p, o)
+        ON x.source_partition = h.p AND x.source_offset = h.o WHERE {xk} = {sk})"""
 TIME_INSERT = """
 INSERT INTO {t} ({c}, source_incarnation)
 SELECT DISTINCT ON ({k}) {c}, %(inc)s FROM {s} s
@@ -288,6 +307,9 @@ _UNAVAILABLE: dict[str, sql.Composable] = {
     "text[]": sql.SQL("{}::text[]").format(sql.Literal(list(UNAVAILABLE_JSON))),
     "int4[]": sql.SQL("{}::int4[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
     "int8[]": sql.SQL("{}::int8[]").format(sql.Literal(list(UNAVAILABLE.encode()))),
+    # of dates, those bytes as days; of uuids, the name-based UUID of those bytes
+    "date[]": sql.SQL("{}::date[]").format(sql.Literal(list(UNAVAILABLE_DATES))),
+    "uuid[]": sql.SQL("{}::uuid[]").format(sql.Literal([UNAVAILABLE_UUID])),
 }
 
 
@@ -299,6 +321,28 @@ def kept_columns(pipeline: Pipeline) -> dict[str, sql.Composable]:
         return {}
     return {c.name: _UNAVAILABLE[c.value_type] for c in pipeline.sink_columns
             if c.value_type in _UNAVAILABLE}
+
+
+def left_out(pipeline: Pipeline, alias: str | None = None) -> dict[str, sql.Composable]:
+    """What finds a staged row (of ``alias``, or unqualified) that carries a placeholder of
+    :func:`kept_columns`: {held}, a column ``held`` of :data:`LOG_STAGED`'s staged rows,
+    and {held_verdict}, its verdict (none for a table without such columns); {held_names},
+    the names of the columns it carries one in."""
+    kept = kept_columns(pipeline)
+    if not kept:
+        return {"held": sql.SQL(""), "held_verdict": sql.SQL(""),
+                "held_names": sql.SQL("NULL::text[]")}
+    tests = [(name, sql.SQL("{} = {}").format(
+        sql.Identifier(*([alias] if alias else []), name), placeholder))
+        for name, placeholder in kept.items()]
+    return {
+        "held": sql.SQL(", coalesce({}, false) AS held").format(
+            sql.SQL(" OR ").join(test for _, test in tests)),
+        "held_verdict": sql.SQL("WHEN held AND xt IS NULL THEN 'unavailable'"),
+        "held_names": sql.SQL("array_remove(ARRAY[{}], NULL)").format(sql.SQL(", ").join(
+            sql.SQL("CASE WHEN {} THEN {} END").format(test, sql.Literal(name))
+            for name, test in tests)),
+    }
 
 
 def where(topic: Any, incarnation: Any, partition: Any, offset: Any) -> str:
@@ -326,7 +370,7 @@ def unorderable(key: Any, here: str, split: bool, stored: Sequence[Any],
 NO_MARKERS = {"marker_columns": "", "marker_join": "", "marker_unorderable": "",
               "marker_stale": "", "marker_details": "", "marker_excludes": "",
               "marker_holds": "", "truncate_stale": "", "truncate_excludes": "",
-              "truncate_holds": ""}
+              "truncate_holds": "", "held_excludes": ""}
 
 
 class Raced(Exception):
@@ -350,6 +394,9 @@ class LatestWriter(TableWriter):
         self._verdicts = self.statement(staged + VERDICTS)
         self._unorderable = self.statement(staged + UNORDERABLE)
         self._insert = self.statement(LOG_INSERT if self.log_order else TIME_INSERT)
+        self._held_rows = self.statement(staged + UNAVAILABLE_ROWS)
+        self._insert_holding = self.statement(LOG_INSERT.replace("{held_excludes}",
+                                                                 HELD_EXCLUDES))
         self._missing = self.statement(LOG_MISSING if self.log_order else TIME_MISSING)
 
     def statement(self, template: str) -> sql.Composed:
@@ -357,7 +404,9 @@ class LatestWriter(TableWriter):
         keys = {name: "{" + name + "}" for name in _KEY_PLACES}
         text = template.format(**self._fragments(), t="{t}", s="{s}", m="{m}", o="{o}",
                                c="{c}", u="{u}", ids="{ids}", sids="{sids}", lids="{lids}",
-                               xids="{xids}", stored="{stored}", same="{same}", **keys)
+                               xids="{xids}", stored="{stored}", same="{same}",
+                               held="{held}", held_verdict="{held_verdict}",
+                               held_names="{held_names}", **keys)
         kept = kept_columns(self.pipeline)
         updates = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) if c not in kept
@@ -367,7 +416,9 @@ class LatestWriter(TableWriter):
         return sql.SQL(text).format(
             t=self.table, s=self.stage, m=self._marker,
             o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
-            **key_places(self.pipeline), **same_record(self.pipeline))
+            **key_places(self.pipeline), **same_record(self.pipeline),
+            **{**left_out(self.pipeline), "held_names": left_out(self.pipeline, "x")[
+                "held_names"]})
 
     def _fragments(self) -> dict[str, str]:
         """The marker (and truncate) fragments of the statements."""
@@ -405,14 +456,25 @@ class LatestWriter(TableWriter):
             verdicts[verdict] = int(n)
         rejected = self._unorderable_rows(rows, source, params) if verdicts["unorderable"] \
             else []
-        inserted = self.conn.execute(self._insert, params).rowcount
-        self._after_insert(inserted)
+        held = self._unavailable_rows(rows, source, params) if verdicts["unavailable"] else []
+        insert = self._insert
         skipped = [row_source(row) for row, _ in rejected]
+        if held:
+            places = [row_source(row) for row, _ in held]
+            params = {**params, "held_p": [s.partition for s in places],
+                      "held_o": [s.offset for s in places]}
+            insert = self._insert_holding
+            keys = {self._key(row) for row, _ in held}  # none of their rows is written
+            skipped += [row_source(row) for row in rows if self._key(row) in keys]
+        inserted = self.conn.execute(insert, params).rowcount
+        self._after_insert(inserted)
         missing = self._scalar(self._missing, {**params,
                                                "skip_p": [s.partition for s in skipped],
                                                "skip_o": [s.offset for s in skipped]})
-        if not last and (missing or len(rejected) != verdicts["unorderable"]):
+        if not last and (missing or len(rejected) != verdicts["unorderable"]
+                         or len(held) != verdicts["unavailable"]):
             raise Raced
+        rejected += held
         lost = verdicts["write"] - inserted  # see the module doc
         return UpsertResult(inserted, verdicts["copy"] + verdicts["stored"],
                             verdicts["stale"] + verdicts["superseded"] + lost, rejected,
@@ -420,6 +482,28 @@ class LatestWriter(TableWriter):
 
     def _after_insert(self, inserted: int) -> None:
         """What follows the INSERT in the chunk's transaction (deleting tables: markers)."""
+
+    def _key(self, row: Row) -> Any:
+        """A row's key: its value, or a tuple of them (a composite key)."""
+        return (row[self._key_at[0]] if len(self._key_at) == 1
+                else tuple(row[i] for i in self._key_at))
+
+    def _unavailable_rows(self, rows: list[Row], source: Source,
+                          params: dict[str, Any]) -> list[tuple[Row, DataError]]:
+        """The staged rows whose key the table holds no row of, that leave columns out."""
+        by_place = {(row_source(r).partition, row_source(r).offset): r for r in rows}
+        held: list[tuple[Row, DataError]] = []
+        for p, o, names in self.conn.execute(self._held_rows, params):
+            row = by_place[(p, o)]
+            here = where(source.topic, source.incarnation, p, o)
+            held.append((row, UnavailableValue(
+                f"key {self._key(row)!r} at {here}: the change leaves {', '.join(names)} out "
+                "(Debezium's placeholder for a TOASTed value it did not change) and the "
+                "mirror has no row of this key to keep their values: the row's earlier "
+                "change was dead-lettered, or is older than the offsets the mirror began "
+                "at; replay that letter, then this one (a later change carrying the values "
+                "writes the row too)")))
+        return held
 
     def _unorderable_rows(self, rows: list[Row], source: Source,
                           params: dict[str, Any]) -> list[tuple[Row, DataError]]:
@@ -429,12 +513,11 @@ class LatestWriter(TableWriter):
         for p, o, split, *stored in self.conn.execute(self._unorderable, params):
             row = by_place[(p, o)]
             here = where(source.topic, source.incarnation, p, o)
-            key = (row[self._key_at[0]] if len(self._key_at) == 1
-                   else tuple(row[i] for i in self._key_at))
-            rejected.append((row, unorderable(key, here, split, stored[:4], stored[4:])))
+            rejected.append((row, unorderable(self._key(row), here, split, stored[:4],
+                                              stored[4:])))
         return rejected
 
 
 __all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "TRUNCATED_BEFORE",
            "TRUNCATE_POINTS", "LatestWriter", "Raced", "kept_columns", "key_places",
-           "same_record", "unorderable", "where"]
+           "left_out", "same_record", "unorderable", "where"]
