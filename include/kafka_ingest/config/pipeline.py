@@ -410,14 +410,21 @@ class Pipeline(Strict):
                              f"({', '.join(self.contract_column_names)})")
         if key.field is None:  # the key struct's field of that name
             object.__setattr__(self, "record_key", key.model_copy(update={"field": key.column}))
+        self._check_mirror_upsert((key.column,), f"the record key ({key.column!r})")
+
+    def _check_mirror_upsert(self, keys: tuple[str, ...], keyed_by: str) -> None:
+        """A mirror's upsert: ``latest`` keyed by the source's primary key (``keys``) in
+        log order, set so when left out; its deletes are change events, so the tombstones
+        after them are skipped."""
         if "upsert" not in self.model_fields_set:  # the mirror's own: frozen, so set once
             object.__setattr__(self, "upsert", Upsert(
-                mode=UpsertMode.LATEST, key=self.record_key.column, order_by=LOG_ORDER))
+                mode=UpsertMode.LATEST, key=keys if len(keys) > 1 else keys[0],
+                order_by=LOG_ORDER))
         if (self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER
-                or self.upsert.key != self.record_key.column):
+                or self.upsert.keys != keys):
             raise ValueError("envelope 'debezium' mirrors a table: upsert.mode 'latest' keyed "
-                             f"by the record key ({self.record_key.column!r}) in log order "
-                             f"({LOG_ORDER!r}); leave upsert out for that")
+                             f"by {keyed_by} in log order ({LOG_ORDER!r}); leave upsert out "
+                             "for that")
         if self.on_tombstone is not OnTombstone.SKIP:
             raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
                              "tombstone after it is skipped, so on_tombstone must stay 'skip'")
@@ -450,24 +457,13 @@ class Pipeline(Strict):
         objects of them (Kafka Connect's JsonConverter, with its schema or without)."""
         paths = self.identity.fields if self.identity is not None else None
         columns = tuple(self._identity_field(path) for path in paths or ())
-        if "upsert" not in self.model_fields_set:  # the mirror's own: frozen, so set once
-            object.__setattr__(self, "upsert", Upsert(
-                mode=UpsertMode.LATEST, key=columns if len(columns) > 1 else columns[0],
-                order_by=LOG_ORDER))
         kinds = {c.name: c.value_type for c in contract_columns(self._model)}  # uncached
         odd = [c for c in columns if kinds[c] not in ("int2", "int4", "int8", "text", "uuid")]
         if odd:
             raise ValueError(f"envelope 'debezium': primary key column {odd[0]!r} is a "
                              f"{kinds[odd[0]]}; a key of several fields takes integer, text "
                              "and uuid columns")
-        if (self.upsert.mode is not UpsertMode.LATEST or self.upsert.order_by != LOG_ORDER
-                or self.upsert.keys != columns):
-            raise ValueError("envelope 'debezium' mirrors a table: upsert.mode 'latest' keyed "
-                             f"by its primary key (identity: {list(columns)}) in log order "
-                             f"({LOG_ORDER!r}); leave upsert out for that")
-        if self.on_tombstone is not OnTombstone.SKIP:
-            raise ValueError("envelope 'debezium': a delete is its change event (op 'd'); the "
-                             "tombstone after it is skipped, so on_tombstone must stay 'skip'")
+        self._check_mirror_upsert(columns, f"its primary key (identity: {list(columns)})")
 
     @property
     def deletes(self) -> bool:
