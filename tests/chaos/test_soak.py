@@ -8,8 +8,9 @@ It runs as its own process, as ``make soak`` does: its environment (state dir, p
 its own, and a hang is bounded by the soak's own time-outs plus this test's margin. Being
 its own, and mostly waiting on its faults and on Airflow's timers, it is background work
 (:mod:`tests.support.background`): the session starts it as soon as it knows this test is
-selected, it runs beside every other test, and this test, the session's last
-(``tests/support/workers.py``), waits for its end and checks its report."""
+selected; this test (without xdist after the unit and integration tests, which run beside
+it; with xdist first, on a worker it holds meanwhile: ``tests/support/workers.py``) waits
+for its end and checks its report."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The session's background work (``tests/support/background.py``, used by the soak's
 test): a selected module's ``background_command`` is started as the session begins (by the
-controller with xdist), its test runs last and takes it over, ``-k`` that deselects it
+controller with xdist), its test takes it over (after the unit tests; with xdist first, on a
+worker of its own), ``-k`` that deselects it
 starts nothing, and what still runs when the session ends is stopped, also on Ctrl-C. Each
 case is a pytest of its own with the harness's hooks, over a module whose background work
 is a sleeping process; and a background process's end, or overrun, as its test sees it."""
@@ -117,10 +118,10 @@ def test_deselected_by_k_nothing_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "pid").exists()
 
 
-def test_with_two_workers_the_controller_starts_it_and_its_test_comes_last(
+def test_with_two_workers_the_controller_starts_it_and_its_test_comes_first(
         tmp_path: Path) -> None:
-    # tests/support/workers.py: the unit tests' modules first, the background work's test
-    # after them, while the process (started before any test) runs beside them
+    # tests/support/workers.py: the background work's test first, on a worker it holds
+    # meanwhile, the unit tests' modules after it; the process started before any test
     inner = _session(tmp_path, "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder")
     out = inner.communicate(timeout=180)[0].decode()
     assert inner.returncode == 0, out
@@ -128,7 +129,7 @@ def test_with_two_workers_the_controller_starts_it_and_its_test_comes_last(
     assert len(ran) == 5
     assert all(line[2] == "True" for line in ran if line[0] == "unit")
     (worker,) = [line[1] for line in ran if line[0] == "background"]
-    assert [line[0] for line in ran if line[1] == worker][-1] == "background"
+    assert next(line[0] for line in ran if line[1] == worker) == "background"
     assert _gone(int((tmp_path / "pid").read_text()))
 
 

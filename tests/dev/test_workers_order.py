@@ -1,8 +1,8 @@
 """The session's order and units of work on xdist workers (``tests/support/workers.py``):
-every module a unit of its own; the DAG test modules first, those on the shared Airflow
-services as one block first, each block the longest first, then the rest, the soak's test
-(background work, started at the session's start) last; without xdist, the order the suite
-always had (the DAG tests on the shared services last).
+every module a unit of its own; the soak's test first (its work started at the session's
+start), then the DAG test modules, those on the shared Airflow services as one block first,
+each block the longest first, then the rest; without xdist, the order the suite always had
+(the DAG tests on the shared services last).
 """
 
 from __future__ import annotations
@@ -43,14 +43,15 @@ def _names(items: list[Any]) -> list[str]:
     return [item.path.name for item in items]
 
 
-def test_with_xdist_the_shared_services_dag_modules_go_first_longest_first_the_soak_last() -> None:
+def test_with_xdist_the_soak_first_then_the_shared_services_dag_modules_longest_first() -> None:
     config = SimpleNamespace(rootpath=ROOT, option=SimpleNamespace(numprocesses=2))
     items = _session(config)
     workers.order(items, config)
     assert _names(items) == [
+        "test_soak.py",
         "test_on_data_trigger.py", "test_prometheus_and_page.py", "test_airflow_backfill.py",
         "test_celery_executor.py", "test_lineage_dag.py", "test_new_and_unmeasured.py",
-        "test_failover.py", "test_load.py", "test_config.py", "test_soak.py"]
+        "test_failover.py", "test_load.py", "test_config.py"]
 
 
 def test_without_xdist_the_dag_tests_on_the_shared_services_run_last() -> None:

@@ -6,8 +6,8 @@ A test module that defines ``background_command(directory) -> argv`` has that co
 by the session as soon as the session knows one of the module's tests is selected: without
 xdist when the session is collected, with xdist by the controller when the first worker has
 collected (``tests/conftest.py``; the controller outlives the workers, so it is the
-process's parent to the end). The module's test, ordered last (:mod:`tests.support.workers`),
-takes it over on whichever worker by :func:`taken_over` and waits for its end. The
+process's parent to the end). The module's test (ordered by :mod:`tests.support.workers`)
+takes it over on whichever worker runs it by :func:`taken_over` and waits for its end. The
 process's output, exit status, pid and start time are files in its directory, so any
 process of the session can wait for it or stop it; the session stops whatever still runs
 when it ends, also on Ctrl-C (SIGTERM: the soak takes its stack down on the way out).

@@ -18,13 +18,15 @@ kept apart here, by four means:
   fixtures (a stack of its own, a database, topics, Airflow's services) are made once, on
   one worker (and the workers ask for work once a module, not once a test: a unit of work
   costs a round trip to the controller).
-- **Order**: the groups that take longest go first (the DAG tests and the fault tests
-  with stacks of their own, then the integration modules), the unit tests' modules after
-  them: each worker takes the next unit of work when it is nearly done, so the short ones
-  fill in at the end. Last comes the test of the soak, whose work the controller started
-  at the session's start (:mod:`tests.support.background`): it runs beside all the
-  others, and its test, on whichever worker is free first at the end, only waits for what
-  is left of it. Among the DAG tests, those on the shared Airflow services
+- **Order**: the groups that take longest go first (the soak's test, then the DAG tests
+  and the fault tests with stacks of their own, then the integration modules), the unit
+  tests' modules last: each worker takes the next unit of work when it is nearly done, so
+  the short ones fill in at the end. The soak's work is started by the controller at the
+  session's start (:mod:`tests.support.background`), and its test, first, holds a worker
+  while it runs: the two cores are busy (``make test`` prints how busy), and the soak's
+  own stack beside two workers of tests stretched every test (a clean-clone run with its
+  test last instead: pytest 1,437 s against 1,293, an Airflow api-server answering a task's
+  start after 49 s). Among the DAG tests, those on the shared Airflow services
   come first, then the others, each the longest first (:data:`DAG_MODULE_SECONDS`): a
   worker that takes them one after another starts the shared services once.
   ``--no-loadscope-reorder`` keeps this order.
@@ -61,10 +63,10 @@ _LOCK_DIR = pytest.StashKey[str]()
 _OWN_LOCK_DIR = pytest.StashKey[bool]()
 
 #: What a test is (:func:`kind`); with -n also where it goes: the earlier, the longer its
-#: unit of work, the tests of background work (the soak, started at the session's start)
-#: last. Without -n the order is the one the suite had: unit and integration tests first,
-#: then the soak's test, then the DAG and fault tests.
-AIRFLOW, OWN_STACKS, INTEGRATION, UNIT, BACKGROUND = range(5)
+#: unit of work (the soak's test, its work started at the session's start, first). Without
+#: -n the order is the one the suite had: unit and integration tests first, then the soak's
+#: test, then the DAG and fault tests.
+BACKGROUND, AIRFLOW, OWN_STACKS, INTEGRATION, UNIT = range(5)
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -77,7 +79,7 @@ def distributed(config: pytest.Config) -> bool:
 
 
 def kind(item: pytest.Item) -> int:
-    """Which of :data:`AIRFLOW` ... :data:`BACKGROUND` the test is, by its module (one with
+    """Which of :data:`BACKGROUND` ... :data:`UNIT` the test is, by its module (one with
     :data:`~tests.support.background.COMMAND`), its directory and whether it uses the
     shared stack."""
     if getattr(getattr(item, "module", None), COMMAND, None):
