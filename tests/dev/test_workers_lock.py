@@ -6,6 +6,7 @@ an open file of its own, so they exclude each other as processes do)."""
 
 from __future__ import annotations
 
+import fcntl
 import sys
 import threading
 import time
@@ -18,7 +19,9 @@ import pytest
 
 from tests.support import workers
 
-WAIT_S = 10.0
+#: A bound for what happens at once (a thread taking or waiting for a lock), a loaded
+#: machine's scheduling included.
+WAIT_S = 60.0
 
 
 def _item(lock_dir: Path, *, exclusive: bool = False, stack: bool = True) -> Any:
@@ -49,14 +52,18 @@ class Runner:
         assert not self.thread.is_alive()
 
 
-def _waiting_on_a_lock(runner: Runner) -> bool:
-    """The runner's thread is blocked in flock (not yet holding)."""
+def _waiting_on(runner: Runner, lock: str) -> bool:
+    """The runner's thread is in flock on the lock file ``lock`` (``turnstile`` or
+    ``stack``), not holding it yet: for ``stack``, it holds what it took before it (an
+    exclusive test, the turnstile). Being anywhere in flock is not enough: an exclusive
+    test still taking the turnstile lets a later test through it first (which a loaded
+    machine made happen)."""
     frame = sys._current_frames().get(runner.thread.ident)  # type: ignore[arg-type]
-    names = []
     while frame is not None:
-        names.append(frame.f_code.co_name)
+        if frame.f_code.co_name == "_flock" and Path(frame.f_locals["path"]).name == lock:
+            return True
         frame = frame.f_back
-    return "_flock" in names
+    return False
 
 
 def _until(check: Callable[[], bool], what: str) -> None:
@@ -74,20 +81,33 @@ def test_tests_sharing_the_stack_run_together(tmp_path: Path) -> None:
     second.done()
 
 
+@pytest.mark.parametrize("slow_turnstile", [False, True])
 def test_an_exclusive_test_waits_for_the_running_one_and_the_next_waits_for_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow_turnstile: bool) -> None:
+    """``slow_turnstile``: the exclusive test is slow to take the turnstile (a loaded
+    machine), and the later test must still arrive only once it holds it."""
+    if slow_turnstile:
+        real = workers._flock
+
+        def _flock(path: Path, operation: int) -> Any:  # the name the frames are read by
+            if path.name == "turnstile" and operation == fcntl.LOCK_EX:
+                time.sleep(0.5)
+            return real(path, operation)
+
+        monkeypatch.setattr(workers, "_flock", _flock)
     log: list[str] = []
     running = Runner(_item(tmp_path), log, "running")
     assert running.holding.wait(WAIT_S)
     exclusive = Runner(_item(tmp_path, exclusive=True), log, "exclusive")
-    _until(lambda: _waiting_on_a_lock(exclusive), "the exclusive test to wait for the lock")
+    _until(lambda: _waiting_on(exclusive, "stack"),
+           "the exclusive test to hold the turnstile and wait for the stack")
     later = Runner(_item(tmp_path), log, "later")  # arrives while the exclusive one waits
-    _until(lambda: _waiting_on_a_lock(later), "the later test to wait behind it")
+    _until(lambda: _waiting_on(later, "turnstile"), "the later test to wait behind it")
     assert log == ["running"]
     running.done()
     assert exclusive.holding.wait(WAIT_S)
     assert log == ["running", "exclusive"]  # the later one still waits
-    assert _waiting_on_a_lock(later)
+    assert _waiting_on(later, "turnstile")
     exclusive.done()
     assert later.holding.wait(WAIT_S)
     later.done()
