@@ -70,6 +70,9 @@ UNAVAILABLE_UUID = UUID(bytes=hashlib.md5(UNAVAILABLE.encode(), usedforsecurity=
 #: from a NULL: a mirror refuses such a column (``text``, ``bytea`` and ``jsonb`` have
 #: placeholders too; no other type is stored out of line).
 KEPT_ARRAYS = ("text[]", "int4[]", "int8[]", "date[]", "uuid[]")
+#: The value types a mirror's primary key column may have, one column or several (its
+#: deletes' keys travel as one array per column, checked per value against the type).
+KEY_VALUE_TYPES = ("int2", "int4", "int8", "text", "uuid")
 
 
 class OnTruncate(StrEnum):

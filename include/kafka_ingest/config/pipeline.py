@@ -17,6 +17,7 @@ from pydantic import (
 
 from kafka_ingest.config.modes import (
     KEPT_ARRAYS,
+    KEY_VALUE_TYPES,
     LOG_ORDER,
     NAME_PATTERN,
     POOL_PATTERN,
@@ -458,7 +459,7 @@ class Pipeline(Strict):
         paths = self.identity.fields if self.identity is not None else None
         columns = tuple(self._identity_field(path) for path in paths or ())
         kinds = {c.name: c.value_type for c in contract_columns(self._model)}  # uncached
-        odd = [c for c in columns if kinds[c] not in ("int2", "int4", "int8", "text", "uuid")]
+        odd = [c for c in columns if kinds[c] not in KEY_VALUE_TYPES]
         if odd:
             raise ValueError(f"envelope 'debezium': primary key column {odd[0]!r} is a "
                              f"{kinds[odd[0]]}; a key of several fields takes integer, text "

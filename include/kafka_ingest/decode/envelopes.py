@@ -204,17 +204,16 @@ def source_name(path: str) -> str:
     return next((column for column, name in _RENAMED.items() if name == path), path)
 
 
-#: The key column types a key of several fields may have, and the Python types a
-#: value of each is read as (an integer's range is checked: a delete's keys travel as one
-#: array, which a value out of range would fail whole).
-_KEY_KINDS: dict[str, tuple[int, int] | None] = {
-    "int2": (-(2**15), 2**15 - 1), "int4": (-(2**31), 2**31 - 1),
-    "int8": (-(2**63), 2**63 - 1), "text": None, "uuid": None}
-KEY_TYPES = frozenset(_KEY_KINDS)
+#: The range of each integer type of :data:`~kafka_ingest.config.KEY_VALUE_TYPES` (checked:
+#: a delete's keys travel as one array, which a value out of range would fail whole).
+_INT_BOUNDS = {"int2": (-(2**15), 2**15 - 1), "int4": (-(2**31), 2**31 - 1),
+               "int8": (-(2**63), 2**63 - 1)}
+#: The declared field types of those key columns (``schema from-topic``'s).
+_KEY_FIELD_TYPES = ("smallint", "integer", "bigint", "text", "uuid")
 
 
 def _key_part(name: str, value: Any, kind: str) -> Any:
-    bounds = _KEY_KINDS[kind]
+    bounds = _INT_BOUNDS.get(kind)
     if bounds is not None:
         if type(value) is not int or not bounds[0] <= value <= bounds[1]:
             raise BadKey(f"record key field {name!r} is not an integer its column holds")
@@ -234,7 +233,8 @@ def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...]) -> Callable[[byt
     """The reader of a change event's record key of several fields: a JSON object (with
     JsonConverter's schema or without) -> the values of ``fields`` (the source's column
     names), in that order, each checked as its column's value type (``kinds``, one of
-    :data:`KEY_TYPES`): the key of a delete. :class:`BadKey` when it is none."""
+    :data:`~kafka_ingest.config.KEY_VALUE_TYPES`): the key of a delete. :class:`BadKey`
+    when it is none."""
     parts = tuple(zip(fields, kinds, strict=True))
 
     def read(raw: bytes | None) -> tuple[Any, ...]:
@@ -580,10 +580,6 @@ def rows_declaration(envelopes: list[Any]) -> tuple[dict[str, Any], list[str], l
     return fields, guesses, left_out
 
 
-#: The declared field types a column of a composite primary key may have.
-_COMPOSITE_KEY_TYPES = ("smallint", "integer", "bigint", "text", "uuid")
-
-
 def primary_key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """The settings that key a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): ``record_key`` for one column
@@ -595,7 +591,7 @@ def primary_key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str
     names = []
     for column in columns:
         spec = fields.get(payload_name(str(column)))
-        if spec is None or spec["type"] not in _COMPOSITE_KEY_TYPES:
+        if spec is None or spec["type"] not in _KEY_FIELD_TYPES:
             raise ValueError(f"the primary key column {column!r} is not an integer, text or "
                              "uuid column of the row")
         spec.pop("required", None)  # a key's column is never null
@@ -616,7 +612,7 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
                          f"({', '.join(map(str, columns))}): declare them as the identity")
     column = columns[0]
     spec = fields.get(payload_name(column))
-    if spec is None or spec["type"] not in ("smallint", "integer", "bigint", "text", "uuid"):
+    if spec is None or spec["type"] not in _KEY_FIELD_TYPES:
         raise ValueError(f"the primary key column {column!r} is not an integer, text or uuid "
                          "column of the row")
     spec.pop("required", None)
@@ -630,7 +626,7 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-__all__ = ["KEY_TYPES", "SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields",
+__all__ = ["SEMANTIC", "UPSERTS", "EnvelopeReader", "declared_fields",
            "key_declaration", "key_reader", "payload_name", "primary_key_declaration",
            "row_declaration", "row_reader",
            "rows_declaration", "semantic", "source_changes", "source_name", "unavailable"]
