@@ -165,17 +165,25 @@ def _declared(env: dict[str, str], topic: str, tmp_path: Path, **entry: Any) -> 
     return document
 
 
+#: The source table keyed by two columns (a composite primary key: ``identity: [name, id]``).
+COMPOSITE = {"customers": SOURCE["customers"].replace("id int PRIMARY KEY", "id int NOT NULL")
+             + ", PRIMARY KEY (name, id)"}
+
+
 @pytest.mark.chaos
-@pytest.mark.parametrize("stage", ["upserted", "db_committed"])
+@pytest.mark.parametrize(("stage", "source"), [
+    ("upserted", SOURCE), ("db_committed", SOURCE), ("db_committed", COMPOSITE)],
+    ids=["upserted", "db_committed", "db_committed-composite-key"])
 def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
-        stage: str, debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
-        pg_dsn: str, clients: KafkaClients, dlq_topics: list[str], tmp_path: Path) -> None:
+        stage: str, source: dict[str, str], debezium_source: Callable[..., DebeziumSource],
+        env: dict[str, str], pg_dsn: str, clients: KafkaClients, dlq_topics: list[str],
+        tmp_path: Path) -> None:
     """Updates, deletes, re-inserts and a truncate streamed through Debezium, mirrored in
-    chunks of 50 (``on_truncate: truncate``):
+    chunks of 50 (``on_truncate: truncate``), the table keyed by one column or two:
     a SIGKILL after a chunk's writes (before its commit, or between the database's commit
     and Kafka's), then the retry: the mirror equals its source and its stored offsets are
     the topic's end."""
-    src = debezium_source(SOURCE, setup=[
+    src = debezium_source(source, setup=[
         "INSERT INTO customers SELECT i, 'name ' || i, i, DATE '2026-01-01', NULL, NULL, "
         "NULL, NULL, NULL, 'n' FROM generate_series(1, 200) i"])
     for step in range(4):  # in transactions of their own: Debezium streams each
@@ -192,6 +200,8 @@ def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
     topic = src.topics["customers"]
     document = _declared(env, topic, tmp_path, chunk_size=50, on_truncate="truncate")
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    if source is COMPOSITE:  # keyed as from-topic declares a key of two columns
+        assert document["pipelines"]["customers"]["identity"] == ["name", "id"]
     truncated_at = next(e.offset for e in src.events("customers") if e.op == "t")
     assert truncated_at // 50 == 7, truncated_at  # the killed chunk holds the truncate
     worker = Path(__file__).resolve().parents[1] / "chaos" / "ingest_worker.py"
