@@ -68,6 +68,9 @@ HOSTNAME_CALLABLE = "kafka_ingest_dev.airflow_services.worker_hostname"
 #: The worker's name, read by :func:`worker_hostname` in the worker's task processes.
 WORKER_NAME_ENV = "KAFKA_INGEST_WORKER_NAME"
 _START_TIMEOUT_S = 180.0
+#: How long a task's call to the execution API waits for the api-server (Airflow's 5 s is
+#: too short for a loaded two-core machine: :meth:`AirflowServices.settings`).
+EXECUTION_API_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 30.0
 #: The triggerer ends on SIGTERM only once its trigger runner's loop comes round (12 s
 #: measured); a second SIGTERM, this long after the first, is its own forced exit (2 s),
@@ -377,6 +380,11 @@ class AirflowServices:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
             # New DAG files are seen within seconds, not the default five minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            # A task's calls to the execution API wait this long for the api-server (one
+            # worker on a two-core machine that also runs Kafka, Postgres and the tests can
+            # take tens of seconds), not Airflow's 5 s: a call that times out is retried, and
+            # a retried start of a try that the server did take fails the try.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT_S),
             **self._executor_settings(executor, sql_alchemy_conn),
         }
 

@@ -142,9 +142,8 @@ def test_on_data_runs_on_new_data_once_per_burst_never_while_quiet_and_after_a_p
     print(f"max_wait: queued {_queued_after(run, produced_at):.1f} s after the produce")
 
     # a burst once that run has pinned its ranges: exactly one follow-up run
-    poll("the run's plan to be done", lambda: any(
-        t["state"] == "success" for t in api.task_instances(dag_id, run["dag_run_id"], "plan")),
-         run_deadline_s(pipeline, api.settings, slices=PARTITIONS), interval_s=0.5)
+    api.wait_for_task(dag_id, run["dag_run_id"], "plan",
+                      run_deadline_s(pipeline, api.settings, slices=PARTITIONS))
     burst = produce_sample(clients, pipeline, count=1000, poison=5, partitions=PARTITIONS)
     assert burst["produced"] >= MIN_BATCH
     _finish(api, pipeline, dag_id, run)

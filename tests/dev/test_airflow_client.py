@@ -63,3 +63,34 @@ def test_a_get_that_times_out_is_asked_again_a_bounded_number_of_times() -> None
                               transport=httpx.MockTransport(never))
     with pytest.raises(httpx.ReadTimeout):
         api.get("/dags/d/dagRuns/r")
+
+
+def test_waiting_for_a_task_ends_when_it_fails_and_shows_its_log() -> None:
+    """A task that failed is not waited for up to the deadline (a run on a loaded machine
+    took the whole test's time-out so): the wait ends at once with the end of its log; a
+    try that Airflow retries is no end."""
+    states = ["running", "up_for_retry", "failed"]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if "/logs/" in request.url.path:
+            assert request.url.path.endswith("/plan/logs/2")
+            assert request.url.params["map_index"] == "-1"
+            return httpx.Response(200, json={"content": [
+                {"level": "info", "event": "starting"},
+                {"level": "error", "event": "the execution API did not answer"}]})
+        state = states.pop(0) if len(states) > 1 else states[0]
+        return httpx.Response(200, json={"task_instances": [
+            {"task_id": "plan", "map_index": -1, "state": state, "try_number": 2}]})
+
+    api = AirflowApi.__new__(AirflowApi)
+    api.client = httpx.Client(base_url="http://airflow/api/v2",
+                              transport=httpx.MockTransport(handler))
+    with pytest.raises(AssertionError, match=r"plan of d run r did not succeed: map index -1 "
+                                             r"failed \(try 2\), its log ends: info starting\n"
+                                             r"error the execution API did not answer"):
+        api.wait_for_task("d", "r", "plan", 30.0)
+    assert states == ["failed"]
+
+    states[:] = ["queued", "success"]
+    api.wait_for_task("d", "r", "plan", 30.0)
+    assert states == ["success"]

@@ -4,6 +4,9 @@ worker reports as its hostname, and the CLI's executor flags."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,15 @@ def test_stack_up_takes_the_executor_and_workers() -> None:
     assert parser().parse_args(["up", "--airflow"]).executor is None
     with pytest.raises(SystemExit):
         parser().parse_args(["up", "--executor", "sequential"])
+
+
+def test_tasks_wait_for_a_slow_execution_api_as_the_setting_says(tmp_path: Path) -> None:
+    """The task SDK's client reads the stack's execution API time-out (a misspelt setting
+    would leave Airflow's 5 s, after which a retried start of a try the server took fails
+    the try, as on CI's loaded machine)."""
+    settings = AirflowServices(tmp_path, 18080, 16400).settings(sql_alchemy_conn=DB)
+    env = {**os.environ, **settings, "AIRFLOW_HOME": str(tmp_path / "home")}
+    read = subprocess.run(
+        [sys.executable, "-c", "from airflow.sdk.api import client; print(client.API_TIMEOUT)"],
+        env=env, capture_output=True, text=True, check=True, timeout=120)
+    assert float(read.stdout.split()[-1]) == airflow_services.EXECUTION_API_TIMEOUT_S > 5.0

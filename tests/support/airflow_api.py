@@ -46,6 +46,8 @@ from kafka_ingest_dev.demo import _airflow_bin
 from tests.support.deadlines import parse_deadline_s
 
 TERMINAL = {"success", "failed"}
+#: The states a task instance ends in (``up_for_retry`` is none: Airflow tries it again).
+TASK_ENDED = {"success", "failed", "upstream_failed", "skipped", "removed"}
 
 
 class AirflowApi:
@@ -111,6 +113,38 @@ class AirflowApi:
     def _finished(self, dag_id: str, run_id: str) -> str | None:
         state = self.get(f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
         return state if state in TERMINAL else None
+
+    def wait_for_task(self, dag_id: str, run_id: str, task_id: str, timeout_s: float) -> None:
+        """Wait for every map index of ``task_id`` in the run to end, and fail at once, with
+        the end of each failed try's log, if one did not succeed: a task that failed is not
+        waited for up to the deadline (its retries are Airflow's: a try that is retried is
+        no end)."""
+        def ended() -> list[dict[str, Any]] | None:
+            tis = self.task_instances(dag_id, run_id, task_id)
+            return tis if tis and all(t["state"] in TASK_ENDED for t in tis) else None
+        try:
+            tis = poll(f"{task_id} of {dag_id} run {run_id} to end", ended, timeout_s,
+                       interval_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {self._whereabouts(dag_id, run_id)}") from None
+        failed = [t for t in tis if t["state"] != "success"]
+        if failed:
+            why = "; ".join(f"map index {t['map_index']} {t['state']} (try {t['try_number']}),"
+                            f" its log ends: {self.log_tail(dag_id, run_id, t)}" for t in failed)
+            raise AssertionError(f"{task_id} of {dag_id} run {run_id} did not succeed: {why}")
+
+    def log_tail(self, dag_id: str, run_id: str, ti: Mapping[str, Any], lines: int = 30) -> str:
+        """The last ``lines`` lines of the log of the task instance ``ti``'s current try."""
+        response = self.client.get(
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/"
+            f"{ti['try_number']}", params={"map_index": ti["map_index"], "full_content": True},
+            headers={"Accept": "application/json"})
+        if response.is_error:
+            return f"(no log: HTTP {response.status_code})"
+        content = response.json().get("content") or []
+        text = [f"{e.get('level', '')} {e.get('event', '')}".strip() if isinstance(e, dict)
+                else str(e) for e in content]
+        return "\n".join(text[-lines:])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
         entry = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
