@@ -6,8 +6,9 @@ runtime never imports it.
 
 - **The jars**: :func:`fetch_jars` runs Maven on ``connect/pom.xml`` once per profile into
   ``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/connect-<sha256 of the pom>``: the worker's
-  jars in ``libs/``, each plugin in ``plugins/<profile>/`` (:data:`PLUGINS`: Debezium's
-  Postgres source, and Debezium's JDBC sink, the benchmark's peer). One home for Connect's
+  jars in ``libs/`` (Apicurio Registry's converters among them), each plugin in
+  ``plugins/<profile>/`` (:data:`PLUGINS`: Debezium's Postgres source, and Debezium's JDBC
+  sink, the benchmark's peer). One home for Connect's
   jars: the benchmark (``benchmarks/peers/connect.py``) fetches them through this function.
 - :class:`Worker` is one stack's worker, a :class:`~kafka_ingest_dev.service.LocalService`
   under ``<state>/connect`` (the configuration written on every start, the offsets file,
@@ -27,7 +28,9 @@ again; Debezium resumes from the offsets file and the slot).
 
 Converters: Connect's ``JsonConverter`` for keys and values with ``schemas.enable=true``:
 every message carries its Connect schema, the wire form Debezium's envelope is decoded from
-by default.
+by default. A connector may name Apicurio's ``AvroConverter`` instead (on the worker's
+class path), which writes keys and values in the registry's wire format and registers
+their schemas in the stack's Apicurio (:func:`registry_converter`).
 """
 
 from __future__ import annotations
@@ -203,6 +206,32 @@ def properties(worker: Worker, plugin_path: Path) -> str:
     }
     header = "# Written by kafka-ingest stack up on every start; edit kafka_connect.py instead.\n"
     return header + "".join(f"{key}={value}\n" for key, value in props.items())
+
+
+#: Apicurio's converter for Avro (in the pom's worker profile).
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+
+
+def registry_converter(registry_url: str) -> dict[str, str]:
+    """A connector's settings that write its record keys and values with Apicurio's
+    ``AvroConverter`` to the registry at ``registry_url`` (its base address, or its
+    Confluent-compatible API's), as a Confluent serializer writes them: the wire header
+    (magic byte and the 4-byte id the Confluent-compatible API serves the schema by, the
+    content id) in front of each payload, not in Kafka headers, and the schema registered
+    under ``<topic>-key`` / ``<topic>-value``."""
+    base = registry_url.split("/apis/", 1)[0].rstrip("/")
+    settings = {}
+    for part in ("key", "value"):
+        settings.update({
+            f"{part}.converter": AVRO_CONVERTER,
+            f"{part}.converter.apicurio.registry.url": f"{base}/apis/registry/v2",
+            f"{part}.converter.apicurio.registry.auto-register": "true",
+            f"{part}.converter.apicurio.registry.find-latest": "true",
+            f"{part}.converter.apicurio.registry.headers.enabled": "false",
+            f"{part}.converter.apicurio.registry.as-confluent": "true",
+            f"{part}.converter.apicurio.registry.use-id": "contentId",
+        })
+    return settings
 
 
 def launch(worker: Worker, cache: Path, java: str) -> int:

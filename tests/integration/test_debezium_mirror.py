@@ -46,10 +46,15 @@ def row(i: int, notes: str = "short") -> str:
             f"'0b7e1bd0-8d3f-4a3c-9d1e-{i:012d}', '\\x00ff{i:02x}', '{notes}')")
 
 
-@pytest.fixture
-def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
+def mirror_env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
+    """The CLI's environment for a mirror into the test's database ``pg_dsn``."""
     return {**os.environ, **stack_env, "KAFKA_INGEST_PG_DSN": pg_dsn,
             "KAFKA_INGEST_PG_ADMIN_DSN": pg_dsn, "KAFKA_INGEST_PG_GRANT_TO": ""}
+
+
+@pytest.fixture
+def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
+    return mirror_env(stack_env, pg_dsn)
 
 
 def same(src: DebeziumSource, pg_dsn: str) -> None:

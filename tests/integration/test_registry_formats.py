@@ -891,6 +891,9 @@ def test_an_avro_topic_is_onboarded_from_its_registered_subject_with_the_cli(
            "KAFKA_INGEST_PG_GRANT_TO": ""}
     env.pop("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", None)
 
+    unnamed = _cli(env, "schema", "from-registry", subject, "--format", "avro")
+    assert unnamed.returncode != 0 and unnamed.stdout == ""
+    assert "--event-type: the contract's name is needed" in unnamed.stderr, unnamed.stderr
     shown = _cli(env, "schema", "from-registry", subject, "--format", "avro",
                  "--event-type", "signup")
     assert shown.returncode == 0, shown.stderr

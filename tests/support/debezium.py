@@ -37,17 +37,22 @@ machine; the first snapshot also waits for the connector's start (:data:`SNAPSHO
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fastavro
+import httpx
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from kafka_ingest.decode.connect_schema import from_avro
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.kafka.reader import read_range
@@ -120,8 +125,31 @@ class ChangeEvent:
         raise AssertionError(f"no 'after' in the schema of offset {self.offset}")
 
 
-def _decode(raw: bytes | None) -> dict[str, Any] | None:
-    return None if raw is None else json.loads(raw)
+class _Decoder:
+    """A topic's keys and values as :class:`ChangeEvent` takes them: JsonConverter's as
+    they are; with ``registry_url`` (a Confluent-compatible API), a value in the wire format
+    (a Connect converter of the registry's, :func:`kafka_connect.registry_converter`)
+    decoded by its writer schema, as ``{"schema": the Connect schema it stands for,
+    "payload": the record}``."""
+
+    def __init__(self, registry_url: str | None) -> None:
+        self.registry_url = registry_url
+        self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def __call__(self, raw: bytes | None) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        if self.registry_url is None or raw[:1] != b"\x00":
+            return dict(json.loads(raw))
+        (schema_id,) = struct.unpack_from(">I", raw, 1)
+        if schema_id not in self._schemas:
+            answer = httpx.get(f"{self.registry_url}/schemas/ids/{schema_id}", timeout=30)
+            text = answer.raise_for_status().json()["schema"]
+            self._schemas[schema_id] = (fastavro.parse_schema(json.loads(text)),
+                                        from_avro(json.loads(text)))
+        parsed, connect = self._schemas[schema_id]
+        return {"schema": connect,
+                "payload": fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed, None)}
 
 
 @dataclass
@@ -138,8 +166,13 @@ class DebeziumSource:
     clients: KafkaClients
     #: Table name -> its change-event topic (``<prefix>.public.<table>``).
     topics: dict[str, str]
+    #: The registry the connector writes Avro to (None: JsonConverter with its schema).
+    registry_url: str | None = None
     #: How far :meth:`next_events` has read each topic.
     _read_to: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.decode = _Decoder(self.registry_url)
 
     # ----------------------------------------------------------------------- the source
 
@@ -168,7 +201,8 @@ class DebeziumSource:
                 return []
             out: list[ChangeEvent] = []
             for chunk in read_range(consumer, topic, 0, max(low, start), high, chunk_size=500):
-                out.extend(ChangeEvent(m.offset(), _decode(m.key()), _decode(m.value()))
+                out.extend(ChangeEvent(m.offset(), self.decode(m.key()),
+                                       self.decode(m.value()))
                            for m in chunk.messages)
             return out
         finally:
@@ -289,6 +323,7 @@ def connector_config(src: DebeziumSource, tables: Sequence[str]) -> dict[str, st
         "poll.interval.ms": str(int(POLL_INTERVAL_S * 1000)),
         "topic.creation.default.replication.factor": "-1",
         "topic.creation.default.partitions": "1",
+        **(kafka_connect.registry_converter(src.registry_url) if src.registry_url else {}),
     }
 
 
@@ -356,20 +391,33 @@ def _delete_topics(clients: KafkaClients, prefix: str) -> None:
             future.result(30)
 
 
+def _delete_subjects(registry_url: str | None, prefix: str) -> None:
+    """The subjects the converter registered for the topics of ``prefix`` (best effort)."""
+    if registry_url is None:
+        return
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        subjects = httpx.get(f"{registry_url}/subjects", timeout=30).json()
+        for subject in (s for s in subjects if s.startswith(f"{prefix}.")):
+            for permanent in ("false", "true"):  # soft first, as the API asks
+                httpx.delete(f"{registry_url}/subjects/{subject}",
+                             params={"permanent": permanent}, timeout=30)
+
+
 @contextlib.contextmanager
 def debezium_source(worker_url: str, clients: KafkaClients, admin_dsn: str,
                     tables: Mapping[str, str], *, setup: Sequence[str] = (),
                     snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S,
-                    ) -> Iterator[DebeziumSource]:
+                    registry_url: str | None = None) -> Iterator[DebeziumSource]:
     """A source database with ``tables`` (name -> column definitions), ``setup`` run on it,
-    captured by a new connector; yielded once the snapshot is on Kafka; all of it removed
-    afterwards."""
+    captured by a new connector (its keys and values in JsonConverter's JSON with their
+    schema, or with ``registry_url``, Avro through Apicurio's converter); yielded once the
+    snapshot is on Kafka; all of it removed afterwards."""
     name = f"dbz_{uuid.uuid4().hex[:12]}"
     dsn = _create_source(admin_dsn, name, tables, setup)
     src = DebeziumSource(
         name=name, dsn=dsn, connector=name.replace("_", "-"), topic_prefix=name,
         slot=name, publication=name, worker_url=worker_url, clients=clients,
-        topics={t: f"{name}.public.{t}" for t in [*tables, MARKER]})
+        topics={t: f"{name}.public.{t}" for t in [*tables, MARKER]}, registry_url=registry_url)
     try:
         status, body = kafka_connect.request(
             "PUT", f"{worker_url}/connectors/{src.connector}/config",
@@ -385,6 +433,7 @@ def debezium_source(worker_url: str, clients: KafkaClients, admin_dsn: str,
     finally:
         _drop_source(name, src.slot)
         _delete_topics(clients, name)
+        _delete_subjects(registry_url, name)
 
 
 #: What the ``debezium_source`` fixture hands a test: ``make(tables, setup=...)``.

@@ -179,6 +179,23 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     if not codec.reads(schema):
         raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
                             f"not {codec.format.value}")
+    connect = codec.connect_schema(schema)
+    if _is_envelope(connect):  # Debezium's change events, through a Connect converter
+        pipeline = args.pipeline or _pipeline(topic)
+        document, comments = _mirror(
+            topic, [connect], codec.connect_schema(key) if key is not None else None,
+            pipeline=pipeline, event_type=args.event_type or pipeline,
+            table=column_name(pipeline),
+            extra={"format": codec.format.value, "schema_registry": {}})
+        _loaded(document)
+        _print_comments([f"kafka-ingest schema from-registry {args.subject} --format "
+                         f"{codec.format.value}: subject version {schema.version}, schema id "
+                         f"{schema.schema_id}", *comments])
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+        return 0
+    if not args.event_type:
+        raise SettingsError("--event-type: the contract's name is needed for a schema of "
+                            "plain records")
     body, skipped = contract_from_schema(codec.format, schema,
                                          text_max_length=args.text_max_length,
                                          record=args.record)
@@ -254,9 +271,9 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
     values, records = _sampled(clients, args.topic, args.sample)
     if _is_change_event(records[0]):
         pipeline = args.pipeline or _pipeline(args.topic)
-        document, comments = _mirror(args.topic, values, records, pipeline=pipeline,
-                                     event_type=args.event_type or pipeline,
-                                     table=column_name(pipeline))
+        document, comments = _sampled_mirror(args.topic, values, records, pipeline=pipeline,
+                                             event_type=args.event_type or pipeline,
+                                             table=column_name(pipeline))
         _print_checked(document, values, comments)
         return 0
     if not args.event_type:
@@ -320,9 +337,9 @@ def _from_topics(args: argparse.Namespace, clients: Any) -> int:
             continue
         pipeline = _pipeline(topic)
         try:
-            one, said = _mirror(topic, values, records, pipeline=pipeline,
-                                event_type=pipeline,
-                                table=table if tables.count(table) == 1 else pipeline)
+            one, said = _sampled_mirror(topic, values, records, pipeline=pipeline,
+                                        event_type=pipeline,
+                                        table=table if tables.count(table) == 1 else pipeline)
             _check(one, values)
         except (SettingsError, SourceChanged) as exc:  # this table only (a key of two
             # columns, a column retyped within the sample, ...)
@@ -365,31 +382,55 @@ def _is_change_event(record: dict[str, Any]) -> bool:
         and "op" in payload and isinstance(record["schema"], dict)
 
 
-def _mirror(topic: str, values: list[Any], records: list[dict[str, Any]], *, pipeline: str,
-            event_type: str, table: str) -> tuple[dict[str, Any], list[str]]:
+def _mirror(topic: str, envelopes: list[Any], key_schema: Any, *, pipeline: str,
+            event_type: str, table: str, extra: dict[str, Any] | None = None
+            ) -> tuple[dict[str, Any], list[str]]:
     """A mirror's declaration (``envelope: debezium``) from the change events' own schema
-    (the newest sampled schema's row; its primary key from the record key's schema), and
-    what it says of it."""
-    keyed = next((m for m in reversed(values) if m.key()), None)
+    (``envelopes``, Connect schemas oldest first: the newest one's row), its primary key
+    from the record key's Connect schema ``key_schema``; ``extra``: the format's keys (a
+    registry format's keys are in that format too), and what it says of it."""
+    registry = extra is not None
     try:
-        fields, guesses, left_out = rows_declaration([r["schema"] for r in records
-                                                      if _is_change_event(r)])
-        key_schema = json.loads(keyed.key()).get("schema") if keyed is not None else None
-        key = primary_key_declaration(key_schema, fields)
+        fields, guesses, left_out = rows_declaration(envelopes)
+        key = primary_key_declaration(key_schema, fields,
+                                      key_format="registry" if registry else "json")
     except (ValueError, AttributeError) as exc:
         raise SettingsError(f"topic {topic!r}: {exc}") from None
     document = declaration(
         event_type=event_type, pipeline=pipeline, topic=topic,
-        identity=ProposedIdentity(None, ""), extra={"envelope": "debezium", **key},
+        identity=ProposedIdentity(None, ""), extra={"envelope": "debezium", **(extra or {}),
+                                                    **key},
         contract={"version": 1, "doc": f"The rows of the change events of topic {topic!r}.",
                   "fields": fields})
     document["pipelines"][pipeline]["table"] = table
     what = (f"the record key's {key['record_key']['column']!r}" if "record_key" in key
             else f"the record key's fields {', '.join(key['identity'])} (a composite key)")
+    schema = "the registry's schema" if registry else "their schema"
     return document, [
-        f"{topic}: Debezium change events; the contract is their schema's row (the newest "
-        f"sampled), the table's key {what}",
+        f"{topic}: Debezium change events; the contract is {schema}'s row (the newest "
+        f"{'version' if registry else 'sampled'}), the table's key {what}",
         *(f"  {line}" for line in guesses), *(f"  left out: {line}" for line in left_out)]
+
+
+def _sampled_mirror(topic: str, values: list[Any], records: list[dict[str, Any]], *,
+                    pipeline: str, event_type: str, table: str
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """:func:`_mirror` of sampled change events with their schema (JsonConverter's)."""
+    keyed = next((m for m in reversed(values) if m.key()), None)
+    try:
+        key_schema = json.loads(keyed.key()).get("schema") if keyed is not None else None
+    except (ValueError, AttributeError):
+        raise SettingsError(f"topic {topic!r}: the record key is not JSON with its "
+                            "schema") from None
+    return _mirror(topic, [r["schema"] for r in records if _is_change_event(r)], key_schema,
+                   pipeline=pipeline, event_type=event_type, table=table)
+
+
+def _is_envelope(connect: Any) -> bool:
+    """Whether a Connect schema is that of Debezium's change events."""
+    names = {f.get("field") for f in (connect or {}).get("fields") or ()
+             if isinstance(f, dict)}
+    return {"op", "after"} <= names
 
 
 def _json_object(message: Any, topic: str) -> dict[str, Any]:
@@ -439,11 +480,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("version", type=int)
     p.set_defaults(func=cmd_schema_show)
     p = schema_sub.add_parser("from-registry", help="print a declared contract (YAML for "
-                              "the pipelines file) made from a subject's latest schema")
+                              "the pipelines file) made from a subject's latest schema, or a "
+                              "mirror's from Debezium's change events")
     p.add_argument("subject")
     p.add_argument("--format", choices=[f.value for f in Format if f.registry],
                    default=Format.AVRO.value)
-    p.add_argument("--event-type", required=True, help="the contract's name")
+    p.add_argument("--event-type", help="the contract's name (Debezium's change events: the "
+                   "pipeline's name by default)")
     p.add_argument("--text-max-length", type=int, default=256,
                    help="the bound of text fields whose schema gives none")
     p.add_argument("--record", help="Protobuf: the message of the file to read (its full "

@@ -403,7 +403,7 @@ class Pipeline(Strict):
                              "key: set record_key with format json (or registry) and field "
                              "(the key column, e.g. {column: id, format: json, field: id, "
                              "type: bigint}), or, for a primary key of several columns, "
-                             "identity: [its fields] (read from a JSON key)")
+                             "identity: [its fields] (read from the record key)")
         key = self.record_key
         if key.column not in self.contract_column_names:
             raise ValueError(f"envelope 'debezium': record_key.column {key.column!r} must be "
@@ -447,8 +447,9 @@ class Pipeline(Strict):
     @property
     def composite_key(self) -> bool:
         """Whether a change-event pipeline is keyed by its ``identity``'s fields, read from
-        its record key (a JSON object of them: a source table's primary key of several
-        columns, or of one named by ``identity``), instead of by ``record_key``."""
+        its record key (a JSON object or a registry format's record of them: a source
+        table's primary key of several columns, or of one named by ``identity``), instead
+        of by ``record_key``."""
         return (self.envelope is not None and self.record_key is None
                 and self.identity is not None and bool(self.identity.fields))
 

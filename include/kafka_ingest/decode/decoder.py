@@ -100,6 +100,10 @@ class RegistryDecoder:
             reader = self._readers[schema_id] = self._reader(schema_id)
         return reader
 
+    def writer_schema(self, value: bytes) -> WriterSchema:
+        """The writer schema of ``value``, a value :meth:`read` has read."""
+        return self._schemas[split_header(value[:HEADER_SIZE])[0]]
+
     def read_python(self, value: bytes) -> Any:
         """A value in the wire format decoded to a Python value, whatever the codec hands
         the contract: a record key, or a dead letter's payload that a replay's filter

@@ -49,6 +49,7 @@ from kafka_ingest.config import (
     UNAVAILABLE_UUID,
 )
 from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX, FieldSpec
+from kafka_ingest.decode.codecs.wire import HEADER_SIZE
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.errors import BadEnvelope, BadKey, SourceChanged, Undecodable
 
@@ -162,15 +163,30 @@ def semantic(field: dict[str, Any]) -> Convert | None:
 _MISSING = object()
 
 
+def _typed(field: dict[str, Any]) -> Convert | None:
+    """How a value the codec decoded already (``"typed"``: an Avro logical type) becomes
+    the value the JSON path gives: Connect's ``Timestamp`` a zone-less datetime (a
+    ``timestamp`` column's), as :func:`semantic` makes it from milliseconds."""
+    if field.get("name") == "org.apache.kafka.connect.data.Timestamp":
+        return lambda value: value.replace(tzinfo=None) - (value.utcoffset() or _NO_OFFSET)
+    return None
+
+
+_NO_OFFSET = timedelta(0)
+
+
 def row_reader(schema: Any) -> RowReader | None:
     """The reader of ``after`` rows of the envelope schema ``schema`` (a Connect schema,
-    JSON): each column of a semantic type decoded; None when the schema says nothing of
-    the row (no ``after`` struct)."""
+    JSON, or one a registry format's schema stands for:
+    :mod:`~kafka_ingest.decode.connect_schema`): each column of a semantic type decoded
+    (one its codec decoded already, ``"typed"``, left as it is); None when the schema says
+    nothing of the row (no ``after`` struct)."""
     after = _after(schema)
     if after is None:
         return None
     converts = tuple({f["field"]: c for f in after if isinstance(f, dict) and "field" in f
-                      and (c := semantic(f)) is not None}.items())
+                      and (c := _typed(f) if f.get("typed") else semantic(f)) is not None
+                      }.items())
 
     def read(row: dict[str, Any]) -> dict[str, Any]:
         for name, convert in converts:  # per column of every message: the guard inline
@@ -228,11 +244,14 @@ def _key_part(name: str, value: Any, kind: str) -> Any:
     return value
 
 
-def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...]) -> Callable[[bytes | None],
-                                                                           tuple[Any, ...]]:
+def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...],
+               decoder: RegistryDecoder | None = None) -> Callable[[bytes | None],
+                                                               tuple[Any, ...]]:
     """The reader of a change event's record key of several fields: a JSON object (with
-    JsonConverter's schema or without) -> the values of ``fields`` (the source's column
-    names), in that order, each checked as its column's value type (``kinds``, one of
+    JsonConverter's schema or without), or with a ``decoder``, a record in its registry
+    format (a key with the wire header: a Connect converter of that format writes keys as
+    it writes values) -> the values of ``fields`` (the source's column names), in that
+    order, each checked as its column's value type (``kinds``, one of
     :data:`~kafka_ingest.config.KEY_VALUE_TYPES`): the key of a delete. :class:`BadKey`
     when it is none."""
     parts = tuple(zip(fields, kinds, strict=True))
@@ -240,10 +259,13 @@ def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...]) -> Callable[[byt
     def read(raw: bytes | None) -> tuple[Any, ...]:
         if raw is None:
             raise BadKey("the record has no key: a delete names its row by the record key")
-        try:
-            key = from_json(raw)
-        except ValueError:
-            raise BadKey("record key is not JSON") from None
+        if decoder is not None and raw[:1] == b"\x00":  # the wire header's magic byte
+            key = decoder.read_python(raw)
+        else:
+            try:
+                key = from_json(raw)
+            except ValueError:
+                raise BadKey("record key is not JSON") from None
         if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
             key = key["payload"]
         if not isinstance(key, dict):
@@ -338,6 +360,8 @@ class EnvelopeReader:
         #: The primary key's columns as the row names them (none: rows are left as they are).
         self.pipeline, self.declared, self.key_fields = pipeline, declared, key_fields
         self._readers: dict[bytes, RowReader | None] = {}
+        #: A registry format's row readers, by the wire header of the writer schema id.
+        self._by_header: dict[bytes, RowReader] = {}
         #: The last row read of each (partition, key): see :meth:`_filled`.
         self._last: dict[Any, dict[str, Any]] = {}
         #: The schema bytes the last message with its schema carried, and their reader.
@@ -399,7 +423,13 @@ class EnvelopeReader:
             decoded = self.decoder.read(value)
             if isinstance(decoded, bytes | bytearray):  # JSON Schema: the payload's JSON
                 return _parsed(bytes(decoded)), None
-            return decoded, lambda row: row  # Avro, Protobuf: typed by their codec
+            # Avro, Protobuf: typed by their codec, and read by the Connect schema their
+            # writer schema stands for, made once per schema id
+            header = value[:HEADER_SIZE]
+            reader = self._by_header.get(header)
+            if reader is None:
+                reader = self._by_header[header] = self._registry_reader(self.decoder, value)
+            return decoded, reader
         schema, reader = self._last_schema
         at = len(self._HEAD) + len(schema)
         # The last message's schema again, compared in place (no search, copy or hash of its
@@ -421,6 +451,13 @@ class EnvelopeReader:
             return document["payload"], self._row_reader(document["schema"])
         return document, None
 
+
+    def _registry_reader(self, decoder: RegistryDecoder, value: bytes) -> RowReader:
+        """The row reader of the writer schema of ``value`` (a value ``decoder`` read):
+        by the Connect schema it stands for, checked against the contract; the rows as
+        the codec decodes them when its format keeps no Connect schema."""
+        connect = decoder.codec.connect_schema(decoder.writer_schema(value))
+        return (None if connect is None else self._row_reader(connect)) or _as_is
 
     def _split(self, value: bytes, at: int) -> tuple[Any, RowReader | None] | None:
         """JsonConverter's layout read in two parts, the schema by its bytes (its reader
@@ -445,6 +482,10 @@ class EnvelopeReader:
 
 #: A schema not seen yet (its reader may be None).
 _UNSEEN: Any = object()
+
+
+def _as_is(row: dict[str, Any]) -> dict[str, Any]:
+    return row
 
 
 def _parsed(value: bytes) -> Any:
@@ -580,14 +621,16 @@ def rows_declaration(envelopes: list[Any]) -> tuple[dict[str, Any], list[str], l
     return fields, guesses, left_out
 
 
-def primary_key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
+def primary_key_declaration(key_schema: Any, fields: dict[str, Any], *,
+                            key_format: str = "json") -> dict[str, Any]:
     """The settings that key a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): ``record_key`` for one column
     (:func:`key_declaration`), ``identity`` (the row's fields, in key order) for several
-    (a composite primary key, read from the JSON key's fields)."""
+    (a composite primary key, read from the key's fields); ``key_format``: how the record
+    keys are written (``json``, or ``registry``: in the pipeline's registry format)."""
     columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
     if len(columns) < 2:
-        return {"record_key": key_declaration(key_schema, fields)}
+        return {"record_key": key_declaration(key_schema, fields, key_format=key_format)}
     names = []
     for column in columns:
         spec = fields.get(payload_name(str(column)))
@@ -599,7 +642,8 @@ def primary_key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str
     return {"identity": names}
 
 
-def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
+def key_declaration(key_schema: Any, fields: dict[str, Any], *,
+                    key_format: str = "json") -> dict[str, Any]:
     """The ``record_key`` section of a mirror whose record keys have the Connect schema
     ``key_schema`` (the primary key's struct): its one field, a column of the row."""
     columns = [f.get("field") for f in (key_schema or {}).get("fields") or ()]
@@ -618,7 +662,7 @@ def key_declaration(key_schema: Any, fields: dict[str, Any]) -> dict[str, Any]:
     spec.pop("required", None)
     numeric = spec["type"] in ("smallint", "integer", "bigint")
     named = spec.get("column", payload_name(column))
-    section = {"column": named, "format": "json", "type": "bigint" if numeric else "text"}
+    section = {"column": named, "format": key_format, "type": "bigint" if numeric else "text"}
     if named != column:
         section["field"] = column
     if not numeric:

@@ -204,7 +204,7 @@ def change_key(pipeline: Pipeline,
     if pipeline.composite_key:
         types = {c.name: c.value_type for c in pipeline.sink_columns}
         read = key_reader(change_key_fields(pipeline),
-                          tuple(types[k] for k in pipeline.upsert.keys))
+                          tuple(types[k] for k in pipeline.upsert.keys), decoder)
         if len(pipeline.upsert.keys) == 1:  # one field named by identity: its value
             return lambda raw: read(raw)[0]
         return read

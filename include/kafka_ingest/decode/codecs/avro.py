@@ -58,6 +58,7 @@ from kafka_ingest.decode.codecs.base import (
     PayloadReader,
     WriterField,
 )
+from kafka_ingest.decode.connect_schema import from_avro
 from kafka_ingest.errors import SchemaUnreadable, Undecodable
 
 if TYPE_CHECKING:
@@ -73,6 +74,15 @@ class AvroCodec(Codec):
 
     def reader(self, schema: WriterSchema) -> PayloadReader:
         return _avro_reader(schema)
+
+    def connect_schema(self, schema: WriterSchema) -> dict[str, Any] | None:
+        """Connect's ``AvroData`` keeps a Connect schema in the Avro schema's properties
+        (``connect.name``, ``connect.parameters``, ``connect.type``)."""
+        parsed = _parsed(schema)
+        try:
+            return None if parsed is None else from_avro(parsed)
+        except ValueError as exc:
+            raise SchemaUnreadable(schema.schema_id, str(exc)) from None
 
     def record_name(self, schema: WriterSchema) -> str | None:
         parsed = _parsed(schema)

@@ -143,6 +143,13 @@ class Codec:
 
     # ----------------------------------------------------------------- schemas
 
+    def connect_schema(self, schema: WriterSchema) -> dict[str, Any] | None:
+        """The Kafka Connect schema ``schema`` was made from by a Connect converter, in
+        JsonConverter's JSON form (:mod:`~kafka_ingest.decode.connect_schema`), or None
+        when the format keeps no trace of it: the change events of such a format are read
+        as their codec decodes them."""
+        return None
+
     def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
         """The fields a record written with ``schema`` may have: one set, or one per
         record type the schema declares when a record names which it is (a Protobuf

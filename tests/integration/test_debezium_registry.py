@@ -1,0 +1,164 @@
+"""A table mirrored through real Debezium writing Avro to the registry (#34): Debezium's
+Postgres connector on the stack's Kafka Connect worker, with Apicurio's ``AvroConverter``
+for keys and values (the wire header in front of each, the schemas registered in the
+stack's Apicurio under ``<topic>-key`` and ``<topic>-value``). ``schema from-registry``
+declares the mirror from the value subject's schema (Debezium's semantic types read from
+the Connect schema the converter kept in it), and ``kafka-ingest run`` mirrors it: the
+snapshot, an update that leaves TOASTed values out, a delete, a backfill of every offset,
+a truncate, and a column added at the source; after each, the mirror equals its source. A
+composite primary key is read from the Avro record keys."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kafka_ingest.kafka.clients import KafkaClients
+from tests.integration.test_debezium_mirror import (
+    COLUMNS,
+    LONG,
+    LONG_BYTES,
+    LONG_JSON,
+    SOURCE,
+    mirror_env,
+    ran,
+    row,
+    same,
+)
+from tests.support.cli import cli
+from tests.support.debezium import DebeziumSource
+from tests.support.ingest import highs, query
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
+    return mirror_env(stack_env, pg_dsn)
+
+
+def _from_registry(env: dict[str, str], topic: str, tmp_path: Path, *named: str,
+                   **entry: Any) -> dict[str, Any]:
+    """``schema from-registry``'s declaration of the mirror of ``topic`` (``named``: more
+    arguments) as the pipelines file (``entry``: settings over the printed ones), its
+    table and topics made."""
+    shown = cli(env, "schema", "from-registry", f"{topic}-value", "--format", "avro",
+                "--pipeline", "customers", *named)
+    assert shown.returncode == 0, shown.stderr
+    assert "Debezium change events" in shown.stdout, shown.stdout
+    document = yaml.safe_load(shown.stdout)
+    document["pipelines"]["customers"].update(table="customers", **entry)
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
+    env["KAFKA_INGEST_PIPELINES"] = str(pipelines)
+    for command in (("schema", "apply", "customers"), ("topics", "create", "customers")):
+        done = cli(env, *command)
+        assert done.returncode == 0, done.stderr
+    return document
+
+
+def test_a_table_mirrored_through_debezium_in_avro_equals_its_source_at_every_step(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
+        pg_dsn: str, clients: KafkaClients, dlq_topics: list[str], tmp_path: Path,
+        stack_env: dict[str, str]) -> None:
+    src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i)}"
+                                         for i in (1, 2, 3)]
+                          + [f"UPDATE customers SET notes = '{LONG}', profile = '{LONG_JSON}', "
+                             f"photo = '\\x{LONG_BYTES.hex()}' WHERE id = 2"],
+                          registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"])
+    topic = src.topics["customers"]
+    raw = next(iter(src.events("customers")))
+    assert raw.value is not None and raw.value["schema"]["fields"]  # decoded from Avro
+    document = _from_registry(env, topic, tmp_path, "--event-type", "customer",
+                              on_truncate="truncate")
+    entry = document["pipelines"]["customers"]
+    assert (entry["envelope"], entry["format"]) == ("debezium", "avro"), entry
+    assert entry["record_key"] == {"column": "id", "format": "registry", "type": "bigint"}
+    assert {n: f["type"] for n, f in document["contracts"]["customer"]["fields"].items()} == {
+        "id": "integer", "name": "text", "balance": "numeric", "born": "date",
+        "seen_at": "timestamp", "changed_at": "timestamptz", "profile": "jsonb",
+        "ref": "uuid", "photo": "bytea", "notes": "text"}
+    dlq_topics.append(entry["dlq_topic"])
+
+    first = ran(env, "run", "customers")  # the snapshot
+    assert (first["inserted"], first["dead_lettered"]) == (3, 0), first
+    same(src, pg_dsn)
+
+    # an insert, an update that leaves the TOASTed text, jsonb and bytea out, a delete
+    src.execute(f"INSERT INTO customers VALUES {row(4)}")
+    src.execute("UPDATE customers SET name = 'renamed', balance = 99.99 WHERE id = 2")
+    src.execute("DELETE FROM customers WHERE id = 1")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"][-1]
+    assert update.after is not None
+    assert update.after["notes"] == "__debezium_unavailable_value", update.after
+    second = ran(env, "run", "customers")
+    assert (second["dead_lettered"], second["deleted"]) == (0, 1), second
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT notes, profile, photo FROM customers WHERE id = 2") == [
+        (LONG, json.loads(LONG_JSON), LONG_BYTES)]
+
+    # every offset again: nothing deleted comes back, nothing newer is overwritten
+    backfill = cli(env, "backfill", "customers", "--partition", "0", "--from-offset", "0",
+                   "--to-offset", str(highs(clients, topic)[0]))
+    assert backfill.returncode == 0, backfill.stderr
+    same(src, pg_dsn)
+
+    # a truncate, then a row: only the row after it stays
+    src.execute("TRUNCATE customers")
+    src.execute(f"INSERT INTO customers VALUES {row(5)}")
+    src.caught_up()
+    ran(env, "run", "customers")
+    same(src, pg_dsn)
+
+    # a column added at the source (a new schema version in the registry) stops the run,
+    # naming it; declared, it goes on
+    src.execute("ALTER TABLE customers ADD COLUMN score int")
+    src.execute(f"INSERT INTO customers ({COLUMNS}, score) VALUES {row(6)[:-1]}, 7)")
+    src.caught_up()
+    stopped = cli(env, "run", "customers")
+    assert stopped.returncode != 0
+    assert "column 'score' added" in stopped.stderr, stopped.stderr
+    contract = document["contracts"]["customer"]
+    contract["version"] = 2
+    contract["fields"]["score"] = {"type": "integer", "required": False, "since": 2}
+    entry["contract"]["version"] = 2
+    Path(env["KAFKA_INGEST_PIPELINES"]).write_text(yaml.safe_dump(document), encoding="utf-8")
+    done = cli(env, "schema", "apply", "customers")
+    assert done.returncode == 0, done.stderr
+    ran(env, "run", "customers")
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT score FROM customers WHERE id = 6") == [(7,)]
+
+
+def test_a_composite_primary_key_is_read_from_avro_record_keys(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
+        pg_dsn: str, dlq_topics: list[str], tmp_path: Path,
+        stack_env: dict[str, str]) -> None:
+    """A source table keyed by (region, id), in Avro: ``schema from-registry`` declares
+    the key subject's fields as the identity; a delete names its row by the fields of its
+    Avro record key."""
+    columns = "region, id, name"
+    src = debezium_source({"customers": "region text, id int, name text NOT NULL, "
+                                        "PRIMARY KEY (region, id)"},
+                          setup=["INSERT INTO customers VALUES ('eu', 1, 'a'), ('us', 1, 'b'), "
+                                 "('eu', 2, 'c')"],
+                          registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"])
+    document = _from_registry(env, src.topics["customers"], tmp_path)  # no --event-type
+    entry = document["pipelines"]["customers"]
+    assert entry["identity"] == ["region", "id"] and "record_key" not in entry, entry
+    assert entry["contract"]["event_type"] == "customers"  # the pipeline's name
+    dlq_topics.append(entry["dlq_topic"])
+    ran(env, "run", "customers")
+    src.execute("DELETE FROM customers WHERE region = 'eu' AND id = 1")
+    src.execute("UPDATE customers SET name = 'b2' WHERE region = 'us' AND id = 1")
+    src.caught_up()
+    done = ran(env, "run", "customers")
+    assert (done["deleted"], done["dead_lettered"]) == (1, 0), done
+    statement = f"SELECT {columns} FROM customers ORDER BY region, id"
+    assert query(pg_dsn, statement) == src.query(statement) == [("eu", 2, "c"), ("us", 1, "b2")]

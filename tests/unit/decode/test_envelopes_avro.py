@@ -1,0 +1,146 @@
+"""Change events in Avro through the registry (#34): the Avro schema Apicurio's Kafka
+Connect ``AvroConverter`` registered for Debezium's Postgres change events of a table
+(``data/debezium_customers_envelope.avsc``, taken from the real registry, the topic prefix
+shortened to ``pg``) stands for the Connect schema JsonConverter would carry
+(:mod:`kafka_ingest.decode.connect_schema`): the same declaration, Debezium's semantic
+types decoded, the drift check, and a composite key read from an Avro record key. The real
+connector and converter are in ``tests/integration/test_debezium_registry.py``; no service
+is touched here."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import fastavro
+import pytest
+
+from kafka_ingest.config import UNAVAILABLE, parse_pipelines
+from kafka_ingest.decode.connect_schema import from_avro
+from kafka_ingest.decode.decoder import RegistryDecoder
+from kafka_ingest.decode.envelopes import key_reader, row_declaration
+from kafka_ingest.decode.validate import validate_chunk
+from kafka_ingest.errors import SourceChanged
+from kafka_ingest.kafka.registry import WriterSchema
+from kafka_ingest.records import row_values
+from tests.support.fakes import Msg
+from tests.unit.decode.test_formats import OneSchema
+
+ENVELOPE = json.loads((Path(__file__).parent / "data" /
+                       "debezium_customers_envelope.avsc").read_text())
+KEY = {"type": "record", "name": "Key", "namespace": "pg.public.customers",
+       "fields": [{"name": "region", "type": "string"}, {"name": "id", "type": "int"}],
+       "connect.name": "pg.public.customers.Key"}
+ENVELOPE_ID, KEY_ID = 21, 22
+
+
+def declared() -> dict[str, Any]:
+    fields, _, left_out = row_declaration(from_avro(ENVELOPE))
+    assert left_out == []
+    return fields
+
+
+def mirror(**body: Any) -> Any:
+    return parse_pipelines({"contracts": {"customer": {"fields": declared()}}, "pipelines": {
+        "m": {"topic": "pg.public.customers", "dlq_topic": "m-dlq", "table": "customers",
+              "contract": {"event_type": "customer", "version": 1}, "envelope": "debezium",
+              "format": "avro", "schema_registry": {}, **body}}})["m"]
+
+
+def encoded(schema: dict[str, Any], schema_id: int, record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+
+
+ROW: dict[str, Any] = {
+    "id": 7, "name": "Ada", "balance": Decimal("1234.56"), "born": 19_000,
+    "seen_at": 1_700_000_000_123_456, "changed_at": "2026-01-02T03:04:05.123456Z",
+    "profile": '{"tier": "gold"}', "ref": "0b7e1bd0-8d3f-4a3c-9d1e-0123456789ab",
+    "photo": b"\x00\x01\xff", "notes": "x" * 40}
+SOURCE = {"version": "3.6.1.Final", "connector": "postgresql", "name": "pg",
+          "ts_ms": 1_767_225_600_000, "db": "src", "schema": "public", "table": "customers"}
+
+
+def change(op: str, after: dict[str, Any] | None, schema: dict[str, Any] = ENVELOPE,
+           schema_id: int = ENVELOPE_ID) -> bytes:
+    return encoded(schema, schema_id, {"before": None, "after": after, "source": SOURCE,
+                                       "op": op, "ts_ms": 1_767_225_600_000})
+
+
+def decoder(p: Any, *extra: WriterSchema) -> RegistryDecoder:
+    registry = OneSchema(WriterSchema(ENVELOPE_ID, "AVRO", json.dumps(ENVELOPE), "v", 1),
+                         WriterSchema(KEY_ID, "AVRO", json.dumps(KEY), "k", 1), *extra)
+    return RegistryDecoder(p, registry)  # type: ignore[arg-type]
+
+
+def test_the_converters_schema_stands_for_the_connect_schema_jsonconverter_carries() -> None:
+    """Debezium's semantic types, Connect's Decimal (an Avro logical type) and optional
+    columns come back as JsonConverter would write them, so the declaration is the one
+    ``schema from-topic`` makes from JSON change events."""
+    assert {name: spec["type"] for name, spec in declared().items()} == {
+        "id": "integer", "name": "text", "balance": "numeric", "born": "date",
+        "seen_at": "timestamp", "changed_at": "timestamptz", "profile": "jsonb",
+        "ref": "uuid", "photo": "bytea", "notes": "text"}
+    assert declared()["balance"] == {"type": "numeric", "precision": 12, "scale": 2,
+                                     "required": False}
+    assert "required" not in declared()["id"]  # int, not a union with null
+
+
+def test_an_avro_change_event_is_decoded_by_the_connect_schema_its_writer_schema_keeps(
+        ) -> None:
+    p = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    key = encoded({"type": "record", "name": "Key", "fields": [{"name": "id", "type": "int"}]},
+                  23, {"id": 7})
+    registry_key = WriterSchema(23, "AVRO", json.dumps(
+        {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "int"}]}), "k", 1)
+    result = validate_chunk([Msg(0, key_=key, value_=change("c", ROW)),
+                             Msg(1, key_=key, value_=change("d", None))], p,
+                            decoder(p, registry_key))
+    assert result.dead == []
+    (row,) = result.rows
+    values = dict(zip([c.name for c in p.sink_columns], row_values(row), strict=False))
+    assert values["balance"] == Decimal("1234.56")
+    assert values["born"] == date(2022, 1, 8)
+    assert values["seen_at"] == datetime(2023, 11, 14, 22, 13, 20, 123456)
+    assert values["changed_at"] == datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    assert values["profile"] == {"tier": "gold"}
+    assert values["ref"] == UUID("0b7e1bd0-8d3f-4a3c-9d1e-0123456789ab")
+    assert values["photo"] == b"\x00\x01\xff"
+    assert [d.key for d in result.deletes] == [7]
+
+
+def test_the_placeholder_of_a_toasted_avro_value_passes_to_be_kept_by_the_writer() -> None:
+    p = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    left_out = {**ROW, "notes": UNAVAILABLE, "profile": UNAVAILABLE,
+                "photo": UNAVAILABLE.encode()}
+    result = validate_chunk([Msg(0, value_=change("u", left_out))], p, decoder(p))
+    assert result.dead == []
+    (row,) = result.rows
+    values = dict(zip([c.name for c in p.sink_columns], row_values(row), strict=False))
+    assert values["notes"] == UNAVAILABLE and values["photo"] == UNAVAILABLE.encode()
+
+
+def test_a_column_added_in_a_new_avro_schema_stops_the_run() -> None:
+    p = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    newer = json.loads(json.dumps(ENVELOPE))
+    newer["fields"][0]["type"][1]["fields"].append(
+        {"name": "score", "type": ["null", "int"], "default": None})
+    schema = WriterSchema(24, "AVRO", json.dumps(newer), "v", 2)
+    with pytest.raises(SourceChanged, match="column 'score' added"):
+        validate_chunk([Msg(0, value_=change("c", {**ROW, "score": 3}, newer, 24))], p,
+                       decoder(p, schema))
+
+
+def test_a_composite_key_is_read_from_the_fields_of_an_avro_record_key() -> None:
+    registry = OneSchema(WriterSchema(KEY_ID, "AVRO", json.dumps(KEY), "k", 1))
+    some = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    read = key_reader(("region", "id"), ("text", "int4"),
+                      RegistryDecoder(some, registry))  # type: ignore[arg-type]
+    assert read(encoded(KEY, KEY_ID, {"region": "eu", "id": 1})) == ("eu", 1)
+    assert read(b'{"region": "us", "id": 2}') == ("us", 2)  # a JSON key as before
