@@ -121,9 +121,17 @@ class Format(StrEnum):
     @property
     def registry(self) -> bool:
         """Whether writer schemas come from a schema registry: every format but plain
-        JSON. (The one fact about formats kept here: the pipelines file is checked
-        against it when it loads, below the codecs.)"""
+        JSON. (One of the two facts about formats kept here: the pipelines file is checked
+        against them when it loads, below the codecs.)"""
         return self is not Format.JSON
+
+    @property
+    def change_events(self) -> bool:
+        """Whether Debezium's change events of this format can be mirrored: the format
+        keeps the Connect schema their column types and a column added at the source are
+        read from (JsonConverter's in the message; a Connect converter's Avro schema:
+        :meth:`~kafka_ingest.decode.codecs.base.Codec.connect_schema`)."""
+        return self in (Format.JSON, Format.AVRO)
 
 
 class SubjectStrategy(StrEnum):

@@ -394,6 +394,13 @@ class Pipeline(Strict):
             if self.on_truncate is not OnTruncate.SKIP:
                 raise ValueError("on_truncate is for change events: set envelope: debezium")
             return
+        if not self.format.change_events:
+            raise ValueError(
+                f"envelope 'debezium' reads change events in JSON (Kafka Connect's "
+                f"JsonConverter) or in Avro through the registry (a Connect converter's, "
+                f"whose schema keeps the Connect schema Debezium's column types and a "
+                f"column added at the source are read from); format {self.format.value!r} "
+                f"keeps no such schema here, so its changes would be mirrored unchecked")
         self._check_left_out_arrays()
         if self.composite_key:
             self._check_composite_envelope()

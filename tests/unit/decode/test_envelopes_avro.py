@@ -144,3 +144,12 @@ def test_a_composite_key_is_read_from_the_fields_of_an_avro_record_key() -> None
                       RegistryDecoder(some, registry))  # type: ignore[arg-type]
     assert read(encoded(KEY, KEY_ID, {"region": "eu", "id": 1})) == ("eu", 1)
     assert read(b'{"region": "us", "id": 2}') == ("us", 2)  # a JSON key as before
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])
+def test_a_mirror_of_a_registry_format_that_keeps_no_connect_schema_is_refused_at_load(
+        fmt: str) -> None:
+    """Debezium's types and a column added at the source are read from the Connect schema
+    a converter's Avro schema keeps; a format without one would mirror unchecked."""
+    with pytest.raises(ValueError, match=f"format '{fmt}' keeps no such schema"):
+        mirror(format=fmt, record_key={"column": "id", "format": "registry", "type": "bigint"})
