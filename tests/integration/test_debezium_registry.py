@@ -162,3 +162,41 @@ def test_a_composite_primary_key_is_read_from_avro_record_keys(
     assert (done["deleted"], done["dead_lettered"]) == (1, 0), done
     statement = f"SELECT {columns} FROM customers ORDER BY region, id"
     assert query(pg_dsn, statement) == src.query(statement) == [("eu", 2, "c"), ("us", 1, "b2")]
+
+
+def test_a_pattern_of_subjects_is_mirrored_a_pipeline_per_table(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path, stack_env: dict[str, str]) -> None:
+    """``schema from-registry 'prefix.*-value'``: a mirror per table whose value subject
+    holds Debezium's change events in Avro; a table without a primary key (no key to
+    delete by) is left out, saying why."""
+    src = debezium_source({**SOURCE, "orders": "no bigint PRIMARY KEY, customer int, "
+                           "total numeric(10,2) NOT NULL", "notes": "line text"},
+                          setup=[f"INSERT INTO customers VALUES {row(1)}",
+                                 "INSERT INTO orders VALUES (10, 1, 5.5), (11, 1, 6)",
+                                 "INSERT INTO notes VALUES ('n')",
+                                 "ALTER TABLE notes REPLICA IDENTITY FULL"],
+                          registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"])
+    prefix = src.topics["customers"].rsplit(".", 1)[0]
+    shown = cli(env, "schema", "from-registry", f"{prefix}.*-value", "--format", "avro")
+    assert shown.returncode == 0, shown.stderr
+    assert f"left out: {prefix}.notes: the primary key has 0 columns" in \
+        shown.stdout.replace("\n#   ", " "), shown.stdout
+    document = yaml.safe_load(shown.stdout)
+    by_table = {p["table"]: (name, p) for name, p in document["pipelines"].items()}
+    assert {"customers", "orders"} <= set(by_table) and "notes" not in by_table
+    assert by_table["orders"][1]["record_key"] == {"column": "no", "format": "registry",
+                                                  "type": "bigint"}
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    env["KAFKA_INGEST_PIPELINES"] = str(path)
+    for table in ("customers", "orders"):
+        name, entry = by_table[table]
+        dlq_topics.append(entry["dlq_topic"])
+        for command in (("schema", "apply", name), ("topics", "create", name)):
+            done = cli(env, *command)
+            assert done.returncode == 0, done.stderr
+        ran(env, "run", name)
+    same(src, pg_dsn)
+    assert query(pg_dsn, "SELECT no, customer, total FROM orders ORDER BY no") == \
+        src.query("SELECT no, customer, total FROM orders ORDER BY no")

@@ -9,7 +9,7 @@ import contextlib
 import fnmatch
 import json
 import textwrap
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -169,6 +169,11 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     codec = codec_for(args.format)
     topic = args.topic or args.subject.removesuffix("-value")
     registry = SchemaRegistry(settings)
+    if any(c in args.subject for c in "*?["):
+        try:
+            return _from_subjects(args, codec, registry)
+        finally:
+            registry.close()
     try:
         schema = codec.latest(registry, args.subject)
         key = codec.latest(registry, f"{topic}-key") if schema is not None else None
@@ -179,15 +184,12 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     if not codec.reads(schema):
         raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
                             f"not {codec.format.value}")
-    connect = codec.connect_schema(schema)
-    if _is_envelope(connect):  # Debezium's change events, through a Connect converter
-        pipeline = args.pipeline or _pipeline(topic)
-        document, comments = _mirror(
-            topic, [connect], codec.connect_schema(key) if key is not None else None,
-            pipeline=pipeline, event_type=args.event_type or pipeline,
-            table=column_name(pipeline),
-            extra={"format": codec.format.value, "schema_registry": {}})
-        _loaded(document)
+    pipeline = args.pipeline or _pipeline(topic)
+    mirrored = _registry_mirror(codec, topic, schema, key, pipeline=pipeline,
+                                event_type=args.event_type or pipeline,
+                                table=column_name(pipeline))
+    if mirrored is not None:  # Debezium's change events, through a Connect converter
+        document, comments = mirrored
         _print_comments([f"kafka-ingest schema from-registry {args.subject} --format "
                          f"{codec.format.value}: subject version {schema.version}, schema id "
                          f"{schema.schema_id}", *comments])
@@ -208,7 +210,7 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
         skipped.append(f"the subject is not {topic}-value: set schema_registry's "
                        "subject_strategy and record")
     document = declaration(
-        event_type=args.event_type, contract=body, pipeline=args.pipeline or _pipeline(topic),
+        event_type=args.event_type, contract=body, pipeline=pipeline,
         topic=topic, identity=identity,
         extra={"format": codec.format.value, "schema_registry": registry_keys})
     _refused_by_schema(document, schema)
@@ -313,34 +315,28 @@ def _sampled(clients: Any, topic: str, n: int) -> tuple[list[Any], list[dict[str
     return values, [_json_object(m, topic) for m in values]
 
 
-def _from_topics(args: argparse.Namespace, clients: Any) -> int:
-    """One document mirroring every topic of change events the pattern ``args.topic``
-    matches (Debezium writes a topic per table): a pipeline and a contract each, named
-    after the topic, each table after its source table (the topic's name when two source
-    tables share a name)."""
-    if args.event_type or args.pipeline:
-        raise SettingsError("--event-type and --pipeline name one topic's contract and "
-                            "pipeline; with a pattern each is named after its topic")
-    names = sorted(t for t in clients.admin().list_topics(
-        timeout=clients.request_timeout_s).topics
-        if fnmatch.fnmatchcase(t, args.topic) and not t.startswith("__")
-        and not t.endswith("-dlq"))
-    if not names:
-        raise SettingsError(f"no topic matches {args.topic!r}")
-    tables = [column_name(t.rsplit(".", 1)[-1]) for t in names]
+#: What declares one topic's mirror for :func:`_print_mirrors`: (topic, pipeline, table)
+#: -> (its document, what it says); raises :class:`SettingsError` (or
+#: :class:`SourceChanged`) to leave that topic out, saying why.
+DeclareMirror = Callable[[str, str, str], tuple[dict[str, Any], list[str]]]
+
+
+def _print_mirrors(command: str, pattern: str, topics: list[str],
+                   declare: DeclareMirror) -> int:
+    """One document mirroring each of ``topics`` (those the pattern matches: Debezium
+    writes a topic per table) that ``declare`` declares: a pipeline and a contract each,
+    named after the topic, each table after its source table (the topic's name when two
+    source tables share a name); the topics left out are named, with why."""
+    if not topics:
+        raise SettingsError(f"nothing matches {pattern!r}")
+    tables = [column_name(t.rsplit(".", 1)[-1]) for t in topics]
     document: dict[str, Any] = {"contracts": {}, "pipelines": {}}
-    comments = [f"kafka-ingest schema from-topic {args.topic!r}: {len(names)} topics"]
-    for topic, table in zip(names, tables, strict=True):
-        values, records = _sampled(clients, topic, args.sample)
-        if not _is_change_event(records[0]):
-            comments.append(f"left out: {topic}: not Debezium change events with their schema")
-            continue
+    comments = [f"kafka-ingest schema {command} {pattern!r}: {len(topics)} topics"]
+    for topic, table in zip(topics, tables, strict=True):
         pipeline = _pipeline(topic)
         try:
-            one, said = _sampled_mirror(topic, values, records, pipeline=pipeline,
-                                        event_type=pipeline,
-                                        table=table if tables.count(table) == 1 else pipeline)
-            _check(one, values)
+            one, said = declare(topic, pipeline,
+                                table if tables.count(table) == 1 else pipeline)
         except (SettingsError, SourceChanged) as exc:  # this table only (a key of two
             # columns, a column retyped within the sample, ...)
             comments.append(f"left out: {topic}: "
@@ -350,11 +346,78 @@ def _from_topics(args: argparse.Namespace, clients: Any) -> int:
             document[section].update(one[section])
         comments += said
     if not document["pipelines"]:
-        raise SettingsError(f"none of the topics {args.topic!r} matches holds change events "
+        raise SettingsError(f"none of the topics {pattern!r} matches holds change events "
                             "with their schema")
     _print_comments(comments)
     print(yaml.safe_dump(document, sort_keys=False), end="")
     return 0
+
+
+def _no_names(args: argparse.Namespace) -> None:
+    if args.event_type or args.pipeline:
+        raise SettingsError("--event-type and --pipeline name one topic's contract and "
+                            "pipeline; with a pattern each is named after its topic")
+
+
+def _from_topics(args: argparse.Namespace, clients: Any) -> int:
+    """:func:`_print_mirrors` of every topic of change events with their schema that the
+    pattern ``args.topic`` matches, each declared from a sample."""
+    _no_names(args)
+    names = sorted(t for t in clients.admin().list_topics(
+        timeout=clients.request_timeout_s).topics
+        if fnmatch.fnmatchcase(t, args.topic) and not t.startswith("__")
+        and not t.endswith("-dlq"))
+
+    def declare(topic: str, pipeline: str, table: str) -> tuple[dict[str, Any], list[str]]:
+        values, records = _sampled(clients, topic, args.sample)
+        if not _is_change_event(records[0]):
+            raise SettingsError("not Debezium change events with their schema")
+        one, said = _sampled_mirror(topic, values, records, pipeline=pipeline,
+                                    event_type=pipeline, table=table)
+        _check(one, values)
+        return one, said
+
+    return _print_mirrors("from-topic", args.topic, names, declare)
+
+
+def _from_subjects(args: argparse.Namespace, codec: Any, registry: SchemaRegistry) -> int:
+    """:func:`_print_mirrors` of every topic whose value subject the pattern
+    ``args.subject`` matches (``pg.public.*-value``) and holds Debezium's change events,
+    each declared from its subject's latest schema."""
+    _no_names(args)
+    if args.topic:
+        raise SettingsError("--topic names one subject's topic; with a pattern each topic "
+                            "is its subject's name without '-value'")
+    names = sorted(s.removesuffix("-value") for s in registry.subjects()
+                   if fnmatch.fnmatchcase(s, args.subject) and s.endswith("-value"))
+
+    def declare(topic: str, pipeline: str, table: str) -> tuple[dict[str, Any], list[str]]:
+        schema = codec.latest(registry, f"{topic}-value")
+        found = _registry_mirror(codec, topic, schema, codec.latest(registry, f"{topic}-key"),
+                                 pipeline=pipeline, event_type=pipeline, table=table)
+        if found is None:
+            raise SettingsError(f"not Debezium change events in {codec.format.value}")
+        return found
+
+    return _print_mirrors("from-registry", args.subject, names, declare)
+
+
+def _registry_mirror(codec: Any, topic: str, schema: WriterSchema | None,
+                     key: WriterSchema | None, *, pipeline: str, event_type: str,
+                     table: str) -> tuple[dict[str, Any], list[str]] | None:
+    """:func:`_mirror` of the change events whose value schema is ``schema`` (and key
+    schema ``key``) in a registry format, or None when ``schema`` is not Debezium's
+    envelope written by a Connect converter (the format keeps no Connect schema, or it is
+    a schema of plain records)."""
+    connect = codec.connect_schema(schema) if schema and codec.reads(schema) else None
+    if not _is_envelope(connect):
+        return None
+    document, said = _mirror(
+        topic, [connect], codec.connect_schema(key) if key and codec.reads(key) else None,
+        pipeline=pipeline, event_type=event_type, table=table,
+        extra={"format": codec.format.value, "schema_registry": {}})
+    _loaded(document)
+    return document, said
 
 
 def _print_checked(document: dict[str, Any], sampled: list[Any], comments: list[str]) -> None:

@@ -269,6 +269,12 @@ class SchemaRegistry:
         found = self._ask(f"latest of {subject}", self._client.get_latest_version, subject, fmt)
         return None if found is None else _registered(subject, found)
 
+    def subjects(self) -> list[str]:
+        """Every subject the registry holds (not the deleted ones)."""
+        found = self._ask("the subjects", lambda _, fmt: self._client.get_subjects(), None,
+                          None)
+        return list(found or [])
+
     def versions(self, subject: str) -> list[int]:
         """The subject's registered version numbers, oldest first ([] when no subject)."""
         found = self._ask(f"versions of {subject}",
