@@ -385,6 +385,23 @@ class SourceChanged(PermanentError):
                          f"`kafka-ingest schema plan {pipeline}` (and apply)")
 
 
+class ReplicaIdentityNotFull(PermanentError):
+    """A mirror set to ``replica_identity: full`` met an update without the old row, which
+    a source table with ``REPLICA IDENTITY FULL`` always sends: the source is not ``FULL``,
+    so a value the update left unchanged may have come as a null (an array stored out of
+    line) that the mirror would write. The run stops before the chunk is written."""
+
+    def __init__(self, pipeline: str, where: str) -> None:
+        self.pipeline, self.where = pipeline, where
+        super().__init__(
+            f"pipeline {pipeline}: a change event of op 'u' ({where}) carries no old row "
+            "('before' is null): its source table is not REPLICA IDENTITY FULL, as "
+            "replica_identity: full says. Give the source table REPLICA IDENTITY FULL, let "
+            "Debezium snapshot it again, and `kafka-ingest reset-offsets` the partition to "
+            "the snapshot's first record; or go back to replica_identity: default (arrays "
+            "of most types then cannot be mirrored)")
+
+
 class SchemaDrift(PermanentError):
     """The pipeline's table cannot take its rows as it is; found before any data moves."""
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -309,6 +310,76 @@ def test_an_update_that_leaves_toasted_arrays_out_keeps_them(
     columns = "id, name, tags, nums"
     assert query(pg_dsn, f"SELECT {columns} FROM customers") == src.query(
         f"SELECT {columns} FROM customers") == [(1, "b", tags, nums)]
+
+
+def test_arrays_of_any_type_are_mirrored_from_a_replica_identity_full_source(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        dlq_topics: list[str], tmp_path: Path) -> None:
+    """A ``boolean[]`` and a ``numeric[]`` stored out of line, whose left-out nulls a
+    mirror cannot tell from NULL: ``schema from-topic`` leaves them out, naming
+    ``replica_identity: full``. Declared with it on a source table with REPLICA IDENTITY
+    FULL, an update of another column keeps them; the same pipeline on a table that is
+    not FULL stops at its first update rather than write a null."""
+    flags = [secrets.randbelow(2) == 1 for _ in range(4000)]
+    shares = [f"{secrets.randbelow(10**6)}.{secrets.randbelow(100):02d}" for _ in range(2000)]
+    columns = {"customers": "id int PRIMARY KEY, name text NOT NULL, flags boolean[], "
+                            "shares numeric(8,2)[]"}
+    src = debezium_source(columns, setup=[
+        "ALTER TABLE customers REPLICA IDENTITY FULL",
+        f"INSERT INTO customers VALUES (1, 'a', ARRAY{flags}::boolean[], "
+        f"ARRAY{shares}::numeric(8,2)[])"])
+    shown = cli(env, "schema", "from-topic", src.topics["customers"], "--event-type",
+                "customer", "--pipeline", "customers")
+    assert shown.returncode == 0, shown.stderr
+    assert "replica_identity: full" in shown.stdout.replace("\n#   ", " "), shown.stdout
+    arrays = {"flags": {"type": "array", "items": {"type": "boolean"}, "required": False},
+              "shares": {"type": "array", "items": {"type": "numeric", "precision": 8,
+                                                    "scale": 2}, "required": False}}
+
+    def declared(source: DebeziumSource) -> None:
+        document = yaml.safe_load(cli(env, "schema", "from-topic", source.topics["customers"],
+                                      "--event-type", "customer", "--pipeline",
+                                      "customers").stdout)
+        document["contracts"]["customer"]["fields"].update(arrays)
+        entry = document["pipelines"]["customers"]
+        entry.update(table="customers", replica_identity="full")
+        dlq_topics.append(entry["dlq_topic"])
+        path = tmp_path / "pipelines.yaml"
+        path.write_text(yaml.safe_dump(document), encoding="utf-8")
+        env["KAFKA_INGEST_PIPELINES"] = str(path)
+        for command in (("schema", "apply", "customers"), ("topics", "create", "customers")):
+            done = cli(env, *command)
+            assert done.returncode == 0, done.stderr
+
+    declared(src)
+    ran(env, "run", "customers")
+    src.execute("UPDATE customers SET name = 'b' WHERE id = 1")
+    src.caught_up()
+    update = [e for e in src.events("customers") if e.op == "u"][-1]
+    assert update.before is not None and update.after is not None
+    assert update.after["flags"] == flags
+    done = ran(env, "run", "customers")
+    assert done["dead_lettered"] == 0, query(pg_dsn, "SELECT error_class, error_detail "
+                                                     "FROM dead_letters")
+    statement = "SELECT id, name, flags, shares::text[] FROM customers"
+    assert query(pg_dsn, statement) == src.query(statement)
+    assert query(pg_dsn, "SELECT name, flags FROM customers") == [("b", flags)]
+
+    # a source that is not FULL: its update carries no old row, and the run stops there
+    default = debezium_source(columns, setup=[
+        f"INSERT INTO customers VALUES (1, 'a', ARRAY{flags}::boolean[], NULL)"])
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE customers")
+        conn.execute("DELETE FROM ingest_offsets")
+    declared(default)
+    ran(env, "run", "customers")
+    default.execute("UPDATE customers SET name = 'b' WHERE id = 1")
+    default.caught_up()
+    stopped = cli(env, "run", "customers")
+    assert stopped.returncode != 0
+    assert "carries no old row ('before' is null): its source table is not REPLICA " \
+        "IDENTITY FULL" in stopped.stderr, stopped.stderr
+    assert query(pg_dsn, "SELECT name, flags FROM customers") == [("a", flags)]
 
 
 def test_an_update_that_leaves_toasted_date_uuid_and_char_arrays_out_keeps_them(

@@ -85,6 +85,17 @@ class OnTruncate(StrEnum):
     TRUNCATE = "truncate"
 
 
+class ReplicaIdentity(StrEnum):
+    """A mirror's source table's ``REPLICA IDENTITY`` (Postgres), which decides what an
+    update's change event carries: ``default`` (the key only as the old row; an array or
+    other value stored out of line that the update left unchanged is Debezium's placeholder,
+    or for most arrays a null, see :data:`KEPT_ARRAYS`), or ``full`` (the whole old row, and
+    every value of the new one: a column of any array type can be mirrored)."""
+
+    DEFAULT = "default"
+    FULL = "full"
+
+
 class KeyFormat(StrEnum):
     """How the record key is read: UTF-8 text, JSON (a string or integer, or one ``field``
     of a JSON object), or ``registry``: the pipeline's registry format (Avro, Protobuf or

@@ -31,6 +31,7 @@ from kafka_ingest.config.modes import (
     OnOffsetGap,
     OnTombstone,
     OnTruncate,
+    ReplicaIdentity,
     StartPolicy,
     UpsertMode,
 )
@@ -113,6 +114,10 @@ class Pipeline(Strict):
     envelope: Envelope | None = None
     #: ``envelope: debezium``: what a truncate of the source table does to the table.
     on_truncate: OnTruncate = OnTruncate.SKIP
+    #: ``envelope: debezium``: the source table's ``REPLICA IDENTITY``; ``full`` lets the
+    #: contract take arrays of any type (an update that carries no old row then stops the
+    #: run: the source is not ``FULL``).
+    replica_identity: ReplicaIdentity = ReplicaIdentity.DEFAULT
     #: The registry of a registry format's writer schemas (``{}`` takes the defaults).
     schema_registry: SchemaRegistry | None = None
     #: The record key as a column.
@@ -393,6 +398,9 @@ class Pipeline(Strict):
         if self.envelope is None:
             if self.on_truncate is not OnTruncate.SKIP:
                 raise ValueError("on_truncate is for change events: set envelope: debezium")
+            if self.replica_identity is not ReplicaIdentity.DEFAULT:
+                raise ValueError("replica_identity is a mirror's source table's: set "
+                                 "envelope: debezium")
             return
         if not self.format.change_events:
             raise ValueError(
@@ -401,7 +409,8 @@ class Pipeline(Strict):
                 f"whose schema keeps the Connect schema Debezium's column types and a "
                 f"column added at the source are read from); format {self.format.value!r} "
                 f"keeps no such schema here, so its changes would be mirrored unchecked")
-        self._check_left_out_arrays()
+        if self.replica_identity is ReplicaIdentity.DEFAULT:
+            self._check_left_out_arrays()
         if self.composite_key:
             self._check_composite_envelope()
             return
@@ -448,8 +457,9 @@ class Pipeline(Strict):
                     "sends null for such an array an update leaves out (stored out of line "
                     "and unchanged, under the source table's REPLICA IDENTITY DEFAULT), "
                     "which the mirror cannot tell from a NULL; leave the column out of the "
-                    "contract (and of the connector: column.exclude.list), or declare it "
-                    f"as one of {', '.join(KEPT_ARRAYS)}")
+                    "contract (and of the connector: column.exclude.list), declare it "
+                    f"as one of {', '.join(KEPT_ARRAYS)}, or give the source table REPLICA "
+                    "IDENTITY FULL and the pipeline replica_identity: full")
 
     @property
     def composite_key(self) -> bool:

@@ -51,7 +51,13 @@ from kafka_ingest.config import (
 from kafka_ingest.contracts.declared import RESERVED_COLUMNS, TEXT_MAX, FieldSpec
 from kafka_ingest.decode.codecs.wire import HEADER_SIZE
 from kafka_ingest.decode.decoder import RegistryDecoder
-from kafka_ingest.errors import BadEnvelope, BadKey, SourceChanged, Undecodable
+from kafka_ingest.errors import (
+    BadEnvelope,
+    BadKey,
+    ReplicaIdentityNotFull,
+    SourceChanged,
+    Undecodable,
+)
 
 #: The operations that carry a row to write.
 UPSERTS = frozenset({"c", "r", "u"})
@@ -355,8 +361,11 @@ class EnvelopeReader:
 
     def __init__(self, decoder: RegistryDecoder | None, *, pipeline: str = "",
                  declared: dict[str, Any] | None = None,
-                 key_fields: tuple[str, ...] = ()) -> None:
+                 key_fields: tuple[str, ...] = (), full: bool = False) -> None:
         self.decoder = decoder
+        #: The source table is ``REPLICA IDENTITY FULL`` (``replica_identity: full``): an
+        #: update without the old row is :class:`ReplicaIdentityNotFull`.
+        self.full = full
         #: The primary key's columns as the row names them (none: rows are left as they are).
         self.pipeline, self.declared, self.key_fields = pipeline, declared, key_fields
         self._readers: dict[bytes, RowReader | None] = {}
@@ -388,6 +397,8 @@ class EnvelopeReader:
             after = payload.get("after")
             if not isinstance(after, dict):
                 raise BadEnvelope(f"op {op!r} without an 'after' row")
+            if self.full and op == "u" and payload.get("before") is None:
+                raise ReplicaIdentityNotFull(self.pipeline, _where(within))
             if reader is None:
                 return op, _schemaless(_renamed(self._filled(after, within)))
             return op, _renamed(self._filled(reader(after), within))
@@ -478,6 +489,13 @@ class EnvelopeReader:
             return None
         self._last_schema = (schema, reader)
         return payload, reader
+
+
+def _where(within: Any) -> str:
+    """Where a change event was read, for a message: its topic and partition."""
+    if isinstance(within, tuple) and len(within) == 2:
+        return f"topic {within[0]!r} partition {within[1]}"
+    return "a change event"
 
 
 #: A schema not seen yet (its reader may be None).
@@ -571,7 +589,8 @@ def _array_type(items: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     if kind not in KEPT_ARRAYS:
         return None, (f"{kind}, an array Debezium sends as null when an update leaves it "
                       "out (stored out of line and unchanged), which a mirror cannot tell "
-                      "from a NULL")
+                      "from a NULL; a source table with REPLICA IDENTITY FULL sends it "
+                      "whole: declare it then, with replica_identity: full")
     return array, ""
 
 

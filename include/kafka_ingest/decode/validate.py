@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from kafka_ingest.config import OnTombstone, OnTruncate, Pipeline
+from kafka_ingest.config import OnTombstone, OnTruncate, Pipeline, ReplicaIdentity
 from kafka_ingest.contracts.base import Contract, hot_validation, sink_getter
 from kafka_ingest.contracts.columns import PG_EPOCH_MS
 from kafka_ingest.decode.codecs import codec_for
@@ -152,7 +152,8 @@ def validate_changes(messages: Iterable[MessageLike], pipeline: Pipeline,
     validator = validation.validator
     envelopes = EnvelopeReader(decoder, pipeline=pipeline.name,
                                declared=declared_fields(pipeline.model),
-                               key_fields=change_key_fields(pipeline))
+                               key_fields=change_key_fields(pipeline),
+                               full=pipeline.replica_identity is ReplicaIdentity.FULL)
     delete_key = change_key(pipeline, decoder)
     extra = column_reader(pipeline, decoder)
     build = row_builder(pipeline.model, by_key=validation.by_key)

@@ -25,7 +25,7 @@ from kafka_ingest.decode.envelopes import (
     unavailable,
 )
 from kafka_ingest.decode.validate import validate_chunk
-from kafka_ingest.errors import SourceChanged
+from kafka_ingest.errors import ReplicaIdentityNotFull, SourceChanged
 from kafka_ingest.kafka.dlq import DeadLetter
 from kafka_ingest.records import EVERY_KEY
 from kafka_ingest.requests import ReplayFilters, letter_identity
@@ -162,6 +162,37 @@ def test_a_mirror_of_an_array_debezium_sends_as_null_when_left_out_is_refused_at
     plain = {k: v for k, v in MIRROR.items() if k not in ("envelope", "record_key")}
     parse_pipelines({"contracts": {"customer": contract}, "pipelines": {"m": plain}},
                     source="t.yaml")
+
+
+def test_a_mirror_of_a_replica_identity_full_source_takes_arrays_of_any_type() -> None:
+    """A source table with REPLICA IDENTITY FULL sends every value of an update: with
+    ``replica_identity: full`` the arrays refused above load; the setting is a mirror's."""
+    contract = {"fields": {**CUSTOMER["fields"], "flags": {
+        "type": "array", "items": {"type": "boolean"}, "required": False}}}
+    full = {**MIRROR, "replica_identity": "full"}
+    loaded = parse_pipelines({"contracts": {"customer": contract}, "pipelines": {"m": full}},
+                             source="t.yaml")["m"]
+    assert "flags" in {c.name for c in loaded.sink_columns}
+    plain = {k: v for k, v in full.items() if k not in ("envelope", "record_key")}
+    with pytest.raises(ValueError, match="replica_identity is a mirror's"):
+        parse_pipelines({"contracts": {"customer": contract}, "pipelines": {"m": {
+            **plain, "identity": "id"}}}, source="t.yaml")
+
+
+def test_under_replica_identity_full_an_update_without_its_old_row_stops_the_run() -> None:
+    """An update that carries no old row comes from a source that is not FULL: a left-out
+    array would arrive as a null, so the run stops rather than write it."""
+    full = mirror(replica_identity="full")
+    old = {**FULL_ROW, "name": "Old"}
+    result = validate_chunk([Msg(0, key_=key(7), value_=change("u", FULL_ROW, before=old))],
+                            full)
+    assert (len(result.rows), result.dead) == (1, [])
+    with pytest.raises(ReplicaIdentityNotFull, match=r"pipeline m: a change event of op 'u' "
+                                                     r"\(topic 'orders' partition 3\) carries no "
+                                                     r"old row"):
+        validate_chunk([Msg(0, key_=key(7), value_=change("u", FULL_ROW))], full)
+    assert validate_chunk([Msg(0, key_=key(7), value_=change("u", FULL_ROW))],
+                          mirror()).dead == []  # the default expects no old row
 
 
 def test_the_array_placeholders_of_kept_columns_are_recognised() -> None:
