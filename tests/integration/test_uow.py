@@ -528,6 +528,43 @@ def test_a_chunk_meeting_a_stored_key_falls_back_to_on_conflict_and_the_slice_pa
     assert [r[0] for r in _table(conn)] == sorted(f"u-{i}" for i in range(40))
 
 
+def test_a_source_position_chunk_tries_its_keys_as_new_in_the_incarnation_its_column_takes(
+        db: Database, make_pipeline: Callable[..., Any], attempts: list[int | None]) -> None:
+    """A table keyed by the source position: the COPY of new keys leaves the incarnation
+    to the column's default (1), so a chunk of the topic as first seen is copied straight
+    in, one of a topic created again (incarnation 2) takes the staged path, which writes
+    its incarnation; a table whose column defaults to another value is never copied into
+    (its rows would take that value)."""
+    from kafka_ingest.db.tables import create_statements
+    from kafka_ingest.records import Source
+
+    pipeline = make_pipeline("telemetry_metrics", partitions=1, chunk_size=100,
+                             identity="source_position", table="by_position")
+    with closing(db.connect()) as conn:
+        for change in create_statements(pipeline):
+            conn.execute(change.statement)  # type: ignore[arg-type]
+        conn.commit()
+
+        def write(rows: list[Row], incarnation: int) -> UpsertResult:
+            with UnitOfWork(conn, pipeline) as uow:
+                up = uow.rows.upsert(rows, source=Source(TOPIC, None, incarnation))
+                uow.commit()
+            return up
+
+        assert write(_rows(10), 1).inserted == 10
+        assert attempts == [10]  # copied straight in
+        again = write(_rows(10), 1)  # a replay: the COPY is refused, ON CONFLICT keeps them
+        assert (again.inserted, again.duplicates) == (0, 10) and attempts == [10, None]
+        assert write(_rows(10), 2).inserted == 10  # the topic created again
+        assert attempts == [10, None]
+        conn.execute("ALTER TABLE by_position ALTER COLUMN source_incarnation SET DEFAULT 5")
+        conn.commit()
+        assert write(_rows(5, start=10), 1).inserted == 5
+        assert attempts == [10, None]
+        assert conn.execute("SELECT source_incarnation, count(*) FROM by_position GROUP BY 1"
+                            " ORDER BY 1").fetchall() == [(1, 15), (2, 10)]
+
+
 def test_a_letter_twice_in_a_chunk_lands_once_as_a_new_key_and_through_on_conflict(
         conn: Any, pipeline: Any, attempts: list[int | None]) -> None:
     # Two rows at one place in the log (a dead letter produced twice, replayed): the

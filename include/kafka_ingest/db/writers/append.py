@@ -13,9 +13,11 @@ then :data:`INSERT_NEW_EVENTS`. What the table ends with is the same either way,
 replay never duplicates a row. A slice whose chunk met a stored key skips the attempt for
 its next chunks, 1, 2, 4, ... up to :data:`NEW_KEYS_MAX_PAUSE` of them (:class:`NewKeys`):
 a backfill over stored rows pays one refused ``COPY``, not one a chunk. A table identified
-by the source position always takes the staged path: its key holds the incarnation of the
-topic, which is the chunk's, not a row's, so the ``INSERT`` adds it (``COPY`` could only
-leave the column to its default).
+by the source position holds the incarnation of the topic in its key, which is the
+chunk's, not a row's: the ``COPY`` leaves that column to its default, so it is tried only
+for a chunk of the incarnation the column defaults to (1, the topic as first seen: read
+from the table's own default, :data:`INCARNATION_DEFAULT`, once per slice); a chunk of a
+topic created again takes the staged path, whose ``INSERT`` adds its incarnation.
 
 The counts: ``inserted`` is what Postgres wrote (the ``COPY``'s or the ``INSERT``'s row
 count); ``duplicates`` the rest of the chunk, copies in it and events stored before. That
@@ -48,6 +50,11 @@ INSERT_NEW_EVENTS = (
     "INSERT INTO {t} ({c}{ic}) SELECT DISTINCT ON ({d}) {c}{iv} FROM {s}"
     ' ORDER BY {d}, source_topic COLLATE "C", source_partition,'
     " source_offset ON CONFLICT ({k}) DO NOTHING")
+#: The default of a table's incarnation column as Postgres prints it ({t}: the table).
+INCARNATION_DEFAULT = (
+    "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a"
+    " ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+    " WHERE d.adrelid = %(table)s::regclass AND a.attname = %(column)s")
 #: Staged events the table does not hold after the INSERT, one primary-key probe per
 #: staged row (a scalar subquery is never turned into a join, so the cost stays per chunk
 #: whatever the table's size; as an anti-join the planner, knowing nothing of the fresh
@@ -103,10 +110,11 @@ class AppendWriter(TableWriter):
         #: The slice's memory of stored keys met.
         self.new_keys = new_keys or NewKeys()
         self._identity = row_identity(pipeline)
-        #: The incarnation is part of the key: every chunk takes the staged path.
+        #: The incarnation is part of the key: see :meth:`_copies`.
         self._by_position = pipeline.identity_source is IdentitySource.SOURCE_POSITION
-        if self._by_position:
-            self.new_keys.refused = True
+        #: The incarnation the table's column defaults to (None: not read yet; 0: none
+        #: a chunk can have).
+        self._default_incarnation: int | None = None
         self._insert, self._missing = _statements(self.table, self.stage, self._column_list,
                                                   pipeline)
 
@@ -114,7 +122,7 @@ class AppendWriter(TableWriter):
                      encoded: bytes | None) -> UpsertResult:
         n = len(rows)
         distinct = len(set(map(self._identity, rows)))
-        if self.new_keys.attempt():
+        if self._copies(source) and self.new_keys.attempt():
             inserted = self._copy_new(rows, encoded, distinct)
             if inserted is not None:
                 self.new_keys.all_new()
@@ -135,6 +143,20 @@ class AppendWriter(TableWriter):
         # distinct staged event, it wrote each of them; otherwise they are looked up.
         missing = 0 if inserted == distinct else self._scalar(self._missing, params)
         return UpsertResult(inserted, n - inserted, 0, [], missing)
+
+    def _copies(self, source: Source | None) -> bool:
+        """Whether the chunk may try its keys as new: any chunk, but for a table identified
+        by the source position, only a chunk of the incarnation its column defaults to
+        (the ``COPY`` leaves the column out)."""
+        if not self._by_position:
+            return True
+        if self._default_incarnation is None:
+            row = self.conn.execute(INCARNATION_DEFAULT, {
+                "table": self.table.as_string(self.conn),
+                "column": INCARNATION_COLUMN}).fetchone()
+            text = str(row[0]) if row and row[0] is not None else ""
+            self._default_incarnation = int(text) if text.isdigit() else 0
+        return source is not None and source.incarnation == self._default_incarnation
 
     def _copy_new(self, rows: list[Row], encoded: bytes | None, distinct: int) -> int | None:
         """The chunk's payload (one copy of each event) copied straight into the table as
@@ -179,5 +201,5 @@ def _statements(table: sql.Identifier, stage: sql.Identifier, column_list: sql.C
     return sql.SQL(INSERT_NEW_EVENTS).format(**names), sql.SQL(MISSING_EVENTS).format(**names)
 
 
-__all__ = ["INSERT_NEW_EVENTS", "MISSING_EVENTS", "NEW_KEYS_MAX_PAUSE", "AppendWriter",
-           "NewKeys"]
+__all__ = ["INCARNATION_DEFAULT", "INSERT_NEW_EVENTS", "MISSING_EVENTS", "NEW_KEYS_MAX_PAUSE",
+           "AppendWriter", "NewKeys"]
