@@ -162,3 +162,28 @@ def test_a_composite_primary_key_is_read_from_avro_record_keys(
     assert (done["deleted"], done["dead_lettered"]) == (1, 0), done
     statement = f"SELECT {columns} FROM customers ORDER BY region, id"
     assert query(pg_dsn, statement) == src.query(statement) == [("eu", 2, "c"), ("us", 1, "b2")]
+
+
+def test_a_column_of_an_array_of_decimals_in_avro_does_not_dead_letter_its_rows(
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
+        pg_dsn: str, dlq_topics: list[str], tmp_path: Path,
+        stack_env: dict[str, str]) -> None:
+    """A ``numeric(10,2)[]`` column: the converter writes an array of Avro decimals, which
+    fastavro decodes to ``Decimal`` items; the column is left out of the declaration (an
+    array Debezium cannot mark unchanged), and its rows load like any other."""
+    src = debezium_source({"customers": "id int PRIMARY KEY, name text NOT NULL, "
+                                        "amounts numeric(10,2)[]"},
+                          setup=["INSERT INTO customers VALUES (1, 'a', '{1.50,NULL,-0.07}'), "
+                                 "(2, 'b', NULL)"],
+                          registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"])
+    raw = next(iter(src.events("customers")))
+    assert raw.value is not None
+    after = next(f for f in raw.value["schema"]["fields"] if f["field"] == "after")
+    amounts = next(f for f in after["fields"] if f["field"] == "amounts")
+    assert amounts["items"].get("typed"), amounts  # the converter's decimal items
+    document = _from_registry(env, src.topics["customers"], tmp_path)
+    assert "amounts" not in document["contracts"]["customers"]["fields"]
+    dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
+    done = ran(env, "run", "customers")
+    assert (done["inserted"], done["dead_lettered"]) == (2, 0), done
+    assert query(pg_dsn, "SELECT id, name FROM customers ORDER BY id") == [(1, "a"), (2, "b")]

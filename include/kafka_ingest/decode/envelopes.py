@@ -144,7 +144,10 @@ SEMANTIC: dict[str, Convert] = {
 
 
 def semantic(field: dict[str, Any]) -> Convert | None:
-    """How a value of the Connect field schema ``field`` is decoded (None: as it is)."""
+    """How a value of the Connect field schema ``field`` is decoded (None: as it is); one
+    its codec decoded already (``"typed"``, an array's items included) by :func:`_typed`."""
+    if field.get("typed"):
+        return _typed(field)
     name, kind = field.get("name"), field.get("type")
     if name == "org.apache.kafka.connect.data.Decimal":
         return _decimal(int((field.get("parameters") or {}).get("scale", 0)))
@@ -185,8 +188,7 @@ def row_reader(schema: Any) -> RowReader | None:
     if after is None:
         return None
     converts = tuple({f["field"]: c for f in after if isinstance(f, dict) and "field" in f
-                      and (c := _typed(f) if f.get("typed") else semantic(f)) is not None
-                      }.items())
+                      and (c := semantic(f)) is not None}.items())
 
     def read(row: dict[str, Any]) -> dict[str, Any]:
         for name, convert in converts:  # per column of every message: the guard inline

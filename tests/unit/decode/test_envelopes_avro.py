@@ -146,6 +146,46 @@ def test_a_composite_key_is_read_from_the_fields_of_an_avro_record_key() -> None
     assert read(b'{"region": "us", "id": 2}') == ("us", 2)  # a JSON key as before
 
 
+#: Connect's Decimal and Date as the converter writes them (Avro logical types, decoded by
+#: fastavro), as an array's items: a ``numeric(10,2)[]`` column, a ``date[]`` one (under
+#: ``time.precision.mode: connect``).
+DECIMAL_ITEM = {"type": "bytes", "scale": 2, "precision": 10, "connect.version": 1,
+                "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+                "connect.name": "org.apache.kafka.connect.data.Decimal",
+                "logicalType": "decimal"}
+DATE_ITEM = {"type": "int", "connect.version": 1,
+             "connect.name": "org.apache.kafka.connect.data.Date", "logicalType": "date"}
+
+
+def test_an_array_of_avro_logical_type_items_is_left_as_the_codec_decoded_it() -> None:
+    """Items the codec decoded already (a Decimal, a date) are not decoded again: a
+    ``numeric(10,2)[]`` column (left out of the contract) no longer dead-letters its rows,
+    and a ``date[]`` column (declared) keeps its dates."""
+    arrays = json.loads(json.dumps(ENVELOPE))
+    arrays["fields"][0]["type"][1]["fields"] += [
+        {"name": "amounts", "type": ["null", {"type": "array", "items": ["null", DECIMAL_ITEM]}],
+         "default": None},
+        {"name": "days", "type": ["null", {"type": "array", "items": ["null", DATE_ITEM]}],
+         "default": None}]
+    fields, _, left_out = row_declaration(from_avro(arrays))
+    assert [line.split(":")[0] for line in left_out] == ["amounts"]
+    assert fields["days"]["type"] == "array"
+    p = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {"m": {
+        "topic": "pg.public.customers", "dlq_topic": "m-dlq", "table": "customers",
+        "contract": {"event_type": "customer", "version": 1}, "envelope": "debezium",
+        "format": "avro", "schema_registry": {},
+        "record_key": {"column": "id", "format": "registry", "type": "bigint"}}}})["m"]
+    schema = WriterSchema(25, "AVRO", json.dumps(arrays), "v", 2)
+    value = change("c", {**ROW, "amounts": [Decimal("1.50"), None, Decimal("-0.07")],
+                         "days": [date(2026, 1, 2), date(1969, 12, 31)]}, arrays, 25)
+    result = validate_chunk([Msg(0, value_=value)], p, decoder(p, schema))
+    assert [(d.error_class, d.error_detail) for d in result.dead] == []
+    (row,) = result.rows
+    values = dict(zip([c.name for c in p.sink_columns], row_values(row), strict=False))
+    assert values["days"] == [date(2026, 1, 2), date(1969, 12, 31)]
+    assert values["balance"] == Decimal("1234.56")
+
+
 @pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])
 def test_a_mirror_of_a_registry_format_that_keeps_no_connect_schema_is_refused_at_load(
         fmt: str) -> None:
