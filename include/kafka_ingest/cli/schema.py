@@ -35,7 +35,11 @@ from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
-from kafka_ingest.decode.envelopes import primary_key_declaration, rows_declaration
+from kafka_ingest.decode.envelopes import (
+    primary_key_declaration,
+    rows_declaration,
+    source_changes,
+)
 from kafka_ingest.decode.infer import (
     ProposedIdentity,
     column_name,
@@ -172,22 +176,25 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     try:
         schema = codec.latest(registry, args.subject)
         key = codec.latest(registry, f"{topic}-key") if schema is not None else None
+        if schema is None:
+            raise SettingsError(f"subject {args.subject!r} is not registered at "
+                                f"{settings.url}")
+        if not codec.reads(schema):
+            raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} "
+                                f"schema, not {codec.format.value}")
+        envelopes = _envelope_versions(codec, registry, args.subject, schema)
     finally:
         registry.close()
-    if schema is None:
-        raise SettingsError(f"subject {args.subject!r} is not registered at {settings.url}")
-    if not codec.reads(schema):
-        raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
-                            f"not {codec.format.value}")
-    connect = codec.connect_schema(schema)
-    if _is_envelope(connect):  # Debezium's change events, through a Connect converter
+    if envelopes:  # Debezium's change events, through a Connect converter
         pipeline = args.pipeline or _pipeline(topic)
         document, comments = _mirror(
-            topic, [connect], codec.connect_schema(key) if key is not None else None,
+            topic, [connect for _, connect in envelopes],
+            codec.connect_schema(key) if key is not None else None,
             pipeline=pipeline, event_type=args.event_type or pipeline,
             table=column_name(pipeline),
             extra={"format": codec.format.value, "schema_registry": {}})
         _loaded(document)
+        _reads_every_version(document, args.subject, envelopes)
         _print_comments([f"kafka-ingest schema from-registry {args.subject} --format "
                          f"{codec.format.value}: subject version {schema.version}, schema id "
                          f"{schema.schema_id}", *comments])
@@ -424,6 +431,33 @@ def _sampled_mirror(topic: str, values: list[Any], records: list[dict[str, Any]]
                             "schema") from None
     return _mirror(topic, [r["schema"] for r in records if _is_change_event(r)], key_schema,
                    pipeline=pipeline, event_type=event_type, table=table)
+
+
+def _envelope_versions(codec: Any, registry: SchemaRegistry, subject: str,
+                       latest: WriterSchema) -> list[tuple[int | None, Any]]:
+    """(version, Connect schema) of each version of ``subject`` that is Debezium's change
+    events', oldest first, when its ``latest`` is (else none): the topic holds records of
+    the older versions too (a snapshot written before a column was added or dropped)."""
+    connect = codec.connect_schema(latest)
+    if not _is_envelope(connect):
+        return []
+    older = [codec.version(registry, subject, n) for n in registry.versions(subject)
+             if n != latest.version]
+    return [*((s.version, c) for s in older if s is not None and codec.reads(s)
+              and _is_envelope(c := codec.connect_schema(s))), (latest.version, connect)]
+
+
+def _reads_every_version(document: dict[str, Any], subject: str,
+                         envelopes: list[tuple[int | None, Any]]) -> None:
+    """Refuse a mirror's declaration whose run would stop at records of one of the
+    subject's versions (a column retyped since: the drift check's
+    :class:`~kafka_ingest.errors.SourceChanged`); it is never printed."""
+    (contract,) = document["contracts"].values()
+    for version, connect in envelopes:
+        changes = source_changes(connect, contract["fields"])
+        if changes:
+            raise SettingsError(f"the declaration made would stop at the records of subject "
+                                f"{subject!r} version {version}: {_short('; '.join(changes))}")
 
 
 def _is_envelope(connect: Any) -> bool:
