@@ -25,11 +25,14 @@ from kafka_ingest.decode.connect_schema import from_avro
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.decode.envelopes import key_reader, row_declaration
 from kafka_ingest.decode.validate import validate_chunk
-from kafka_ingest.errors import SourceChanged
+from kafka_ingest.engine.ingest import IngestWriter
+from kafka_ingest.errors import RegistryLacksSchemas, SourceChanged
+from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.kafka.registry import WriterSchema
 from kafka_ingest.records import row_values
 from tests.support.fakes import Msg
 from tests.unit.decode.test_formats import OneSchema
+from tests.unit.decode.test_registry_judgement import _NoEncoder
 
 ENVELOPE = json.loads((Path(__file__).parent / "data" /
                        "debezium_customers_envelope.avsc").read_text())
@@ -184,6 +187,25 @@ def test_an_array_of_avro_logical_type_items_is_left_as_the_codec_decoded_it() -
     values = dict(zip([c.name for c in p.sink_columns], row_values(row), strict=False))
     assert values["days"] == [date(2026, 1, 2), date(1969, 12, 31)]
     assert values["balance"] == Decimal("1234.56")
+
+
+def test_change_events_of_a_schema_id_the_registry_lacks_fail_the_chunk_beside_known_keys(
+        ) -> None:
+    """A registry that lags (a replica, a restored backup) misses the newest value schema
+    (a column added upstream), while the record keys' schema, the same for the table's
+    whole life, is an old id it knows: the chunk fails (transient, retried), it is not
+    dead-lettered, which would leave the mirror without those changes."""
+    p = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "int"}]}
+    key = encoded(key_schema, 23, {"id": 7})
+    registry = OneSchema(WriterSchema(23, "AVRO", json.dumps(key_schema), "k", 1))
+    writer = IngestWriter(p, decoder=RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    values = [change("c", ROW, schema_id=30), change("u", ROW, schema_id=30)]
+    chunk = Chunk("pg.public.customers", 0, 0, 2,
+                  [Msg(i, key_=key, value_=v) for i, v in enumerate(values)])
+    with pytest.raises(RegistryLacksSchemas) as raised:
+        writer.prepare(chunk, _NoEncoder())  # type: ignore[arg-type]
+    assert raised.value.schema_ids == [30]
 
 
 @pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])
