@@ -18,6 +18,7 @@ What the codec already decoded is marked: a field whose Avro type has a logical 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 #: Avro's primitive types -> Connect's (``connect.type`` says which of Connect's smaller
@@ -53,10 +54,15 @@ class _Names:
         raise ValueError(f"the Avro schema names type {name!r} before defining it")
 
 
-def from_avro(schema: Any) -> dict[str, Any]:
+def from_avro(schema: Any, references: Sequence[Any] = ()) -> dict[str, Any]:
     """The Connect schema (JsonConverter's JSON form) of the Avro schema ``schema`` (parsed
-    JSON) that a Connect converter wrote. :class:`ValueError` for what is no Avro schema."""
-    return _connect(schema, _Names(), "", 0)
+    JSON) that a Connect converter wrote; ``references``: the parsed schemas whose named
+    types it may use by name (a registry's references, each after those it uses).
+    :class:`ValueError` for what is no Avro schema."""
+    names = _Names()
+    for referenced in references:
+        _connect(referenced, names, "", 0)
+    return _connect(schema, names, "", 0)
 
 
 def _connect(t: Any, names: _Names, namespace: str, depth: int) -> dict[str, Any]:
