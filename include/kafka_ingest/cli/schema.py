@@ -35,7 +35,11 @@ from kafka_ingest.contracts import json_schema
 from kafka_ingest.db import grant_runtime, migrate
 from kafka_ingest.db.tables import TablePlan, apply_pipelines, plan_tables, runtime_tables
 from kafka_ingest.decode.codecs import codec_for
-from kafka_ingest.decode.envelopes import primary_key_declaration, rows_declaration
+from kafka_ingest.decode.envelopes import (
+    primary_key_declaration,
+    rows_declaration,
+    source_changes,
+)
 from kafka_ingest.decode.infer import (
     ProposedIdentity,
     column_name,
@@ -50,7 +54,7 @@ from kafka_ingest.decode.schemas import (
     schema_problems,
 )
 from kafka_ingest.decode.validate import validate_chunk
-from kafka_ingest.errors import PrivilegeMissing, SettingsError, SourceChanged
+from kafka_ingest.errors import PrivilegeMissing, SchemaUnreadable, SettingsError, SourceChanged
 from kafka_ingest.kafka.reader import sample
 from kafka_ingest.kafka.registry import SchemaRegistry, WriterSchema
 from kafka_ingest.kafka.topics import create_pipeline_topics
@@ -177,19 +181,21 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     try:
         schema = codec.latest(registry, args.subject)
         key = codec.latest(registry, f"{topic}-key") if schema is not None else None
+        if schema is None:
+            raise SettingsError(f"subject {args.subject!r} is not registered at "
+                                f"{settings.url}")
+        if not codec.reads(schema):
+            raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} "
+                                f"schema, not {codec.format.value}")
+        envelopes = _envelope_versions(codec, registry, args.subject, schema)
     finally:
         registry.close()
-    if schema is None:
-        raise SettingsError(f"subject {args.subject!r} is not registered at {settings.url}")
-    if not codec.reads(schema):
-        raise SettingsError(f"subject {args.subject!r} holds a {schema.schema_type} schema, "
-                            f"not {codec.format.value}")
     pipeline = args.pipeline or _pipeline(topic)
-    mirrored = _registry_mirror(codec, topic, schema, key, pipeline=pipeline,
-                                event_type=args.event_type or pipeline,
-                                table=column_name(pipeline))
-    if mirrored is not None:  # Debezium's change events, through a Connect converter
-        document, comments = mirrored
+    if envelopes:  # Debezium's change events, through a Connect converter
+        document, comments = _registry_mirror(codec, topic, args.subject, envelopes, key,
+                                              pipeline=pipeline,
+                                              event_type=args.event_type or pipeline,
+                                              table=column_name(pipeline))
         _print_comments([f"kafka-ingest schema from-registry {args.subject} --format "
                          f"{codec.format.value}: subject version {schema.version}, schema id "
                          f"{schema.schema_id}", *comments])
@@ -392,31 +398,37 @@ def _from_subjects(args: argparse.Namespace, codec: Any, registry: SchemaRegistr
                    if fnmatch.fnmatchcase(s, args.subject) and s.endswith("-value"))
 
     def declare(topic: str, pipeline: str, table: str) -> tuple[dict[str, Any], list[str]]:
-        schema = codec.latest(registry, f"{topic}-value")
-        found = _registry_mirror(codec, topic, schema, codec.latest(registry, f"{topic}-key"),
-                                 pipeline=pipeline, event_type=pipeline, table=table)
-        if found is None:
+        subject = f"{topic}-value"
+        schema = codec.latest(registry, subject)
+        envelopes = (_envelope_versions(codec, registry, subject, schema)
+                     if schema is not None and codec.reads(schema) else [])
+        if not envelopes:
             raise SettingsError(f"not Debezium change events in {codec.format.value}")
-        return found
+        return _registry_mirror(codec, topic, subject, envelopes,
+                                codec.latest(registry, f"{topic}-key"), pipeline=pipeline,
+                                event_type=pipeline, table=table)
 
     return _print_mirrors("from-registry", args.subject, names, declare)
 
 
-def _registry_mirror(codec: Any, topic: str, schema: WriterSchema | None,
-                     key: WriterSchema | None, *, pipeline: str, event_type: str,
-                     table: str) -> tuple[dict[str, Any], list[str]] | None:
-    """:func:`_mirror` of the change events whose value schema is ``schema`` (and key
-    schema ``key``) in a registry format, or None when ``schema`` is not Debezium's
-    envelope written by a Connect converter (the format keeps no Connect schema, or it is
-    a schema of plain records)."""
-    connect = codec.connect_schema(schema) if schema and codec.reads(schema) else None
-    if not _is_envelope(connect):
-        return None
+def _registry_mirror(codec: Any, topic: str, subject: str,
+                     envelopes: list[tuple[int | None, Any]], key: WriterSchema | None, *,
+                     pipeline: str, event_type: str, table: str
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """:func:`_mirror` of the change events of the value subject ``subject`` in a registry
+    format (``envelopes``: its versions' Connect schemas, :func:`_envelope_versions`), keyed
+    by the key schema ``key``; refused when a version's records would stop its run."""
+    if key is None or not codec.reads(key):
+        raise SettingsError(f"topic {topic!r}: no {codec.format.value} key subject "
+                            f"{topic}-key: a mirror deletes and orders rows by the primary "
+                            "key its record keys carry (the table has none, or the keys are "
+                            "written by another converter than the values)")
     document, said = _mirror(
-        topic, [connect], codec.connect_schema(key) if key and codec.reads(key) else None,
+        topic, [connect for _, connect in envelopes], codec.connect_schema(key),
         pipeline=pipeline, event_type=event_type, table=table,
         extra={"format": codec.format.value, "schema_registry": {}})
     _loaded(document)
+    _reads_every_version(document, subject, envelopes)
     return document, said
 
 
@@ -487,6 +499,36 @@ def _sampled_mirror(topic: str, values: list[Any], records: list[dict[str, Any]]
                             "schema") from None
     return _mirror(topic, [r["schema"] for r in records if _is_change_event(r)], key_schema,
                    pipeline=pipeline, event_type=event_type, table=table)
+
+
+def _envelope_versions(codec: Any, registry: SchemaRegistry, subject: str,
+                       latest: WriterSchema) -> list[tuple[int | None, Any]]:
+    """(version, Connect schema) of each version of ``subject`` that is Debezium's change
+    events', oldest first, when its ``latest`` is (else none): the topic holds records of
+    the older versions too (a snapshot written before a column was added or dropped)."""
+    try:
+        connect = codec.connect_schema(latest)
+    except SchemaUnreadable:  # no Connect schema to read (a plain schema nested deeper)
+        return []
+    if not _is_envelope(connect):
+        return []
+    older = [codec.version(registry, subject, n) for n in registry.versions(subject)
+             if n != latest.version]
+    return [*((s.version, c) for s in older if s is not None and codec.reads(s)
+              and _is_envelope(c := codec.connect_schema(s))), (latest.version, connect)]
+
+
+def _reads_every_version(document: dict[str, Any], subject: str,
+                         envelopes: list[tuple[int | None, Any]]) -> None:
+    """Refuse a mirror's declaration whose run would stop at records of one of the
+    subject's versions (a column retyped since: the drift check's
+    :class:`~kafka_ingest.errors.SourceChanged`); it is never printed."""
+    (contract,) = document["contracts"].values()
+    for version, connect in envelopes:
+        changes = source_changes(connect, contract["fields"])
+        if changes:
+            raise SettingsError(f"the declaration made would stop at the records of subject "
+                                f"{subject!r} version {version}: {_short('; '.join(changes))}")
 
 
 def _is_envelope(connect: Any) -> bool:

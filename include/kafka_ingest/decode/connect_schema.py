@@ -11,13 +11,15 @@ change events serves every encoding: the row reader, the drift check and the dec
 of :mod:`~kafka_ingest.decode.envelopes` take that form only.
 
 What the codec already decoded is marked: a field whose Avro type has a logical type
-(``decimal``, ``date``, ``time-millis``, ``timestamp-millis``) arrives typed from
+(``decimal``, ``date``, ``time-millis``, ``timestamp-millis``, and the others fastavro
+decodes: ``uuid``, ``time-micros``, ``timestamp-micros``, ``local-timestamp-*``) arrives typed from
 :mod:`~kafka_ingest.decode.codecs.avro` (a ``Decimal``, a ``date``, ...), and carries
 ``"typed": true`` so that the row reader leaves it as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 #: Avro's primitive types -> Connect's (``connect.type`` says which of Connect's smaller
@@ -28,7 +30,15 @@ _PRIMITIVES = {"int": "int32", "long": "int64", "float": "float", "double": "dou
 _LOGICAL = {"decimal": "org.apache.kafka.connect.data.Decimal",
             "date": "org.apache.kafka.connect.data.Date",
             "time-millis": "org.apache.kafka.connect.data.Time",
-            "timestamp-millis": "org.apache.kafka.connect.data.Timestamp"}
+            "timestamp-millis": "org.apache.kafka.connect.data.Timestamp",
+            # the logical types Connect has none for, which the codec decodes too: named
+            # by the Debezium type whose column takes the value the codec makes (a UUID, a
+            # time, an aware or a zone-less datetime)
+            "uuid": "io.debezium.data.Uuid",
+            "time-micros": "io.debezium.time.MicroTime",
+            "timestamp-micros": "io.debezium.time.ZonedTimestamp",
+            "local-timestamp-millis": "io.debezium.time.Timestamp",
+            "local-timestamp-micros": "io.debezium.time.MicroTimestamp"}
 #: How deep records may nest (an envelope is two levels: the envelope, its row).
 _MAX_DEPTH = 16
 
@@ -53,10 +63,15 @@ class _Names:
         raise ValueError(f"the Avro schema names type {name!r} before defining it")
 
 
-def from_avro(schema: Any) -> dict[str, Any]:
+def from_avro(schema: Any, references: Sequence[Any] = ()) -> dict[str, Any]:
     """The Connect schema (JsonConverter's JSON form) of the Avro schema ``schema`` (parsed
-    JSON) that a Connect converter wrote. :class:`ValueError` for what is no Avro schema."""
-    return _connect(schema, _Names(), "", 0)
+    JSON) that a Connect converter wrote; ``references``: the parsed schemas whose named
+    types it may use by name (a registry's references, each after those it uses).
+    :class:`ValueError` for what is no Avro schema."""
+    names = _Names()
+    for referenced in references:
+        _connect(referenced, names, "", 0)
+    return _connect(schema, names, "", 0)
 
 
 def _connect(t: Any, names: _Names, namespace: str, depth: int) -> dict[str, Any]:

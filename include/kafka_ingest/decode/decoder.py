@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from kafka_ingest.config import KeyFormat, Pipeline
@@ -74,9 +74,11 @@ class RegistryDecoder:
         #: Reads that met a schema id the registry does not know (see
         #: :func:`require_a_known_id`): counted on the slow path only.
         self.unknown_reads = 0
-        #: Whether record keys are in the wire format too (``record_key.format: registry``).
-        self.keys = (pipeline.record_key is not None
-                     and pipeline.record_key.format is KeyFormat.REGISTRY)
+        #: Whether record keys may be in the wire format too: ``record_key.format:
+        #: registry``, or a mirror's composite key (read by its wire header when it has one:
+        #: :func:`~kafka_ingest.decode.envelopes.key_reader`).
+        self.keys = pipeline.composite_key or (
+            pipeline.record_key is not None and pipeline.record_key.format is KeyFormat.REGISTRY)
 
     def read(self, value: bytes) -> Any:
         return self._by_header[value[:HEADER_SIZE]](value, HEADER_SIZE)
@@ -176,12 +178,20 @@ class RegistryDecoder:
         not a loss: the next run's chunk starts at it, and as soon as a record whose id the
         registry knows shares that chunk, it is dead-lettered as ``unknown_schema``. Records
         without the wire header carry no id and count for nothing either way; an id the
-        registry knows under another type counts as known (that record is poison)."""
-        carried = {schema_id for msg in messages
-                   for raw in (msg.value(), msg.key() if self.keys else None)
-                   if (schema_id := self.codec.schema_id(raw)) is not None}
-        if carried and all(self._schema(schema_id) is None for schema_id in carried):
-            raise RegistryLacksSchemas(where, sorted(carried), self.registry.settings.url)
+        registry knows under another type counts as known (that record is poison).
+
+        Values and record keys (``record_key.format: registry``) are judged apart: a key
+        subject's schema is the same for a topic's whole life (a table's primary key), so
+        its old id, which a lagging registry knows, vouches for none of the values' new
+        ones."""
+        values = self._ids(msg.value() for msg in messages)
+        keys = self._ids(msg.key() for msg in messages) if self.keys else set()
+        unknown = {schema_id for schema_id in values | keys if self._schema(schema_id) is None}
+        if any(part and part <= unknown for part in (values, keys)):
+            raise RegistryLacksSchemas(where, sorted(unknown), self.registry.settings.url)
+
+    def _ids(self, raws: Iterable[bytes | None]) -> set[int]:
+        return {schema_id for raw in raws if (schema_id := self.codec.schema_id(raw)) is not None}
 
     def __repr__(self) -> str:
         return f"RegistryDecoder({self.codec.format.value}, {self.registry.settings!r})"

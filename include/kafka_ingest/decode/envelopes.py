@@ -150,7 +150,10 @@ SEMANTIC: dict[str, Convert] = {
 
 
 def semantic(field: dict[str, Any]) -> Convert | None:
-    """How a value of the Connect field schema ``field`` is decoded (None: as it is)."""
+    """How a value of the Connect field schema ``field`` is decoded (None: as it is); one
+    its codec decoded already (``"typed"``, an array's items included) by :func:`_typed`."""
+    if field.get("typed"):
+        return _typed(field)
     name, kind = field.get("name"), field.get("type")
     if name == "org.apache.kafka.connect.data.Decimal":
         return _decimal(int((field.get("parameters") or {}).get("scale", 0)))
@@ -191,8 +194,7 @@ def row_reader(schema: Any) -> RowReader | None:
     if after is None:
         return None
     converts = tuple({f["field"]: c for f in after if isinstance(f, dict) and "field" in f
-                      and (c := _typed(f) if f.get("typed") else semantic(f)) is not None
-                      }.items())
+                      and (c := semantic(f)) is not None}.items())
 
     def read(row: dict[str, Any]) -> dict[str, Any]:
         for name, convert in converts:  # per column of every message: the guard inline
@@ -272,10 +274,12 @@ def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...],
                 key = from_json(raw)
             except ValueError:
                 raise BadKey("record key is not JSON") from None
-        if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
-            key = key["payload"]
+            # JsonConverter's with its schema (a record's fields are the key's own)
+            if isinstance(key, dict) and key.keys() == {"schema", "payload"} \
+                    and set(fields) != {"schema", "payload"}:
+                key = key["payload"]
         if not isinstance(key, dict):
-            raise BadKey(f"record key is not a JSON object of the fields {list(fields)}")
+            raise BadKey(f"record key is not an object of the fields {list(fields)}")
         missing = [name for name in fields if name not in key]
         if missing:
             raise BadKey(f"record key has no field {missing[0]!r} (the primary key's fields "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,14 @@ from kafka_ingest.decode.connect_schema import from_avro
 from kafka_ingest.decode.decoder import RegistryDecoder
 from kafka_ingest.decode.envelopes import key_reader, row_declaration
 from kafka_ingest.decode.validate import validate_chunk
-from kafka_ingest.errors import SourceChanged
+from kafka_ingest.engine.ingest import IngestWriter
+from kafka_ingest.errors import RegistryLacksSchemas, SourceChanged
+from kafka_ingest.kafka.reader import Chunk
 from kafka_ingest.kafka.registry import WriterSchema
 from kafka_ingest.records import row_values
 from tests.support.fakes import Msg
 from tests.unit.decode.test_formats import OneSchema
+from tests.unit.decode.test_registry_judgement import _NoEncoder
 
 ENVELOPE = json.loads((Path(__file__).parent / "data" /
                        "debezium_customers_envelope.avsc").read_text())
@@ -144,6 +147,112 @@ def test_a_composite_key_is_read_from_the_fields_of_an_avro_record_key() -> None
                       RegistryDecoder(some, registry))  # type: ignore[arg-type]
     assert read(encoded(KEY, KEY_ID, {"region": "eu", "id": 1})) == ("eu", 1)
     assert read(b'{"region": "us", "id": 2}') == ("us", 2)  # a JSON key as before
+    # a primary key whose columns are named like JsonConverter's two parts is its own
+    odd = {"type": "record", "name": "Key", "fields": [
+        {"name": "schema", "type": "string"}, {"name": "payload", "type": "int"}]}
+    registry.known[27] = WriterSchema(27, "AVRO", json.dumps(odd), "k", 1)
+    read = key_reader(("schema", "payload"), ("text", "int4"),
+                      RegistryDecoder(some, registry))  # type: ignore[arg-type]
+    assert read(encoded(odd, 27, {"schema": "s", "payload": 3})) == ("s", 3)
+    assert read(b'{"schema": "s", "payload": 4}') == ("s", 4)
+
+
+#: Connect's Decimal and Date as the converter writes them (Avro logical types, decoded by
+#: fastavro), as an array's items: a ``numeric(10,2)[]`` column, a ``date[]`` one (under
+#: ``time.precision.mode: connect``).
+DECIMAL_ITEM = {"type": "bytes", "scale": 2, "precision": 10, "connect.version": 1,
+                "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+                "connect.name": "org.apache.kafka.connect.data.Decimal",
+                "logicalType": "decimal"}
+DATE_ITEM = {"type": "int", "connect.version": 1,
+             "connect.name": "org.apache.kafka.connect.data.Date", "logicalType": "date"}
+
+
+def test_an_array_of_avro_logical_type_items_is_left_as_the_codec_decoded_it() -> None:
+    """Items the codec decoded already (a Decimal, a date) are not decoded again: a
+    ``numeric(10,2)[]`` column (left out of the contract) no longer dead-letters its rows,
+    and a ``date[]`` column (declared) keeps its dates."""
+    arrays = json.loads(json.dumps(ENVELOPE))
+    arrays["fields"][0]["type"][1]["fields"] += [
+        {"name": "amounts", "type": ["null", {"type": "array", "items": ["null", DECIMAL_ITEM]}],
+         "default": None},
+        {"name": "days", "type": ["null", {"type": "array", "items": ["null", DATE_ITEM]}],
+         "default": None}]
+    fields, _, left_out = row_declaration(from_avro(arrays))
+    assert [line.split(":")[0] for line in left_out] == ["amounts"]
+    assert fields["days"]["type"] == "array"
+    p = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {"m": {
+        "topic": "pg.public.customers", "dlq_topic": "m-dlq", "table": "customers",
+        "contract": {"event_type": "customer", "version": 1}, "envelope": "debezium",
+        "format": "avro", "schema_registry": {},
+        "record_key": {"column": "id", "format": "registry", "type": "bigint"}}}})["m"]
+    schema = WriterSchema(25, "AVRO", json.dumps(arrays), "v", 2)
+    value = change("c", {**ROW, "amounts": [Decimal("1.50"), None, Decimal("-0.07")],
+                         "days": [date(2026, 1, 2), date(1969, 12, 31)]}, arrays, 25)
+    result = validate_chunk([Msg(0, value_=value)], p, decoder(p, schema))
+    assert [(d.error_class, d.error_detail) for d in result.dead] == []
+    (row,) = result.rows
+    values = dict(zip([c.name for c in p.sink_columns], row_values(row), strict=False))
+    assert values["days"] == [date(2026, 1, 2), date(1969, 12, 31)]
+    assert values["balance"] == Decimal("1234.56")
+
+
+def test_avro_logical_types_connect_has_no_name_for_are_declared_and_left_as_decoded(
+        ) -> None:
+    """``uuid``, ``time-micros``, ``timestamp-micros`` and ``local-timestamp-*`` (a
+    converter of another make may write them) arrive decoded by the codec: declared as the
+    column that takes that value, and not decoded a second time (a UUID read as a string
+    again failed the whole run)."""
+    logical = json.loads(json.dumps(ENVELOPE))
+    logical["fields"][0]["type"][1]["fields"] += [
+        {"name": f, "type": ["null", {"type": t, "logicalType": lt}], "default": None}
+        for f, t, lt in (("token", "string", "uuid"), ("opens", "long", "time-micros"),
+                         ("paid_at", "long", "timestamp-micros"),
+                         ("local_ms", "long", "local-timestamp-millis"),
+                         ("local_us", "long", "local-timestamp-micros"))]
+    fields, _, left_out = row_declaration(from_avro(logical))
+    assert left_out == []
+    assert {f: fields[f]["type"] for f in ("token", "opens", "paid_at", "local_ms",
+                                           "local_us")} == {
+        "token": "uuid", "opens": "time", "paid_at": "timestamptz", "local_ms": "timestamp",
+        "local_us": "timestamp"}
+    p = parse_pipelines({"contracts": {"customer": {"fields": fields}}, "pipelines": {"m": {
+        "topic": "pg.public.customers", "dlq_topic": "m-dlq", "table": "customers",
+        "contract": {"event_type": "customer", "version": 1}, "envelope": "debezium",
+        "format": "avro", "schema_registry": {},
+        "record_key": {"column": "id", "format": "registry", "type": "bigint"}}}})["m"]
+    token = UUID("7f0e3b2c-1111-4c4c-9a9a-0123456789ab")
+    at = datetime(2026, 3, 4, 5, 6, 7, 891011)
+    row = {**ROW, "token": token, "opens": time(9, 30, 0, 123456),
+           "paid_at": at.replace(tzinfo=UTC), "local_ms": at.replace(microsecond=891000),
+           "local_us": at}
+    schema = WriterSchema(26, "AVRO", json.dumps(logical), "v", 2)
+    result = validate_chunk([Msg(0, value_=change("c", row, logical, 26))], p, decoder(p, schema))
+    assert [(d.error_class, d.error_detail) for d in result.dead] == []
+    values = dict(zip([c.name for c in p.sink_columns], row_values(result.rows[0]),
+                      strict=False))
+    assert (values["token"], values["opens"], values["local_us"]) == (
+        token, time(9, 30, 0, 123456), at)
+    assert values["paid_at"] == at.replace(tzinfo=UTC)
+
+
+def test_change_events_of_a_schema_id_the_registry_lacks_fail_the_chunk_beside_known_keys(
+        ) -> None:
+    """A registry that lags (a replica, a restored backup) misses the newest value schema
+    (a column added upstream), while the record keys' schema, the same for the table's
+    whole life, is an old id it knows: the chunk fails (transient, retried), it is not
+    dead-lettered, which would leave the mirror without those changes."""
+    p = mirror(record_key={"column": "id", "format": "registry", "type": "bigint"})
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "int"}]}
+    key = encoded(key_schema, 23, {"id": 7})
+    registry = OneSchema(WriterSchema(23, "AVRO", json.dumps(key_schema), "k", 1))
+    writer = IngestWriter(p, decoder=RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    values = [change("c", ROW, schema_id=30), change("u", ROW, schema_id=30)]
+    chunk = Chunk("pg.public.customers", 0, 0, 2,
+                  [Msg(i, key_=key, value_=v) for i, v in enumerate(values)])
+    with pytest.raises(RegistryLacksSchemas) as raised:
+        writer.prepare(chunk, _NoEncoder())  # type: ignore[arg-type]
+    assert raised.value.schema_ids == [30]
 
 
 @pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])

@@ -80,7 +80,9 @@ class AvroCodec(Codec):
         (``connect.name``, ``connect.parameters``, ``connect.type``)."""
         parsed = _parsed(schema)
         try:
-            return None if parsed is None else from_avro(parsed)
+            return None if parsed is None else from_avro(parsed, [
+                json.loads(ref.schema.text) for ref in schema.referenced()
+                if ref.schema is not None])
         except ValueError as exc:
             raise SchemaUnreadable(schema.schema_id, str(exc)) from None
 
