@@ -255,6 +255,42 @@ def test_change_events_of_a_schema_id_the_registry_lacks_fail_the_chunk_beside_k
     assert raised.value.schema_ids == [30]
 
 
+def test_a_composite_mirrors_registry_keys_of_an_id_the_registry_lacks_fail_the_chunk(
+        ) -> None:
+    """A mirror keyed by several columns reads its record keys by their wire header: a
+    chunk whose keys all carry an id the registry lacks (a primary key changed upstream,
+    the registry behind) fails as transient, beside values of an id it knows, rather than
+    dead-letter its deletes."""
+    p = mirror(identity=["id", "name"])
+    key_schema = {"type": "record", "name": "Key", "fields": [
+        {"name": "id", "type": "int"}, {"name": "name", "type": "string"}]}
+    key = encoded(key_schema, 31, {"id": 7, "name": "Ada"})
+    writer = IngestWriter(p, decoder=decoder(p))  # type: ignore[arg-type]
+    chunk = Chunk("pg.public.customers", 0, 0, 2, [
+        Msg(0, key_=key, value_=change("c", ROW)), Msg(1, key_=key, value_=change("d", None))])
+    with pytest.raises(RegistryLacksSchemas) as raised:
+        writer.prepare(chunk, _NoEncoder())  # type: ignore[arg-type]
+    assert raised.value.schema_ids == [31]
+
+
+def test_a_plain_avro_schema_deeper_than_a_connect_schemas_limit_is_no_mirror() -> None:
+    """``schema from-registry`` reads a subject's schema as a Connect schema first: one it
+    cannot read so (nested deeper than a change event's) is a plain schema, declared as
+    before, not a failure of the command."""
+    from kafka_ingest.cli.schema import _envelope_versions
+    from kafka_ingest.decode.codecs import codec_for
+
+    deep: dict[str, Any] = {"type": "record", "name": "L0", "fields": []}
+    level = deep
+    for depth in range(1, 30):
+        inner = {"type": "record", "name": f"L{depth}", "fields": []}
+        level["fields"].append({"name": "next", "type": inner})
+        level = inner
+    schema = WriterSchema(40, "AVRO", json.dumps(deep), "deep-value", 1)
+    assert _envelope_versions(codec_for("avro"), OneSchema(schema), "deep-value",  # type: ignore[arg-type]
+                              schema) == []
+
+
 @pytest.mark.parametrize("fmt", ["protobuf", "json_schema"])
 def test_a_mirror_of_a_registry_format_that_keeps_no_connect_schema_is_refused_at_load(
         fmt: str) -> None:
