@@ -20,19 +20,20 @@ import yaml
 
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.integration.test_debezium_mirror import (
-    COLUMNS,
     LONG,
     LONG_BYTES,
     LONG_JSON,
     SOURCE,
+    both_tables_mirrored,
+    every_step,
+    installed,
     mirror_env,
     ran,
     row,
-    same,
 )
 from tests.support.cli import cli
 from tests.support.debezium import DebeziumSource
-from tests.support.ingest import highs, query
+from tests.support.ingest import query
 
 pytestmark = pytest.mark.integration
 
@@ -53,12 +54,7 @@ def _from_registry(env: dict[str, str], topic: str, tmp_path: Path, *named: str,
     assert "Debezium change events" in shown.stdout, shown.stdout
     document = yaml.safe_load(shown.stdout)
     document["pipelines"]["customers"].update(table="customers", **entry)
-    pipelines = tmp_path / "pipelines.yaml"
-    pipelines.write_text(yaml.safe_dump(document), encoding="utf-8")
-    env["KAFKA_INGEST_PIPELINES"] = str(pipelines)
-    for command in (("schema", "apply", "customers"), ("topics", "create", "customers")):
-        done = cli(env, *command)
-        assert done.returncode == 0, done.stderr
+    installed(env, document, tmp_path, "customers")
     return document
 
 
@@ -84,56 +80,7 @@ def test_a_table_mirrored_through_debezium_in_avro_equals_its_source_at_every_st
         "seen_at": "timestamp", "changed_at": "timestamptz", "profile": "jsonb",
         "ref": "uuid", "photo": "bytea", "notes": "text"}
     dlq_topics.append(entry["dlq_topic"])
-
-    first = ran(env, "run", "customers")  # the snapshot
-    assert (first["inserted"], first["dead_lettered"]) == (3, 0), first
-    same(src, pg_dsn)
-
-    # an insert, an update that leaves the TOASTed text, jsonb and bytea out, a delete
-    src.execute(f"INSERT INTO customers VALUES {row(4)}")
-    src.execute("UPDATE customers SET name = 'renamed', balance = 99.99 WHERE id = 2")
-    src.execute("DELETE FROM customers WHERE id = 1")
-    src.caught_up()
-    update = [e for e in src.events("customers") if e.op == "u"][-1]
-    assert update.after is not None
-    assert update.after["notes"] == "__debezium_unavailable_value", update.after
-    second = ran(env, "run", "customers")
-    assert (second["dead_lettered"], second["deleted"]) == (0, 1), second
-    same(src, pg_dsn)
-    assert query(pg_dsn, "SELECT notes, profile, photo FROM customers WHERE id = 2") == [
-        (LONG, json.loads(LONG_JSON), LONG_BYTES)]
-
-    # every offset again: nothing deleted comes back, nothing newer is overwritten
-    backfill = cli(env, "backfill", "customers", "--partition", "0", "--from-offset", "0",
-                   "--to-offset", str(highs(clients, topic)[0]))
-    assert backfill.returncode == 0, backfill.stderr
-    same(src, pg_dsn)
-
-    # a truncate, then a row: only the row after it stays
-    src.execute("TRUNCATE customers")
-    src.execute(f"INSERT INTO customers VALUES {row(5)}")
-    src.caught_up()
-    ran(env, "run", "customers")
-    same(src, pg_dsn)
-
-    # a column added at the source (a new schema version in the registry) stops the run,
-    # naming it; declared, it goes on
-    src.execute("ALTER TABLE customers ADD COLUMN score int")
-    src.execute(f"INSERT INTO customers ({COLUMNS}, score) VALUES {row(6)[:-1]}, 7)")
-    src.caught_up()
-    stopped = cli(env, "run", "customers")
-    assert stopped.returncode != 0
-    assert "column 'score' added" in stopped.stderr, stopped.stderr
-    contract = document["contracts"]["customer"]
-    contract["version"] = 2
-    contract["fields"]["score"] = {"type": "integer", "required": False, "since": 2}
-    entry["contract"]["version"] = 2
-    Path(env["KAFKA_INGEST_PIPELINES"]).write_text(yaml.safe_dump(document), encoding="utf-8")
-    done = cli(env, "schema", "apply", "customers")
-    assert done.returncode == 0, done.stderr
-    ran(env, "run", "customers")
-    same(src, pg_dsn)
-    assert query(pg_dsn, "SELECT score FROM customers WHERE id = 6") == [(7,)]
+    every_step(src, env, pg_dsn, clients, document)
 
 
 def test_a_composite_primary_key_is_read_from_avro_record_keys(
@@ -184,23 +131,8 @@ def test_a_pattern_of_subjects_is_mirrored_a_pipeline_per_table(
         "deletes and orders rows by the primary key" in shown.stdout.replace("\n#   ", " "), \
         shown.stdout
     document = yaml.safe_load(shown.stdout)
-    by_table = {p["table"]: (name, p) for name, p in document["pipelines"].items()}
-    assert {"customers", "orders"} <= set(by_table) and "notes" not in by_table
-    assert by_table["orders"][1]["record_key"] == {"column": "no", "format": "registry",
-                                                  "type": "bigint"}
-    path = tmp_path / "pipelines.yaml"
-    path.write_text(yaml.safe_dump(document), encoding="utf-8")
-    env["KAFKA_INGEST_PIPELINES"] = str(path)
-    for table in ("customers", "orders"):
-        name, entry = by_table[table]
-        dlq_topics.append(entry["dlq_topic"])
-        for command in (("schema", "apply", name), ("topics", "create", name)):
-            done = cli(env, *command)
-            assert done.returncode == 0, done.stderr
-        ran(env, "run", name)
-    same(src, pg_dsn)
-    assert query(pg_dsn, "SELECT no, customer, total FROM orders ORDER BY no") == \
-        src.query("SELECT no, customer, total FROM orders ORDER BY no")
+    assert "notes" not in {p["table"] for p in document["pipelines"].values()}
+    both_tables_mirrored(src, env, pg_dsn, document, "registry", tmp_path, dlq_topics)
 
 
 def test_a_column_of_an_array_of_decimals_in_avro_does_not_dead_letter_its_rows(
