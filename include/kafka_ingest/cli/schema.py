@@ -389,7 +389,7 @@ def _from_topics(args: argparse.Namespace, clients: Any) -> int:
 def _from_subjects(args: argparse.Namespace, codec: Any, registry: SchemaRegistry) -> int:
     """:func:`_print_mirrors` of every topic whose value subject the pattern
     ``args.subject`` matches (``pg.public.*-value``) and holds Debezium's change events,
-    each declared from its subject's latest schema."""
+    each declared from its subject's versions (:func:`_envelope_versions`)."""
     _no_names(args)
     if args.topic:
         raise SettingsError("--topic names one subject's topic; with a pattern each topic "

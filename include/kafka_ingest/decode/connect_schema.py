@@ -12,9 +12,9 @@ of :mod:`~kafka_ingest.decode.envelopes` take that form only.
 
 What the codec already decoded is marked: a field whose Avro type has a logical type
 (``decimal``, ``date``, ``time-millis``, ``timestamp-millis``, and the others fastavro
-decodes: ``uuid``, ``time-micros``, ``timestamp-micros``, ``local-timestamp-*``) arrives typed from
-:mod:`~kafka_ingest.decode.codecs.avro` (a ``Decimal``, a ``date``, ...), and carries
-``"typed": true`` so that the row reader leaves it as it is.
+decodes: ``uuid``, ``time-micros``, ``timestamp-micros``, ``local-timestamp-*``) arrives
+typed from :mod:`~kafka_ingest.decode.codecs.avro` (a ``Decimal``, a ``date``, ...), and
+carries ``"typed": true`` so that the row reader leaves it as it is.
 """
 
 from __future__ import annotations

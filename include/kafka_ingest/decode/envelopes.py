@@ -466,7 +466,6 @@ class EnvelopeReader:
             return document["payload"], self._row_reader(document["schema"])
         return document, None
 
-
     def _registry_reader(self, decoder: RegistryDecoder, value: bytes) -> RowReader:
         """The row reader of the writer schema of ``value`` (a value ``decoder`` read):
         by the Connect schema it stands for, checked against the contract; the rows as
