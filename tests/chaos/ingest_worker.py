@@ -9,7 +9,8 @@ the OOM killer or a lost node) at the ``CHAOS_KILL_NTH``-th time it reaches
 
 - a stage of :data:`kafka_ingest.engine.slices.CHUNK_HOOK` ("validated", "upserted",
   "dlq_produced", "db_committed", "kafka_committed");
-- ``copy``: in the middle of the COPY into the staging table, half the rows sent.
+- ``copy``: in the middle of the chunk's COPY (into the staging table, or into the table itself
+  when an append chunk tries its keys as new), half the rows sent.
 
 With ``CHAOS_KILL_WITH_DEAD=1`` only chunks that had dead letters count, so a kill at
 "dlq_produced" lands after records really reached the DLQ topic.

@@ -176,12 +176,18 @@ def every_step(src: DebeziumSource, env: dict[str, str], pg_dsn: str, clients: K
     assert query(pg_dsn, "SELECT score FROM customers WHERE id = 6") == [(7,)]
 
 
-def _declared(env: dict[str, str], topic: str, tmp_path: Path, **entry: Any) -> dict[str, Any]:
-    """``schema from-topic``'s declaration of the mirror, as the pipelines file (``entry``:
+def declared(env: dict[str, str], topic: str, tmp_path: Path, *named: str,
+             registry: bool = False, **entry: Any) -> dict[str, Any]:
+    """The mirror of ``topic`` as ``schema from-topic`` declares it (contract
+    ``customer``), or with ``registry``, ``schema from-registry <topic>-value --format
+    avro`` (``named``: more arguments to either), as the pipelines file (``entry``:
     settings over the printed ones), its table and topics made."""
-    shown = cli(env, "schema", "from-topic", topic, "--event-type", "customer",
-                "--pipeline", "customers")
+    shown = cli(env, "schema", *(("from-registry", f"{topic}-value", "--format", "avro")
+                                 if registry else ("from-topic", topic, "--event-type",
+                                                   "customer")),
+                "--pipeline", "customers", *named)
     assert shown.returncode == 0, shown.stderr
+    assert "Debezium change events" in shown.stdout, shown.stdout
     document = yaml.safe_load(shown.stdout)
     document["pipelines"]["customers"].update(table="customers", **entry)
     installed(env, document, tmp_path, "customers")
@@ -194,21 +200,25 @@ COMPOSITE = {"customers": SOURCE["customers"].replace("id int PRIMARY KEY", "id 
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize(("stage", "source"), [
-    ("upserted", SOURCE), ("db_committed", SOURCE), ("db_committed", COMPOSITE)],
-    ids=["upserted", "db_committed", "db_committed-composite-key"])
+@pytest.mark.parametrize(("stage", "source", "avro"), [
+    ("upserted", SOURCE, False), ("db_committed", SOURCE, False),
+    ("db_committed", COMPOSITE, False), ("db_committed", COMPOSITE, True)],
+    ids=["upserted", "db_committed", "db_committed-composite-key",
+         "db_committed-composite-key-avro"])
 def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
-        stage: str, source: dict[str, str], debezium_source: Callable[..., DebeziumSource],
-        env: dict[str, str], pg_dsn: str, clients: KafkaClients, dlq_topics: list[str],
-        tmp_path: Path) -> None:
-    """Updates, deletes, re-inserts and a truncate streamed through Debezium, mirrored in
-    chunks of 50 (``on_truncate: truncate``), the table keyed by one column or two:
-    a SIGKILL after a chunk's writes (before its commit, or between the database's commit
-    and Kafka's), then the retry: the mirror equals its source and its stored offsets are
-    the topic's end."""
+        stage: str, source: dict[str, str], avro: bool,
+        debezium_source: Callable[..., DebeziumSource], env: dict[str, str], pg_dsn: str,
+        clients: KafkaClients, dlq_topics: list[str], tmp_path: Path,
+        stack_env: dict[str, str]) -> None:
+    """Updates, deletes, re-inserts and a truncate streamed through Debezium (JSON, or Avro
+    through the registry), mirrored in chunks of 50 (``on_truncate: truncate``), the table
+    keyed by one column or two: a SIGKILL after a chunk's writes (before its commit, or
+    between the database's commit and Kafka's), then the retry: the mirror equals its
+    source and its stored offsets are the topic's end."""
     src = debezium_source(source, setup=[
         "INSERT INTO customers SELECT i, 'name ' || i, i, DATE '2026-01-01', NULL, NULL, "
-        "NULL, NULL, NULL, 'n' FROM generate_series(1, 200) i"])
+        "NULL, NULL, NULL, 'n' FROM generate_series(1, 200) i"],
+        registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"] if avro else None)
     for step in range(4):  # in transactions of their own: Debezium streams each
         src.execute(f"UPDATE customers SET balance = balance + {step + 1}, "
                     f"notes = 'step {step}' WHERE id % 3 = {step % 3}")
@@ -221,7 +231,8 @@ def test_a_mirror_run_killed_mid_chunk_then_retried_equals_its_source(
                         "FROM generate_series(1, 150) i")
     src.caught_up()
     topic = src.topics["customers"]
-    document = _declared(env, topic, tmp_path, chunk_size=50, on_truncate="truncate")
+    document = declared(env, topic, tmp_path, registry=avro, chunk_size=50,
+                        on_truncate="truncate")
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     if source is COMPOSITE:  # keyed as from-topic declares a key of two columns
         assert document["pipelines"]["customers"]["identity"] == ["name", "id"]
@@ -286,7 +297,7 @@ def test_a_toasted_value_changed_then_left_out_in_one_chunk_is_mirrored(
     leaves it out (Debezium's placeholder). The mirror holds the first's value, not the
     value stored before the run (row 1) nor the placeholder (row 2, inserted in the run)."""
     src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(1, LONG)}"])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     ran(env, "run", "customers")
     same(src, pg_dsn)
@@ -317,7 +328,7 @@ def test_an_update_that_leaves_toasted_arrays_out_keeps_them(
         {"customers": "id int PRIMARY KEY, name text NOT NULL, tags text[], nums int[]"},
         setup=[f"INSERT INTO customers VALUES (1, 'a', ARRAY{tags}::text[], "
                f"ARRAY{nums}::int[])"])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     ran(env, "run", "customers")
     src.execute("UPDATE customers SET name = 'b' WHERE id = 1")
@@ -413,7 +424,7 @@ def test_an_update_that_leaves_toasted_date_uuid_and_char_arrays_out_keeps_them(
         {"customers": "id int PRIMARY KEY, name text NOT NULL, days date[], refs uuid[], "
                       "codes char(3)[]"},
         setup=[f"INSERT INTO customers VALUES (1, 'a', {made})"])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     assert {"days", "refs", "codes"} <= set(document["contracts"]["customer"]["fields"])
     ran(env, "run", "customers")
@@ -460,7 +471,7 @@ def test_from_topic_leaves_out_arrays_debezium_sends_as_null_when_left_out(
     assert sorted(line.split("left out: ")[1].split(":")[0] for line in notes) == sorted(
         refused), shown.stdout
     assert "an array Debezium sends as null when an update leaves it" in shown.stdout
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     assert set(document["contracts"]["customer"]["fields"]) == {"id", "name", "nums"}
     ran(env, "run", "customers")
@@ -478,7 +489,7 @@ def test_a_table_with_a_version_column_is_mirrored(
                                         "ingested_at timestamp"},
                           setup=["INSERT INTO customers VALUES (1, 1, NULL), "
                                  "(2, 5, TIMESTAMP '2026-01-02 03:04:05')"])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     done = ran(env, "run", "customers")
     assert (done["inserted"], done["dead_lettered"]) == (2, 0), done
@@ -494,7 +505,7 @@ def test_real_and_double_precision_columns_are_mirrored(
     the values are mirrored (a ``real``'s as a ``real`` holds it)."""
     src = debezium_source({"customers": "id int PRIMARY KEY, f4 real, f8 double precision"},
                           setup=["INSERT INTO customers VALUES (1, 1.1, 2.2), (2, NULL, -3e300)"])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     assert {n: f["type"] for n, f in document["contracts"]["customer"]["fields"].items()} == {
         "id": "integer", "f4": "float", "f8": "float"}
@@ -513,7 +524,7 @@ def test_key_updates_reinserts_and_a_truncate_amid_rows_in_one_chunk_are_mirrore
     src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i)}"
                                          for i in (1, 2, 3)])
     topic = src.topics["customers"]
-    document = _declared(env, topic, tmp_path, on_truncate="truncate")
+    document = declared(env, topic, tmp_path, on_truncate="truncate")
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     ran(env, "run", "customers")
     src.execute(f"INSERT INTO customers VALUES {row(4)}")
@@ -541,7 +552,7 @@ def _dead_lettered_then(env: dict[str, str], src: DebeziumSource, tmp_path: Path
     """Rows 1 and 2 (too large for the mirror's limit) dead-lettered and row 3 mirrored;
     then ``changes`` at the source, mirrored; then the limit raised and the DLQ replayed:
     the replay's report."""
-    document = _declared(env, src.topics["customers"], tmp_path, max_message_bytes=15_000,
+    document = declared(env, src.topics["customers"], tmp_path, max_message_bytes=15_000,
                          on_truncate="truncate")
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     first = ran(env, "run", "customers")
@@ -585,7 +596,7 @@ def test_an_update_leaving_out_a_toasted_value_of_a_dead_lettered_row_writes_no_
     writes row 1's read then its update: the mirror equals its source."""
     src = debezium_source(SOURCE, setup=[f"INSERT INTO customers VALUES {row(i, n)}"
                                          for i, n in ((1, LONG), (2, LONG), (3, "s"))])
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     notes = document["contracts"]["customer"]["fields"]["notes"]
     pipelines, wide = Path(env["KAFKA_INGEST_PIPELINES"]), notes["max_length"]
@@ -653,7 +664,7 @@ def test_a_table_with_a_composite_primary_key_is_mirrored(
                           setup=["INSERT INTO customers VALUES ('eu', 1, 'a', 's'), "
                                  "('us', 1, 'b', 's'), ('eu', 2, 'c', NULL)"])
     topic = src.topics["customers"]
-    document = _declared(env, topic, tmp_path, on_truncate="truncate")
+    document = declared(env, topic, tmp_path, on_truncate="truncate")
     entry = document["pipelines"]["customers"]
     assert entry["identity"] == ["region", "id"] and "record_key" not in entry, entry
     dlq_topics.append(entry["dlq_topic"])
@@ -706,7 +717,7 @@ def test_from_topic_reads_a_history_with_a_column_added_and_one_dropped(
                 "DROP COLUMN notes")
     src.execute("INSERT INTO customers VALUES (2, 'b', 7)")
     src.caught_up()
-    document = _declared(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path)
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     fields = document["contracts"]["customer"]["fields"]
     assert fields["score"]["required"] is False and fields["notes"]["required"] is False

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -25,8 +24,8 @@ from tests.integration.test_debezium_mirror import (
     LONG_JSON,
     SOURCE,
     both_tables_mirrored,
+    declared,
     every_step,
-    installed,
     mirror_env,
     ran,
     row,
@@ -43,21 +42,6 @@ def env(stack_env: dict[str, str], pg_dsn: str) -> dict[str, str]:
     return mirror_env(stack_env, pg_dsn)
 
 
-def _from_registry(env: dict[str, str], topic: str, tmp_path: Path, *named: str,
-                   **entry: Any) -> dict[str, Any]:
-    """``schema from-registry``'s declaration of the mirror of ``topic`` (``named``: more
-    arguments) as the pipelines file (``entry``: settings over the printed ones), its
-    table and topics made."""
-    shown = cli(env, "schema", "from-registry", f"{topic}-value", "--format", "avro",
-                "--pipeline", "customers", *named)
-    assert shown.returncode == 0, shown.stderr
-    assert "Debezium change events" in shown.stdout, shown.stdout
-    document = yaml.safe_load(shown.stdout)
-    document["pipelines"]["customers"].update(table="customers", **entry)
-    installed(env, document, tmp_path, "customers")
-    return document
-
-
 def test_a_table_mirrored_through_debezium_in_avro_equals_its_source_at_every_step(
         debezium_source: Callable[..., DebeziumSource], env: dict[str, str],
         pg_dsn: str, clients: KafkaClients, dlq_topics: list[str], tmp_path: Path,
@@ -70,8 +54,8 @@ def test_a_table_mirrored_through_debezium_in_avro_equals_its_source_at_every_st
     topic = src.topics["customers"]
     raw = next(iter(src.events("customers")))
     assert raw.value is not None and raw.value["schema"]["fields"]  # decoded from Avro
-    document = _from_registry(env, topic, tmp_path, "--event-type", "customer",
-                              on_truncate="truncate")
+    document = declared(env, topic, tmp_path, "--event-type", "customer", registry=True,
+                        on_truncate="truncate")
     entry = document["pipelines"]["customers"]
     assert (entry["envelope"], entry["format"]) == ("debezium", "avro"), entry
     assert entry["record_key"] == {"column": "id", "format": "registry", "type": "bigint"}
@@ -96,7 +80,7 @@ def test_a_composite_primary_key_is_read_from_avro_record_keys(
                           setup=["INSERT INTO customers VALUES ('eu', 1, 'a'), ('us', 1, 'b'), "
                                  "('eu', 2, 'c')"],
                           registry_url=stack_env["KAFKA_INGEST_SCHEMA_REGISTRY_URL"])
-    document = _from_registry(env, src.topics["customers"], tmp_path)  # no --event-type
+    document = declared(env, src.topics["customers"], tmp_path, registry=True)  # no --event-type
     entry = document["pipelines"]["customers"]
     assert entry["identity"] == ["region", "id"] and "record_key" not in entry, entry
     assert entry["contract"]["event_type"] == "customers"  # the pipeline's name
@@ -152,7 +136,7 @@ def test_a_column_of_an_array_of_decimals_in_avro_does_not_dead_letter_its_rows(
     after = next(f for f in raw.value["schema"]["fields"] if f["field"] == "after")
     amounts = next(f for f in after["fields"] if f["field"] == "amounts")
     assert amounts["items"].get("typed"), amounts  # the converter's decimal items
-    document = _from_registry(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path, registry=True)
     assert "amounts" not in document["contracts"]["customers"]["fields"]
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     done = ran(env, "run", "customers")
@@ -175,7 +159,7 @@ def test_from_registry_declares_a_mirror_that_reads_the_older_schema_versions_to
     src.execute("ALTER TABLE customers DROP COLUMN notes")
     src.execute("INSERT INTO customers VALUES (3, 'c', 7)")
     src.caught_up()
-    document = _from_registry(env, src.topics["customers"], tmp_path)
+    document = declared(env, src.topics["customers"], tmp_path, registry=True)
     fields = document["contracts"]["customers"]["fields"]
     dlq_topics.append(document["pipelines"]["customers"]["dlq_topic"])
     run = cli(env, "run", "customers")

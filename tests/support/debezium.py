@@ -37,25 +37,25 @@ machine; the first snapshot also waits for the connector's start (:data:`SNAPSHO
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import fastavro
 import httpx
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kafka_ingest.decode.connect_schema import from_avro
+from kafka_ingest.config import Format
+from kafka_ingest.decode.codecs import PayloadReader, codec_for
+from kafka_ingest.decode.codecs.wire import HEADER_SIZE
 from kafka_ingest.kafka.clients import KafkaClients
 from kafka_ingest.kafka.metadata import watermarks
 from kafka_ingest.kafka.reader import read_range
+from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest_dev import kafka_connect, stack
 from kafka_ingest_dev.stack import postgres as stack_postgres
 
@@ -129,27 +129,33 @@ class _Decoder:
     """A topic's keys and values as :class:`ChangeEvent` takes them: JsonConverter's as
     they are; with ``registry_url`` (a Confluent-compatible API), a value in the wire format
     (a Connect converter of the registry's, :func:`kafka_connect.registry_converter`)
-    decoded by its writer schema, as ``{"schema": the Connect schema it stands for,
-    "payload": the record}``."""
+    decoded by its writer schema through the Avro codec, as ``{"schema": the Connect
+    schema it stands for, "payload": the record}``."""
 
     def __init__(self, registry_url: str | None) -> None:
-        self.registry_url = registry_url
-        self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self.codec = codec_for(Format.AVRO)
+        self.registry = (SchemaRegistry(RegistrySettings({"url": registry_url}))
+                         if registry_url else None)
+        self._readers: dict[int, tuple[PayloadReader, dict[str, Any] | None]] = {}
 
     def __call__(self, raw: bytes | None) -> dict[str, Any] | None:
         if raw is None:
             return None
-        if self.registry_url is None or raw[:1] != b"\x00":
+        schema_id = self.codec.schema_id(raw) if self.registry is not None else None
+        if schema_id is None:
             return dict(json.loads(raw))
-        (schema_id,) = struct.unpack_from(">I", raw, 1)
-        if schema_id not in self._schemas:
-            answer = httpx.get(f"{self.registry_url}/schemas/ids/{schema_id}", timeout=30)
-            text = answer.raise_for_status().json()["schema"]
-            self._schemas[schema_id] = (fastavro.parse_schema(json.loads(text)),
-                                        from_avro(json.loads(text)))
-        parsed, connect = self._schemas[schema_id]
-        return {"schema": connect,
-                "payload": fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed, None)}
+        if schema_id not in self._readers:
+            assert self.registry is not None
+            schema = self.codec.schema(self.registry, schema_id)
+            assert schema is not None, f"schema id {schema_id} is not registered"
+            self._readers[schema_id] = (self.codec.reader(schema),
+                                        self.codec.connect_schema(schema))
+        read, connect = self._readers[schema_id]
+        return {"schema": connect, "payload": read(raw, HEADER_SIZE)}
+
+    def close(self) -> None:
+        if self.registry is not None:
+            self.registry.close()
 
 
 @dataclass
@@ -431,6 +437,7 @@ def debezium_source(worker_url: str, clients: KafkaClients, admin_dsn: str,
         finally:
             _delete_connector(worker_url, src.connector)
     finally:
+        src.decode.close()
         _drop_source(name, src.slot)
         _delete_topics(clients, name)
         _delete_subjects(registry_url, name)

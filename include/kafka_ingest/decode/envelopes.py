@@ -267,7 +267,7 @@ def key_reader(fields: tuple[str, ...], kinds: tuple[str, ...],
     def read(raw: bytes | None) -> tuple[Any, ...]:
         if raw is None:
             raise BadKey("the record has no key: a delete names its row by the record key")
-        if decoder is not None and raw[:1] == b"\x00":  # the wire header's magic byte
+        if decoder is not None and decoder.codec.schema_id(raw) is not None:
             key = decoder.read_python(raw)
         else:
             try:

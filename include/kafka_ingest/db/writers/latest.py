@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -323,25 +323,26 @@ def kept_columns(pipeline: Pipeline) -> dict[str, sql.Composable]:
             if c.value_type in _UNAVAILABLE}
 
 
-def left_out(pipeline: Pipeline, alias: str | None = None) -> dict[str, sql.Composable]:
-    """What finds a staged row (of ``alias``, or unqualified) that carries a placeholder of
-    :func:`kept_columns`: {held}, a column ``held`` of :data:`LOG_STAGED`'s staged rows,
-    and {held_verdict}, its verdict (none for a table without such columns); {held_names},
-    the names of the columns it carries one in."""
+def left_out(pipeline: Pipeline) -> dict[str, sql.Composable]:
+    """What finds a staged row that carries a placeholder of :func:`kept_columns`: {held},
+    a column ``held`` of :data:`LOG_STAGED`'s staged rows, and {held_verdict}, its verdict
+    (none for a table without such columns); {held_names}, the names of the columns staged
+    row ``x`` carries one in (:data:`UNAVAILABLE_ROWS`)."""
     kept = kept_columns(pipeline)
     if not kept:
         return {"held": sql.SQL(""), "held_verdict": sql.SQL(""),
                 "held_names": sql.SQL("NULL::text[]")}
-    tests = [(name, sql.SQL("{} = {}").format(
-        sql.Identifier(*([alias] if alias else []), name), placeholder))
-        for name, placeholder in kept.items()]
+
+    def holds(name: str, *alias: str) -> sql.Composable:
+        return sql.SQL("{} = {}").format(sql.Identifier(*alias, name), kept[name])
+
     return {
         "held": sql.SQL(", coalesce({}, false) AS held").format(
-            sql.SQL(" OR ").join(test for _, test in tests)),
+            sql.SQL(" OR ").join(holds(name) for name in kept)),
         "held_verdict": sql.SQL("WHEN held AND xt IS NULL THEN 'unavailable'"),
         "held_names": sql.SQL("array_remove(ARRAY[{}], NULL)").format(sql.SQL(", ").join(
-            sql.SQL("CASE WHEN {} THEN {} END").format(test, sql.Literal(name))
-            for name, test in tests)),
+            sql.SQL("CASE WHEN {} THEN {} END").format(holds(name, "x"), sql.Literal(name))
+            for name in kept)),
     }
 
 
@@ -417,8 +418,7 @@ class LatestWriter(TableWriter):
             t=self.table, s=self.stage, m=self._marker,
             o=sql.Identifier(self.pipeline.upsert.order_by), c=self._column_list, u=updates,
             **key_places(self.pipeline), **same_record(self.pipeline),
-            **{**left_out(self.pipeline), "held_names": left_out(self.pipeline, "x")[
-                "held_names"]})
+            **left_out(self.pipeline))
 
     def _fragments(self) -> dict[str, str]:
         """The marker (and truncate) fragments of the statements."""
@@ -491,31 +491,28 @@ class LatestWriter(TableWriter):
     def _unavailable_rows(self, rows: list[Row], source: Source,
                           params: dict[str, Any]) -> list[tuple[Row, DataError]]:
         """The staged rows whose key the table holds no row of, that leave columns out."""
-        by_place = {(row_source(r).partition, row_source(r).offset): r for r in rows}
-        held: list[tuple[Row, DataError]] = []
-        for p, o, names in self.conn.execute(self._held_rows, params):
-            row = by_place[(p, o)]
-            here = where(source.topic, source.incarnation, p, o)
-            held.append((row, UnavailableValue(
-                f"key {self._key(row)!r} at {here}: the change leaves {', '.join(names)} out "
-                "(Debezium's placeholder for a TOASTed value it did not change) and the "
-                "mirror has no row of this key to keep their values: the row's earlier "
-                "change was dead-lettered, or is older than the offsets the mirror began "
-                "at; replay that letter, then this one (a later change carrying the values "
-                "writes the row too)")))
-        return held
+        return [(row, UnavailableValue(
+            f"key {self._key(row)!r} at {here}: the change leaves {', '.join(names)} out "
+            "(Debezium's placeholder for a TOASTed value it did not change) and the mirror "
+            "has no row of this key to keep their values: the row's earlier change was "
+            "dead-lettered, or is older than the offsets the mirror began at; replay that "
+            "letter, then this one (a later change carrying the values writes the row too)"))
+            for row, here, (names,) in self._staged(self._held_rows, rows, source, params)]
 
     def _unorderable_rows(self, rows: list[Row], source: Source,
                           params: dict[str, Any]) -> list[tuple[Row, DataError]]:
         """The staged rows log order cannot place, each with what it met."""
+        return [(row, unorderable(self._key(row), here, split, stored[:4], stored[4:]))
+                for row, here, (split, *stored) in self._staged(self._unorderable, rows,
+                                                                 source, params)]
+
+    def _staged(self, statement: sql.Composed, rows: list[Row], source: Source,
+                params: dict[str, Any]) -> Iterator[tuple[Row, str, tuple[Any, ...]]]:
+        """The chunk's rows at the places ``statement`` answers (partition and offset
+        first), each with where it is and the rest of its answer."""
         by_place = {(row_source(r).partition, row_source(r).offset): r for r in rows}
-        rejected: list[tuple[Row, DataError]] = []
-        for p, o, split, *stored in self.conn.execute(self._unorderable, params):
-            row = by_place[(p, o)]
-            here = where(source.topic, source.incarnation, p, o)
-            rejected.append((row, unorderable(self._key(row), here, split, stored[:4],
-                                              stored[4:])))
-        return rejected
+        for p, o, *rest in self.conn.execute(statement, params):
+            yield by_place[(p, o)], where(source.topic, source.incarnation, p, o), tuple(rest)
 
 
 __all__ = ["LATEST_VERDICTS", "NO_MARKERS", "RACE_ATTEMPTS", "TRUNCATED_BEFORE",
