@@ -59,6 +59,7 @@ with warnings.catch_warnings():  # authlib's notice about httpx2, as kafka_inges
     warnings.simplefilter("ignore")
     from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
 pytestmark = pytest.mark.integration
@@ -312,6 +313,75 @@ def test_protobuf_importing_another_registered_file_is_ingested(
                          "ORDER BY 1") == [("pay-1", "acc-1", {"id": "c-1"}, AT, "GOLD"),
                                            ("pay-2", "acc-2", {"id": "c-2"}, AT, "SILVER")]
     assert stored_offsets(pg_dsn, pipeline) == {0: 2}
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+#: A shared address, registered under a subject of its own and referenced as
+#: ``address.json``; its ``zip`` a definition of its own document.
+ADDRESS_JSON = {"$id": "address.json", "type": "object", "required": ["city"],
+                "definitions": {"zip": {"type": "string", "maxLength": 10}},
+                "properties": {"city": {"type": "string", "maxLength": 40},
+                               "zip": {"anyOf": [{"$ref": "#/definitions/zip"},
+                                                 {"type": "null"}], "default": None}}}
+#: The topic's schema as pydantic's ``model_json_schema()`` writes one: optional fields as
+#: ``anyOf`` with ``null``, an enum in ``$defs``; the address by reference.
+SHIPMENT_JSON = {
+    "title": "Shipment", "type": "object", "required": ["event_id", "carrier", "destination"],
+    "$defs": {"Carrier": {"title": "Carrier", "type": "string", "enum": ["DHL", "UPS"]}},
+    "properties": {
+        "event_id": {"title": "Event Id", "type": "string"},
+        "carrier": {"$ref": "#/$defs/Carrier"},
+        "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+        "destination": {"$ref": "address.json"},
+        "weight": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None}}}
+
+
+def test_json_schema_with_refs_and_optional_unions_is_declared_and_ingested_as_printed(
+        stack_env: dict[str, str], registry_url: str, topics: Any, clients: KafkaClients,
+        db: Any, pg_dsn: str, sr: SchemaRegistryClient, subjects: list[str]) -> None:  # noqa: F811
+    """``schema from-registry`` declares what the schema says (an optional text, the enum
+    bounded by its longest value, the referenced address flattened), and that declaration
+    loads every record, nulls where the producer sent none."""
+    topic = topics(1, "src")
+    address = f"{topic}-address"
+    subjects.extend([f"{topic}-value", address])
+    sr.register_schema(address, Schema(json.dumps(ADDRESS_JSON), "JSON"))
+    ref = SchemaReference("address.json", address, sr.get_latest_version(address).version)
+    writer = Writer("json_schema", JSONSerializer(
+        Schema(json.dumps(SHIPMENT_JSON), "JSON", [ref]), sr), dict, topic)
+    records = [{"event_id": "s-1", "carrier": "DHL", "note": "fragile", "weight": 2.5,
+                "destination": {"city": "Lyon", "zip": "69001"}},
+               {"event_id": "s-2", "carrier": "UPS", "note": None,
+                "destination": {"city": "Oslo", "zip": None}}]
+    produce(clients, topic, [writer.value(r) for r in records])
+    env = {**os.environ, **stack_env, "KAFKA_INGEST_SCHEMA_REGISTRY_URL": registry_url}
+    env.pop("KAFKA_INGEST_SCHEMA_REGISTRY_CONFIG", None)
+
+    shown = _cli(env, "schema", "from-registry", f"{topic}-value", "--format", "json_schema",
+                 "--event-type", "shipment")
+
+    assert shown.returncode == 0, shown.stderr
+    fields = yaml.safe_load(shown.stdout)["contracts"]["shipment"]["fields"]
+    assert fields == {
+        "carrier": {"type": "text", "max_length": 3},
+        "note": {"type": "text", "max_length": 256, "required": False},
+        "destination": {"type": "record", "fields": {
+            "city": {"type": "text", "max_length": 40},
+            "zip": {"type": "text", "max_length": 10, "required": False}}},
+        "weight": {"type": "float", "required": False}}
+    pipeline = registry_pipeline(topics, "json_schema", fields, event_type="shipment",
+                                 table="shipments", topic=topic)
+    apply(pg_dsn, pipeline)
+
+    summary = run_ingest(pipeline, registry_clients(clients, registry_url), db,
+                         run_id=new_run_id())
+
+    assert (summary["read"], summary["inserted"], summary["dead_lettered"]) == (2, 2, 0)
+    assert query(pg_dsn, "SELECT event_id, carrier, note, destination_city, destination_zip,"
+                         " weight FROM shipments ORDER BY 1") == [
+        ("s-1", "DHL", "fragile", "Lyon", "69001", 2.5),
+        ("s-2", "UPS", None, "Oslo", None, None)]
 
 
 # --------------------------------------------------------------------------- unreadable

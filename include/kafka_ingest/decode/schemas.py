@@ -23,6 +23,7 @@ from kafka_ingest.contracts.columns import contract_columns, payload_paths
 from kafka_ingest.contracts.declared import NESTING_MAX
 from kafka_ingest.decode.codecs import Fields, NoSuchRecord, WriterField, codec_for
 from kafka_ingest.decode.codecs.base import (
+    ANY,
     BOOL,
     BYTES,
     DATE,
@@ -61,8 +62,9 @@ def contract_problems(pipeline: Pipeline, fields: Fields) -> list[str]:
         spec = model.model_fields[column.name]
         payload_name = paths.get(column.name, column.name)
         writer = writer_field(fields, payload_name)
-        if writer is _UNKNOWN:
-            continue  # inside an object the writer schema does not describe (a map)
+        if writer is _UNKNOWN or (writer is not None and writer.kind == ANY):
+            continue  # inside an object the writer schema does not describe (a map), or
+            # a field it lets be any value: the contract's validation judges each record
         required = spec.is_required()
         if writer is None:
             if required:

@@ -9,6 +9,7 @@ import io
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from pydantic import BaseModel
 
 from kafka_ingest.config import Format, parse_pipelines
 from kafka_ingest.decode.codecs.avro import avro_fields
@@ -34,6 +36,7 @@ from kafka_ingest.errors import (
     Undecodable,
 )
 from kafka_ingest.kafka.registry import (
+    Reference,
     RegistrySettings,
     WriterSchema,
     is_descriptor,
@@ -327,6 +330,89 @@ def test_writer_fields_say_what_each_arrives_as() -> None:
         "a": {"type": "string", "format": "date-time"}, "b": {"type": ["integer", "null"]}}}))
     assert {n: (f.kind, f.nullable) for n, f in js.items()} == {
         "a": ("datetime", False), "b": ("integer", True)}
+
+
+class _Tier(StrEnum):
+    GOLD = "GOLD"
+    SILVER = "SILVER"
+
+
+class _Address(BaseModel):
+    city: str
+    zip: str | None = None
+
+
+class _Shipment(BaseModel):
+    """A value as producing teams model it: optional fields, an enum and a nested model,
+    which pydantic's ``model_json_schema()`` writes as ``anyOf`` with ``null`` and
+    ``$ref`` into ``$defs``."""
+
+    event_id: str
+    note: str | None = None
+    tier: _Tier
+    destination: _Address
+    origin: _Address | None = None
+    tags: list[_Tier] = []
+    weight: float | None = None
+    extra: Any = None
+
+
+def test_json_schema_fields_follow_refs_and_optional_unions_as_pydantic_writes_them() -> None:
+    text = json.dumps(_Shipment.model_json_schema())
+    fields = json_schema_fields(text)
+    said = {n: (f.kind, f.nullable, f.max_length, f.items) for n, f in fields.items()}
+    assert said == {
+        "event_id": ("string", False, None, None), "note": ("string", True, None, None),
+        "tier": ("string", False, 6, None),  # the enum's longest symbol
+        "destination": ("object", False, None, None), "origin": ("object", True, None, None),
+        "tags": ("array", True, None, "string"), "weight": ("float", True, None, None),
+        "extra": ("any", True, None, None)}
+    assert {n: (f.kind, f.nullable) for n, f in fields["origin"].fields.items()} == {
+        "city": ("string", False), "zip": ("string", True)}
+    # the plan's check: a contract of text, a record and a float reads it
+    p = parse_pipelines({"contracts": {"shipment": {"version": 1, "fields": {
+        "note": {"type": "text", "max_length": 64, "required": False},
+        "tier": {"type": "text", "max_length": 6},
+        "destination": {"type": "record", "fields": {
+            "city": {"type": "text", "max_length": 40},
+            "zip": {"type": "text", "max_length": 10, "required": False}}},
+        "weight": {"type": "float", "required": False},
+        "extra": {"type": "jsonb", "required": False}}}},
+        "pipelines": {"p": {"topic": "t", "dlq_topic": "d", "table": "shipments",
+                            "format": "json_schema", "schema_registry": {},
+                            "contract": {"event_type": "shipment", "version": 1}}}})["p"]
+    assert contract_problems(p, fields) == []
+    body, skipped = contract_from_schema(Format.JSON_SCHEMA, WriterSchema(
+        3, "JSON", text, subject="s", version=1), text_max_length=64)
+    assert body["fields"]["note"] == {"type": "text", "max_length": 64, "required": False}
+    assert body["fields"]["tier"] == {"type": "text", "max_length": 6}
+    assert body["fields"]["origin"]["type"] == "record"
+    assert "extra" not in body["fields"] and any(s.startswith("extra:") for s in skipped)
+
+
+def test_json_schema_refs_reach_the_schemas_it_references_in_the_registry() -> None:
+    """By the reference's name (as confluent-kafka's ``JSONSerializer`` resolves them) or
+    the referenced schema's ``$id``, with a JSON pointer after ``#``; a ``$ref`` inside the
+    referenced schema points into that schema. A ``$ref`` to nothing, or references that
+    loop, say any value: the check does not judge it."""
+    address = {"$id": "https://example.test/address.json", "type": "object",
+               "required": ["city"], "definitions": {"zip": {"type": "string",
+                                                             "maxLength": 10}},
+               "properties": {"city": {"type": "string"}, "zip": {"$ref": "#/definitions/zip"}}}
+    refs = (Reference("address.json", "addr", 1, WriterSchema(7, "JSON", json.dumps(address))),)
+    text = json.dumps({"type": "object", "required": ["to"], "properties": {
+        "to": {"$ref": "address.json"},
+        "zip": {"$ref": "https://example.test/address.json#/definitions/zip"},
+        "lost": {"$ref": "nowhere.json"},
+        "loop": {"$ref": "#/properties/loop"}}})
+    fields = json_schema_fields(text, refs)
+    assert fields["to"].kind == "object" and fields["to"].fields is not None
+    assert {n: (f.kind, f.max_length) for n, f in fields["to"].fields.items()} == {
+        "city": ("string", None), "zip": ("string", 10)}
+    assert (fields["zip"].kind, fields["zip"].max_length) == ("string", 10)
+    assert fields["lost"].kind == fields["loop"].kind == "any"
+    fields = json_schema_fields(text)  # the references not given: "to" is any value
+    assert fields["to"].kind == "any"
 
 
 def test_the_plan_check_names_each_field_the_contract_cannot_read() -> None:

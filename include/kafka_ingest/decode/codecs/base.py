@@ -25,6 +25,9 @@ STR, INT, FLOAT, BOOL, BYTES, DECIMAL, DATETIME, DATE, UUID_, OBJECT, LIST = (
     "object", "array")
 #: ... a date and time without a zone, a time of day, a duration.
 LOCAL_DATETIME, TIME_, DURATION = "local datetime", "time", "duration"
+#: ... any value: the schema does not pin the field to one kind (JSON Schema's ``{}``, a
+#: union of several types); no contract type is checked against it.
+ANY = "any"
 
 #: Kinds a contract column's strict validation accepts (by its ``value_type``), when the
 #: decoded values arrive typed and are validated in Python mode (Avro, Protobuf)...
@@ -169,6 +172,6 @@ class Codec:
         return None
 
 
-__all__ = ["BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "DURATION", "FIELDS_DEPTH", "FLOAT",
-           "INT", "JSON_KINDS", "LIST", "LOCAL_DATETIME", "OBJECT", "PYTHON_KINDS", "STR",
+__all__ = ["ANY", "BOOL", "BYTES", "DATE", "DATETIME", "DECIMAL", "DURATION", "FIELDS_DEPTH",
+           "FLOAT", "INT", "JSON_KINDS", "LIST", "LOCAL_DATETIME", "OBJECT", "PYTHON_KINDS", "STR",
            "TIME_", "UUID_", "Codec", "Fields", "NoSuchRecord", "PayloadReader", "WriterField"]

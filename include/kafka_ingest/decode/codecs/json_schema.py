@@ -4,10 +4,13 @@ value is (the contract parses it); the schema's properties are its fields."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import unquote
 
 from kafka_ingest.config import Format
 from kafka_ingest.decode.codecs.base import (
+    ANY,
     BOOL,
     DATE,
     DATETIME,
@@ -26,7 +29,7 @@ from kafka_ingest.decode.codecs.base import (
 from kafka_ingest.errors import Undecodable
 
 if TYPE_CHECKING:
-    from kafka_ingest.kafka.registry import WriterSchema
+    from kafka_ingest.kafka.registry import Reference, WriterSchema
 
 
 class JsonSchemaCodec(Codec):
@@ -45,7 +48,7 @@ class JsonSchemaCodec(Codec):
             raise Undecodable(f"not JSON: {exc}") from None
 
     def record_fields(self, schema: WriterSchema, record: str | None = None) -> list[Fields]:
-        return [json_schema_fields(schema.text)]
+        return [json_schema_fields(schema.text, schema.referenced())]
 
 
 def _as_it_is(value: bytes, start: int = 0, /) -> bytes:
@@ -55,30 +58,158 @@ def _as_it_is(value: bytes, start: int = 0, /) -> bytes:
 _JSON = {"string": STR, "integer": INT, "number": FLOAT, "boolean": BOOL, "object": OBJECT,
          "array": LIST}
 _JSON_FORMATS = {"date-time": DATETIME, "date": DATE, "uuid": UUID_}
+#: How many ``$ref`` / ``allOf`` / ``anyOf`` steps one property's schema may take to say
+#: what it is: far beyond any real schema, and a bound on references that loop.
+_STEPS = 64
 
 
-def json_schema_fields(text: str) -> Fields:
-    """The properties of an object schema (a property not ``required`` may be missing)."""
-    return _properties(json.loads(text), 0)
+def json_schema_fields(text: str, references: Sequence[Reference] = ()) -> Fields:
+    """The properties of an object schema (a property not ``required`` may be missing), as
+    generators write them: ``$ref`` to a definition of the same document (``#/$defs/...``,
+    ``#/definitions/...``, any JSON pointer) or of a schema it references in the registry
+    (by the reference's name, as confluent-kafka's ``JSONSerializer`` registers them, or by
+    that schema's ``$id``, with a pointer after ``#``); ``anyOf``/``oneOf`` of one type and
+    ``null`` (an optional field, as pydantic writes one); ``allOf``; an ``enum`` or
+    ``const`` without a ``type``. A property whose values the schema does not pin to one
+    kind (no ``type``, several types, a ``$ref`` to nothing) is :data:`ANY`."""
+    documents: dict[str, Any] = {}
+    for ref in references:
+        if ref.schema is not None and ref.schema.schema_type == "JSON":
+            document = json.loads(ref.schema.text)
+            documents[ref.name] = document
+            if isinstance(document, dict) and isinstance(document.get("$id"), str):
+                documents.setdefault(document["$id"], document)
+    root = json.loads(text)
+    spec, document, _ = _Resolver(documents).effective(root, root)
+    return _Resolver(documents).properties(spec, document, 0)
 
 
-def _properties(schema: dict[str, Any], depth: int) -> Fields:
-    required = set(schema.get("required", []))
-    fields = {}
-    for name, prop in (schema.get("properties") or {}).items():
-        types = prop.get("type", "object")
-        types = types if isinstance(types, list) else [types]
-        nullable = "null" in types or name not in required
-        main = next((t for t in types if t != "null"), "object")
-        kind = _JSON.get(main, OBJECT)
-        if kind == STR and prop.get("format") in _JSON_FORMATS:
-            kind = _JSON_FORMATS[prop["format"]]
-        items = _JSON.get((prop.get("items") or {}).get("type", ""))
-        nested = (_properties(prop, depth + 1) if kind == OBJECT and prop.get("properties")
-                  and depth < FIELDS_DEPTH else None)
-        fields[name] = WriterField(name, kind, nullable, items=items,
-                                   max_length=prop.get("maxLength"), fields=nested)
-    return fields
+class _Resolver:
+    """One property's schema -> the schema that says what it is (its ``$ref``s followed,
+    its ``allOf`` merged, its ``anyOf``/``oneOf`` of one type and ``null`` taken apart)."""
+
+    def __init__(self, documents: dict[str, Any]) -> None:
+        self.documents = documents
+
+    def properties(self, schema: dict[str, Any], document: Any, depth: int) -> Fields:
+        required = set(schema.get("required", []))
+        fields = {}
+        for name, prop in (schema.get("properties") or {}).items():
+            spec, home, nullable = self.effective(prop, document)
+            fields[name] = self.field(name, spec, home, depth,
+                                      nullable or name not in required)
+        return fields
+
+    def field(self, name: str, spec: dict[str, Any], document: Any, depth: int,
+              nullable: bool) -> WriterField:
+        kind = _kind(spec)
+        if kind == STR and spec.get("format") in _JSON_FORMATS:
+            kind = _JSON_FORMATS[spec["format"]]
+        items = None
+        if kind == LIST and isinstance(spec.get("items"), dict):
+            item, _, _ = self.effective(spec["items"], document)
+            items = _JSON.get(_kind(item))
+        nested = (self.properties(spec, document, depth + 1)
+                  if kind == OBJECT and spec.get("properties") and depth < FIELDS_DEPTH
+                  else None)
+        symbols = spec.get("enum") if kind == STR else None
+        longest = (max(map(len, symbols)) if isinstance(symbols, list) and symbols
+                   and all(isinstance(s, str) for s in symbols) else None)
+        return WriterField(name, kind, nullable, items=items,
+                           max_length=spec.get("maxLength") or longest, fields=nested)
+
+    def effective(self, spec: Any, document: Any,
+                  steps: int = _STEPS) -> tuple[dict[str, Any], Any, bool]:
+        """(what ``spec`` says a value is, the document it says it in, whether null is
+        allowed): :data:`ANY`'s empty schema when it cannot be told, or when it takes more
+        than ``steps`` steps (references that loop)."""
+        nullable = False
+        while (steps := steps - 1) >= 0:
+            if not isinstance(spec, dict):
+                return {}, document, nullable  # ``true``: any value
+            if "$ref" in spec:
+                target = self.target(spec["$ref"], document)
+                if target is None:
+                    return {}, document, nullable
+                resolved, document = target
+                spec = {**resolved, **{k: v for k, v in spec.items() if k != "$ref"}}
+                continue
+            if spec.get("allOf"):
+                merged = {k: v for k, v in spec.items() if k != "allOf"}
+                for part in spec["allOf"]:  # (a part's own ``$ref``s are read from where
+                    # ``spec`` is: one in another document may then say any value)
+                    merged = _merged(merged, self.effective(part, document, steps - 1)[0])
+                spec = merged
+                continue
+            branches = spec.get("anyOf") or spec.get("oneOf")
+            if branches:
+                taken = [self.effective(b, document, steps) for b in branches]
+                values = [t for t in taken if _kind(t[0]) != "null"]
+                nullable = nullable or len(values) < len(taken) or any(t[2] for t in values)
+                rest = {k: v for k, v in spec.items() if k not in ("anyOf", "oneOf")}
+                kinds = {_kind(t[0]) for t in values}
+                if len(values) == 1:
+                    spec, document = _merged(rest, values[0][0]), values[0][1]
+                    continue
+                return ({**rest, "type": kinds.pop()} if len(kinds) == 1 and ANY not in kinds
+                        else {}), document, nullable
+            types = spec.get("type")
+            if isinstance(types, list):
+                nullable = nullable or "null" in types
+                values = [t for t in types if t != "null"]
+                spec = {**spec, "type": values[0]} if len(values) == 1 else {
+                    k: v for k, v in spec.items() if k != "type"}
+            return spec, document, nullable
+        return {}, document, nullable
+
+    def target(self, ref: str, document: Any) -> tuple[Any, Any] | None:
+        """The schema a ``$ref`` names, and its document; None when nothing is there."""
+        where, _, pointer = ref.partition("#")
+        if where:
+            document = self.documents.get(where)
+            if document is None:
+                return None
+        found = document
+        for quoted in (pointer.split("/")[1:] if pointer else ()):
+            token = unquote(quoted).replace("~1", "/").replace("~0", "~")
+            if isinstance(found, dict) and token in found:
+                found = found[token]
+            elif isinstance(found, list) and token.isdigit() and int(token) < len(found):
+                found = found[int(token)]
+            else:
+                return None
+        return found, document
+
+
+def _kind(spec: dict[str, Any]) -> str:
+    """What values of an :meth:`_Resolver.effective` schema arrive as: ``"null"`` for a
+    schema of null alone, :data:`ANY` when it does not say."""
+    kind = spec.get("type")
+    if kind is None and "properties" in spec:
+        kind = "object"
+    if kind is None:
+        values = spec["enum"] if isinstance(spec.get("enum"), list) else (
+            [spec["const"]] if "const" in spec else [])
+        kinds = {_VALUE_KINDS.get(type(v), ANY) for v in values}
+        return kinds.pop() if len(kinds) == 1 else ANY
+    if kind == "null":
+        return "null"
+    return _JSON.get(kind, ANY) if isinstance(kind, str) else ANY
+
+
+_VALUE_KINDS = {str: STR, int: INT, float: FLOAT, bool: BOOL, type(None): "null"}
+
+
+def _merged(spec: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """``allOf``'s parts (or a branch and its siblings) as one schema: properties and
+    ``required`` joined, any other key the first one's."""
+    merged = {**part, **spec}
+    if "properties" in spec or "properties" in part:
+        merged["properties"] = {**(part.get("properties") or {}),
+                                **(spec.get("properties") or {})}
+    if "required" in spec or "required" in part:
+        merged["required"] = [*part.get("required", []), *spec.get("required", [])]
+    return merged
 
 
 __all__ = ["JsonSchemaCodec", "json_schema_fields"]
