@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-growth bench-freshness faults-full soak lock
+.PHONY: demo test test-busy bootstrap lint stack-up stack-down bench bench-scale bench-smoke bench-growth bench-freshness faults-full soak soak-short lock
 
 demo:            ## install, start the local stack, run the ingest DAG on sample data
 	bash scripts/demo.sh
@@ -39,6 +39,9 @@ bench-freshness: bootstrap  ## freshness (p50/p95/p99, cron every minute vs on_d
 
 faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`), on stacks of their own
 	.venv/bin/kafka-ingest stack up && KAFKA_INGEST_FAULTS_FULL=1 .venv/bin/pytest -m "faults or faults_full" tests/chaos
+
+soak-short: bootstrap  ## the soak as a test: 2 minutes of faults and on until every kind has come once, then checked exactly (also in faults-full)
+	.venv/bin/kafka-ingest stack up && .venv/bin/pytest -m soak tests/chaos/test_soak.py
 
 soak: bootstrap  ## 60 minutes of mixed faults (workers, brokers, proxy, Postgres stop and failover) under the real scheduler and Celery, then checked exactly; results/soak.json
 	.venv/bin/python -m kafka_ingest_dev.soak --minutes 60 --report benchmarks/results/soak.json

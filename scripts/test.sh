@@ -35,8 +35,9 @@ checks() {
       imports) cmd=(python scripts/check_imports.py) ;;
       "bench smoke") cmd=(flock --shared "$KAFKA_INGEST_TEST_LOCK_DIR/stack"
                           python benchmarks/bench_ingest.py --events 3000 --repeat 1 --peers
-                          --smoke --skip spark_fresh,spark_warm,mirror_connect_fresh) ;;
-                          # Spark, and the mirror's fresh JVM (the warm one runs): make bench-smoke
+                          --smoke --skip spark_fresh,spark_warm,connect_fresh,mirror_connect_fresh) ;;
+                          # Spark, and Kafka Connect's fresh JVMs (the warm workers run the
+                          # same connectors): make bench-smoke
     esac
     started=$(date +%s)
     if [ "${cmd[0]}" = flock ]; then  # behind a restart that waits for the stack

@@ -1,7 +1,12 @@
 """The fault tests' two sets: the quick one runs in the normal suite (marker ``faults``);
 the slow one (marker ``faults_full``: 2 s latency, the default time-outs waited out,
-more places and more brokers) only when asked for, with ``KAFKA_INGEST_FAULTS_FULL=1``
-or a ``-m`` expression that names ``faults_full``."""
+more places and more brokers, and the soak's short variant) only when asked for, with
+``KAFKA_INGEST_FAULTS_FULL=1`` or a ``-m`` expression that names ``faults_full`` (``make
+faults-full``), or ``soak`` (``make soak-short``: the soak's alone).
+
+A slow test is skipped, with the reason, except one whose module has background work
+(:mod:`tests.support.background`: the soak): that one is deselected, since a selected
+module's work starts with the session, before any test is skipped."""
 
 from __future__ import annotations
 
@@ -9,14 +14,25 @@ import os
 
 import pytest
 
+from tests.support import background
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    asked = (os.environ.get("KAFKA_INGEST_FAULTS_FULL") == "1"
-             or "faults_full" in (config.getoption("markexpr", default="") or ""))
+    markexpr = config.getoption("markexpr", default="") or ""
+    asked = (os.environ.get("KAFKA_INGEST_FAULTS_FULL") == "1" or "faults_full" in markexpr
+             or "soak" in markexpr)
     if asked:
         return
     skip = pytest.mark.skip(reason="slow fault test: KAFKA_INGEST_FAULTS_FULL=1 or "
                                    "-m faults_full runs it")
+    deselected = []
     for item in items:
-        if item.get_closest_marker("faults_full") is not None:
+        if item.get_closest_marker("faults_full") is None:
+            continue
+        if hasattr(getattr(item, "module", None), background.COMMAND):
+            deselected.append(item)
+        else:
             item.add_marker(skip)
+    if deselected:
+        items[:] = [item for item in items if item not in deselected]
+        config.hook.pytest_deselected(items=deselected)

@@ -23,7 +23,9 @@ import pytest
 from kafka_ingest_dev import soak
 from tests.support import background
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.soak]
+#: A slow fault test (``tests/chaos/conftest.py``): ``make soak-short`` or ``make faults-full``.
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.soak,
+              pytest.mark.faults_full]
 
 MINUTES = 2.0
 SETTINGS = soak.Settings(minutes=MINUTES, min_gap_s=6, max_gap_s=12, every_kind=True)

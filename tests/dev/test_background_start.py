@@ -70,17 +70,24 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as tests/dev/test_cpu_burner.py says
 
 
-def _session(tmp_path: Path, *args: str, hang: bool = False) -> subprocess.Popen[bytes]:
+def _session(tmp_path: Path, *args: str, hang: bool = False, slow: bool = False,
+             env_extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``slow``: the background work's test is a slow fault test (marked ``faults_full``,
+    under the chaos tests' conftest), as the soak's is."""
     (tmp_path / "chaos").mkdir()
     (tmp_path / "unit").mkdir()
-    (tmp_path / "chaos" / "test_background.py").write_text(BACKGROUND)
+    (tmp_path / "chaos" / "test_background.py").write_text(
+        ("import pytest\npytestmark = pytest.mark.faults_full\n" if slow else "") + BACKGROUND)
+    if slow:
+        (tmp_path / "chaos" / "conftest.py").write_text(
+            "from tests.chaos.conftest import pytest_collection_modifyitems  # noqa: F401\n")
     (tmp_path / "unit" / "test_first.py").write_text(FIRST)
     (tmp_path / "unit" / "test_more.py").write_text(FIRST)  # with -n 2: three units of work
     # the inner session's own: not this session's burner, lock or xdist worker
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")
            and k not in ("KAFKA_INGEST_TEST_BURN_CPU", "KAFKA_INGEST_TEST_LOCK_DIR",
-                         background.ROOT_ENV)}
-    env.update(OUT=str(tmp_path), HANG="1" if hang else "")
+                         "KAFKA_INGEST_FAULTS_FULL", background.ROOT_ENV)}
+    env.update(OUT=str(tmp_path), HANG="1" if hang else "", **(env_extra or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
          "--rootdir", str(tmp_path), "--import-mode=importlib", *args,
@@ -116,6 +123,28 @@ def test_deselected_by_k_nothing_starts(tmp_path: Path) -> None:
     assert inner.returncode == 0, out
     assert _lines(tmp_path) == [["unit", "-", "False"]] * 4
     assert not (tmp_path / "pid").exists()
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2", "--dist", "loadscope")],
+                         ids=["one process", "two workers"])
+def test_a_slow_fault_test_s_work_starts_only_when_slow_fault_tests_are_asked_for(
+        tmp_path: Path, workers: tuple[str, ...]) -> None:
+    """The soak's test is a slow fault test: not asked for, it is deselected, so its work
+    (minutes of a stack of its own) never starts; asked for, it runs as before."""
+    inner = _session(tmp_path, *workers, slow=True)
+    out = inner.communicate(timeout=180)[0].decode()
+    assert inner.returncode == 0, out
+    ran = _lines(tmp_path)
+    assert len(ran) == 4 and all(line[0] == "unit" and line[2] == "False" for line in ran)
+    assert not (tmp_path / "pid").exists()
+
+    asked = tmp_path / "asked"
+    asked.mkdir()
+    inner = _session(asked, *workers, slow=True, env_extra={"KAFKA_INGEST_FAULTS_FULL": "1"})
+    out = inner.communicate(timeout=180)[0].decode()
+    assert inner.returncode == 0, out
+    assert [line[0] for line in _lines(asked)].count("background") == 1
+    assert _gone(int((asked / "pid").read_text()))
 
 
 def test_with_two_workers_the_controller_starts_it_and_its_test_comes_first(

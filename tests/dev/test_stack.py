@@ -21,14 +21,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ingest_dev import stack
-from kafka_ingest_dev.procs import free_ports
+from kafka_ingest_dev.procs import StackError, free_ports
 from kafka_ingest_dev.stack import postgres
+from kafka_ingest_dev.stack.kafka import BROKER_JVMS
+from kafka_ingest_dev.stack.settings import BROKER_JVM_VARIABLE
 
 pytestmark = pytest.mark.integration
 
@@ -284,7 +287,7 @@ def test_another_airflow_instance_has_a_migrated_metadata_database_and_home_of_i
 
 
 def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, stack_env: dict[str, str]) -> None:
     """A second, independent stack from nothing (the jar cache stays warm), on its own
     ports and state dir, so stopping it never touches the stack other tests share.
 
@@ -292,10 +295,8 @@ def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
     ``postgres`` user must traverse every parent, and tmp_path's parents are private.
     """
     state = Path(tempfile.mkdtemp(prefix="kafka-ingest-cold-"))
-    monkeypatch.setenv("KAFKA_INGEST_STATE_DIR", str(state))
-    names = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT", "KAFKA_INGEST_PG_PORT")
-    for name, port in zip(names, free_ports(len(names)), strict=True):
-        monkeypatch.setenv(name, str(port))
+    for name, value in stack.isolated_env(state).items():
+        monkeypatch.setenv(name, value)
     pids: dict[str, int | None] = {}
     try:
         started = time.monotonic()
@@ -309,12 +310,26 @@ def test_an_independent_stack_comes_up_cold_and_down_leaves_no_process(
         assert all(part.up for part in stack.status())
         pids = _pids()
         assert all(pid is not None for pid in pids.values()), pids
+        # a stack of its own runs lean Kafka nodes; the shared one, the benchmarks' broker
+        # (this session's, on its default port), the server JVM
+        assert BROKER_JVMS["lean"][-1] in psutil.Process(pids["kafka"]).cmdline()
+        shared = [p for p in psutil.process_iter(["cmdline"])
+                  if "kafka.Kafka" in (p.info["cmdline"] or [])
+                  and f"{stack_env['KAFKA_INGEST_STATE_DIR']}/" in " ".join(p.info["cmdline"])]
+        assert shared and all(BROKER_JVMS["server"][-1] in p.info["cmdline"] for p in shared)
     finally:
         stack.down()
         still_running = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
         assert still_running == {}
         assert not any(part.up for part in stack.status())
         shutil.rmtree(state)
+
+
+def test_a_broker_jvm_the_stack_does_not_know_is_refused_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BROKER_JVM_VARIABLE, "tiny")
+    with pytest.raises(StackError, match="KAFKA_INGEST_KAFKA_JVM='tiny': one of server, lean"):
+        stack.settings()
 
 
 def _pids() -> dict[str, int | None]:

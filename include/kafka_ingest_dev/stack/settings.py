@@ -23,7 +23,7 @@ from kafka_ingest_dev import apicurio, kafka_connect
 from kafka_ingest_dev import faults as fault_proxy
 from kafka_ingest_dev.airflow_services import REDIS_PORT, AirflowServices
 from kafka_ingest_dev.procs import StackError, free_ports, read_or_none
-from kafka_ingest_dev.stack.kafka import BROKER_DIR, KAFKA_VERSION, KafkaNode
+from kafka_ingest_dev.stack.kafka import BROKER_DIR, BROKER_JVMS, KAFKA_VERSION, KafkaNode
 from kafka_ingest_dev.stack.postgres import AIRFLOW_DATABASE, PgNode
 
 #: Where ``up``, ``down`` and the others send their lines (``print``, or a logger's).
@@ -45,6 +45,10 @@ PORT_VARIABLES = (
 #: ``KAFKA_INGEST_REDIS_PORT`` beside it). Each pytest-xdist worker runs its DAG tests on one
 #: of its own (tests/support/workers.py). Unset or empty: the stack's own Airflow.
 INSTANCE_VARIABLE = "KAFKA_INGEST_AIRFLOW_INSTANCE"
+#: The Kafka nodes' JVM (:data:`~kafka_ingest_dev.stack.kafka.BROKER_JVMS`): ``server`` (the
+#: default: the shared stack's, which the benchmarks run against) or ``lean`` (a stack of
+#: its own for minutes: :func:`isolated_env` sets it).
+BROKER_JVM_VARIABLE = "KAFKA_INGEST_KAFKA_JVM"
 NODE_PORT_VARIABLES = ("KAFKA_INGEST_KAFKA_PORT", "KAFKA_INGEST_CONTROLLER_PORT",
                        "KAFKA_INGEST_KAFKA_PROXY_PORT", "KAFKA_INGEST_KAFKA_FAULTS_PORT")
 
@@ -78,6 +82,8 @@ class Settings:
     connect_port: int = kafka_connect.DEFAULT_PORT
     #: :data:`INSTANCE_VARIABLE`: "" is the stack's own Airflow.
     airflow_instance: str = ""
+    #: :data:`BROKER_JVM_VARIABLE`.
+    broker_jvm: str = "server"
 
     # ----------------------------------------------------------------------- kafka
 
@@ -273,11 +279,13 @@ def port(name: str, default: int) -> int:
 
 def isolated_env(state: Path, *, brokers: int = 1) -> dict[str, str]:
     """The environment of a stack of its own beside the shared one: its state dir and a
-    free loopback port for every port it may open (the fault tests', the soak's), and its
-    own Airflow (no :data:`INSTANCE_VARIABLE`)."""
+    free loopback port for every port it may open (the fault tests', the soak's), its
+    own Airflow (no :data:`INSTANCE_VARIABLE`), and lean Kafka nodes (it lives minutes, and
+    its nodes' start is most of their CPU)."""
     names = [*PORT_VARIABLES,
              *(f"{n}_{i}" for i in range(2, brokers + 1) for n in NODE_PORT_VARIABLES)]
     return {"KAFKA_INGEST_STATE_DIR": str(state), INSTANCE_VARIABLE: "",
+            BROKER_JVM_VARIABLE: "lean",
             **dict(zip(names, map(str, free_ports(len(names))), strict=True))}
 
 
@@ -304,7 +312,16 @@ def settings() -> Settings:
                                       apicurio.DEFAULT_MANAGEMENT_PORT),
         connect_port=port("KAFKA_INGEST_CONNECT_PORT", kafka_connect.DEFAULT_PORT),
         airflow_instance=airflow_instance(),
+        broker_jvm=broker_jvm(),
     )
+
+
+def broker_jvm() -> str:
+    """:data:`BROKER_JVM_VARIABLE`, checked."""
+    name = os.environ.get(BROKER_JVM_VARIABLE, "") or "server"
+    if name not in BROKER_JVMS:
+        raise StackError(f"{BROKER_JVM_VARIABLE}={name!r}: one of {', '.join(BROKER_JVMS)}")
+    return name
 
 
 def airflow_instance() -> str:
