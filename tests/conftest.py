@@ -138,6 +138,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
             f"{', '.join(str(b.pid) for b in burners)})")
 
 
+#: The test topics' settings (:func:`topics`): no retention by time.
+TEST_TOPIC_CONFIG = {"retention.ms": "-1"}
+
+
 @pytest.fixture(scope="session")
 def stack_env() -> dict[str, str]:
     """Start (or reuse) the local stack and export its environment to this process."""
@@ -177,14 +181,19 @@ def db(pg_dsn: str) -> Any:
 
 @pytest.fixture
 def topics(clients: Any) -> Iterator[Callable[..., str]]:
-    """``topics(partitions=3)`` creates a randomly named topic; all are deleted after."""
+    """``topics(partitions=3)`` creates a randomly named topic; all are deleted after.
+
+    Their records are kept whatever their timestamps (:data:`TEST_TOPIC_CONFIG`): tests
+    produce records stamped at fixed past times (2026-01-01), which the broker's retention
+    by time (7 days by default, checked every 5 minutes) would otherwise delete between the
+    produce and the read, now and then."""
     from kafka_ingest.kafka.topics import ensure_topics
 
     made: list[str] = []
 
     def make(partitions: int = 3, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        ensure_topics(clients, {name: partitions})
+        ensure_topics(clients, {name: partitions}, config=TEST_TOPIC_CONFIG)
         made.append(name)
         return name
 
