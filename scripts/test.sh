@@ -54,15 +54,17 @@ checks &
 checks_pid=$!
 trap 'kill "$checks_pid" 2>/dev/null || true' EXIT  # interrupted: the checks go too
 
-# Two workers (the tests mostly wait); which tests share a worker, in which order, and which
-# have the stack alone: tests/support/workers.py.
+# Three workers on the two cores: the tests wait on Airflow, Kafka and Postgres much of the
+# time (two workers left the cores 19% idle; three, 10%, and took 1,083 s against 1,438);
+# which tests share a worker, in which order, and which have the stack alone:
+# tests/support/workers.py.
 echo "== pytest (ruff, mypy, imports and the bench smoke run beside it: $checks/), at ${SECONDS} s"
 # The machine's CPU over the tests (/proc/stat: user, nice, system, idle, iowait, ...): how
 # busy the cores were says whether more workers could help (idle) or not (busy).
 cpu() { head -1 /proc/stat 2>/dev/null || true; }
 cpu_before=$(cpu)
 set +e
-python -m pytest -n 2 --dist loadscope --no-loadscope-reorder -q --durations=25 \
+python -m pytest -n 3 --dist loadscope --no-loadscope-reorder -q --durations=25 \
     --junitxml=test-artifacts/junit.xml "$@"  # every test's time, for where the time goes
 rc=$?
 wait "$checks_pid"

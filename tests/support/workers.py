@@ -1,12 +1,12 @@
-"""How the session runs on two pytest-xdist workers.
+"""How the session runs on pytest-xdist workers.
 
-The tests mostly wait (on Kafka, Postgres, Airflow, subprocesses), so two run at once
-(``make test``: ``-n 2 --dist loadscope``, the scheduling below). What must not overlap is
-kept apart here, by four means:
+The tests wait (on Kafka, Postgres, Airflow, subprocesses) much of the time, so three run
+at once on the two cores (``make test``: ``-n 3 --dist loadscope``, the scheduling below).
+What must not overlap is kept apart here, by four means:
 
 - **An Airflow of each worker's own** (:func:`configure_worker`): the DAG tests start and
   stop Airflow's services and run DAGs against a metadata database, with the same DAG ids
-  (``telemetry_metrics_ingest``) on both workers. So each worker has an Airflow instance of
+  (``telemetry_metrics_ingest``) on every worker. So each worker has an Airflow instance of
   the stack's of its own (``KAFKA_INGEST_AIRFLOW_INSTANCE=<worker id>``,
   :mod:`kafka_ingest_dev.stack.settings`): its ``AIRFLOW_HOME`` (logs, pid files), its
   metadata database (``airflow_gw0``: a copy of the stack's migrated ``airflow`` database,
@@ -23,10 +23,8 @@ kept apart here, by four means:
   tests' modules last: each worker takes the next unit of work when it is nearly done, so
   the short ones fill in at the end. The soak's work is started by the controller at the
   session's start (:mod:`tests.support.background`), and its test, first, holds a worker
-  while it runs: the two cores are busy (``make test`` prints how busy), and the soak's
-  own stack beside two workers of tests stretched every test (a clean-clone run with its
-  test last instead: pytest 1,437 s against 1,293, an Airflow api-server answering a task's
-  start after 49 s). Among the DAG tests, those on the shared Airflow services
+  while it runs (``make soak-short``: the soak is not in ``make test``, whose cores were
+  busy beside it). Among the DAG tests, those on the shared Airflow services
   come first, then the others, each the longest first (:data:`DAG_MODULE_SECONDS`): a
   worker that takes them one after another starts the shared services once.
   ``--no-loadscope-reorder`` keeps this order.
