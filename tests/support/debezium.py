@@ -77,7 +77,11 @@ CATCH_UP_TIMEOUT_S = 20 * (POLL_INTERVAL_S + 2 * OFFSET_FLUSH_S + MARKER_RETRY_S
 #: The first snapshot: the connector's and its task's start (slot, publication, snapshot
 #: transaction), bounded like the worker's own start, then a catch-up.
 SNAPSHOT_TIMEOUT_S = kafka_connect.START_TIMEOUT_S + CATCH_UP_TIMEOUT_S
-_POLL_S = 0.1
+#: How often a wait looks again: Debezium's poll interval (nothing new reaches Kafka sooner).
+_POLL_S = POLL_INTERVAL_S
+#: How often a wait asks the worker whether the connector failed (a failure is reported
+#: within this, with its trace).
+_STATUS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -176,9 +180,23 @@ class DebeziumSource:
     registry_url: str | None = None
     #: How far :meth:`next_events` has read each topic.
     _read_to: dict[str, int] = field(default_factory=dict)
+    #: What the waits poll with, made once (:meth:`close`): a consumer that assigns, a
+    #: session on the source (autocommit: it holds no lock between statements).
+    _consumer: Any = None
+    _session: psycopg.Connection[Any] | None = None
+    _status_checked_at: float = -_STATUS_EVERY_S
 
     def __post_init__(self) -> None:
         self.decode = _Decoder(self.registry_url)
+
+    def close(self) -> None:
+        """Close what the waits polled with (before the source database is dropped)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     # ----------------------------------------------------------------------- the source
 
@@ -188,8 +206,10 @@ class DebeziumSource:
             conn.execute(statement, params)  # type: ignore[arg-type]
 
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+        """Rows of one statement on the source, on the session the waits poll with."""
+        if self._session is None or self._session.closed:
+            self._session = psycopg.connect(self.dsn, autocommit=True)
+        return self._session.execute(statement, params).fetchall()  # type: ignore[arg-type]
 
     def current_lsn(self) -> str:
         return str(self.query("SELECT pg_current_wal_lsn()")[0][0])
@@ -199,20 +219,18 @@ class DebeziumSource:
     def events(self, table: str, start: int = 0) -> list[ChangeEvent]:
         """Every record of ``table``'s topic from offset ``start`` to its end now."""
         topic = self.topics[table]
-        consumer = self.clients.consumer(f"test-dbz-{uuid.uuid4().hex[:8]}")
+        if self._consumer is None:
+            self._consumer = self.clients.consumer(f"test-dbz-{uuid.uuid4().hex[:8]}")
+        consumer = self._consumer
         try:
-            try:
-                low, high = watermarks(consumer, topic, [0])[0]
-            except Exception:  # the topic is made by the connector's first record
-                return []
-            out: list[ChangeEvent] = []
-            for chunk in read_range(consumer, topic, 0, max(low, start), high, chunk_size=500):
-                out.extend(ChangeEvent(m.offset(), self.decode(m.key()),
-                                       self.decode(m.value()))
-                           for m in chunk.messages)
-            return out
-        finally:
-            consumer.close()
+            low, high = watermarks(consumer, topic, [0])[0]
+        except Exception:  # the topic is made by the connector's first record
+            return []
+        out: list[ChangeEvent] = []
+        for chunk in read_range(consumer, topic, 0, max(low, start), high, chunk_size=500):
+            out.extend(ChangeEvent(m.offset(), self.decode(m.key()), self.decode(m.value()))
+                       for m in chunk.messages)
+        return out
 
     def next_events(self, table: str, n: int, *, wait: bool = True,
                     timeout_s: float = CATCH_UP_TIMEOUT_S) -> list[ChangeEvent]:
@@ -289,7 +307,11 @@ class DebeziumSource:
         time.sleep(_POLL_S)
 
     def _check_running(self) -> None:
-        """Fail at once, with its trace, if the connector or its task failed."""
+        """Fail, with its trace, if the connector or its task failed (asked once every
+        :data:`_STATUS_EVERY_S` of a wait)."""
+        if time.monotonic() - self._status_checked_at < _STATUS_EVERY_S:
+            return
+        self._status_checked_at = time.monotonic()
         status, body = kafka_connect.request(
             "GET", f"{self.worker_url}/connectors/{self.connector}/status")
         if status != 200:
@@ -438,6 +460,7 @@ def debezium_source(worker_url: str, clients: KafkaClients, admin_dsn: str,
             _delete_connector(worker_url, src.connector)
     finally:
         src.decode.close()
+        src.close()
         _drop_source(name, src.slot)
         _delete_topics(clients, name)
         _delete_subjects(registry_url, name)
