@@ -5,14 +5,16 @@ Usage::
     python benchmarks/bench_identity.py [--events 20000] [--rounds 7]       # validate_chunk
     python benchmarks/bench_identity.py --engine [--events 200000] [--rounds 3]
 
-The same readings (device, epoch-seconds time, value, status, unit) in six shapes, each
+The same readings (device, epoch-seconds time, value, status, unit) in seven shapes, each
 with its own declared contract and pipeline (:data:`VARIANTS`): ``event_id`` (today's
-path, the default identity), ``nested`` (the device's id and status in a ``type: record``
-field, flattened to ``device_id``/``device_status`` columns), ``other_name`` (the id as
-``reading_id``, ``identity: reading_id``), ``several`` (``identity: [device_id, seq]``),
-``record_key`` (the id in the record key, ``identity: record_key``) and
-``source_position`` (no id at all). Each in JSON and in Avro (the writer schema derived
-from the event: a nested object is a nested record).
+path, the default identity; ids rising with the log), ``event_id_unordered`` (the same
+path, ids in no order with the log, as uuid4s are: a chunk is written in key order, so
+this is the cost of the data's order, not of an identity), ``nested`` (the device's id and
+status in a ``type: record`` field, flattened to ``device_id``/``device_status``
+columns), ``other_name`` (the id as ``reading_id``, ``identity: reading_id``),
+``several`` (``identity: [device_id, seq]``), ``record_key`` (the id in the record key,
+``identity: record_key``) and ``source_position`` (no id at all). Each in JSON and in
+Avro (the writer schema derived from the event: a nested object is a nested record).
 
 Default: ``validate_chunk`` alone on chunks of in-memory ``confluent_kafka.Message``
 objects (no Kafka, no registry: the Avro decoder reads its writer schema from memory),
@@ -30,6 +32,7 @@ median, each run checked (every event a row).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -74,6 +77,7 @@ CONTRACTS: dict[str, Any] = {
 #: variant -> (contract, the pipeline's own keys).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "event_id": ("reading", {}),
+    "event_id_unordered": ("reading", {}),
     "nested": ("reading_nested", {}),
     "other_name": ("reading_named", {"identity": "reading_id"}),
     "several": ("reading_seq", {"identity": ["device_id", "seq"]}),
@@ -96,6 +100,9 @@ def event(variant: str, i: int, rng: random.Random, tag: str) -> tuple[bytes, di
     key = device.encode()
     if variant == "event_id":
         payload = {"event_id": ident, **base}
+    elif variant == "event_id_unordered":  # ids minted apart from the log's order (uuid4s)
+        unordered = hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
+        payload = {"event_id": f"{tag}-{unordered}", **base}
     elif variant == "nested":
         payload = {"event_id": ident, "device": {"id": device, "status": status},
                    "timestamp": base["timestamp"], "metric_value": base["metric_value"],
