@@ -415,6 +415,21 @@ def test_json_schema_refs_reach_the_schemas_it_references_in_the_registry() -> N
     assert fields["to"].kind == "any"
 
 
+@pytest.mark.timeout(60)  # the old resolver branched 3 ways 64 deep: it never ended
+def test_json_schema_refs_that_branch_into_themselves_end_as_any_value() -> None:
+    """A definition whose ``anyOf``/``allOf`` branches refer back to it (valid JSON Schema,
+    and a crafted one could come from any producer) is given up after a bounded number of
+    steps, all branches together, and the odd types of ``required`` and ``properties``
+    are read as absent, not as an error."""
+    loops = {"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"},
+                                       {"allOf": [{"$ref": "#/$defs/A"}]}]}},
+             "required": "p0", "properties": {f"p{i}": {"$ref": "#/$defs/A"} for i in range(50)}}
+    fields = json_schema_fields(json.dumps(loops))
+    assert {f.kind for f in fields.values()} == {"any"}
+    assert all(f.nullable for f in fields.values())  # "required" is not a list: none is
+    assert json_schema_fields(json.dumps({"properties": ["a", "b"]})) == {}
+
+
 def test_the_plan_check_names_each_field_the_contract_cannot_read() -> None:
     p = pipeline()
     assert contract_problems(p, avro_fields(json.dumps(AVRO))) == []

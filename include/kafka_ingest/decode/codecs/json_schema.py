@@ -58,9 +58,10 @@ def _as_it_is(value: bytes, start: int = 0, /) -> bytes:
 _JSON = {"string": STR, "integer": INT, "number": FLOAT, "boolean": BOOL, "object": OBJECT,
          "array": LIST}
 _JSON_FORMATS = {"date-time": DATETIME, "date": DATE, "uuid": UUID_}
-#: How many ``$ref`` / ``allOf`` / ``anyOf`` steps one property's schema may take to say
-#: what it is: far beyond any real schema, and a bound on references that loop.
-_STEPS = 64
+#: How many ``$ref`` / ``allOf`` / ``anyOf`` steps, all branches together, one property's
+#: schema may take to say what it is: far beyond any real schema, and a bound on
+#: references that loop or branch into themselves (``A: {anyOf: [A, A]}``).
+_STEPS = 256
 
 
 def json_schema_fields(text: str, references: Sequence[Reference] = ()) -> Fields:
@@ -80,8 +81,9 @@ def json_schema_fields(text: str, references: Sequence[Reference] = ()) -> Field
             if isinstance(document, dict) and isinstance(document.get("$id"), str):
                 documents.setdefault(document["$id"], document)
     root = json.loads(text)
-    spec, document, _ = _Resolver(documents).effective(root, root)
-    return _Resolver(documents).properties(spec, document, 0)
+    resolver = _Resolver(documents)
+    spec, document, _ = resolver.resolved(root, root)
+    return resolver.properties(spec, document, 0)
 
 
 class _Resolver:
@@ -90,12 +92,20 @@ class _Resolver:
 
     def __init__(self, documents: dict[str, Any]) -> None:
         self.documents = documents
+        self.steps_left = _STEPS
+
+    def resolved(self, spec: Any, document: Any) -> tuple[dict[str, Any], Any, bool]:
+        """:meth:`effective` with a budget of :data:`_STEPS` of its own."""
+        self.steps_left = _STEPS
+        return self.effective(spec, document)
 
     def properties(self, schema: dict[str, Any], document: Any, depth: int) -> Fields:
-        required = set(schema.get("required", []))
+        required = schema.get("required")
+        required = set(required) if isinstance(required, list) else set()
+        properties = schema.get("properties")
         fields = {}
-        for name, prop in (schema.get("properties") or {}).items():
-            spec, home, nullable = self.effective(prop, document)
+        for name, prop in (properties.items() if isinstance(properties, dict) else ()):
+            spec, home, nullable = self.resolved(prop, document)
             fields[name] = self.field(name, spec, home, depth,
                                       nullable or name not in required)
         return fields
@@ -107,7 +117,7 @@ class _Resolver:
             kind = _JSON_FORMATS[spec["format"]]
         items = None
         if kind == LIST and isinstance(spec.get("items"), dict):
-            item, _, _ = self.effective(spec["items"], document)
+            item, _, _ = self.resolved(spec["items"], document)
             items = _JSON.get(_kind(item))
         nested = (self.properties(spec, document, depth + 1)
                   if kind == OBJECT and spec.get("properties") and depth < FIELDS_DEPTH
@@ -118,13 +128,13 @@ class _Resolver:
         return WriterField(name, kind, nullable, items=items,
                            max_length=spec.get("maxLength") or longest, fields=nested)
 
-    def effective(self, spec: Any, document: Any,
-                  steps: int = _STEPS) -> tuple[dict[str, Any], Any, bool]:
+    def effective(self, spec: Any, document: Any) -> tuple[dict[str, Any], Any, bool]:
         """(what ``spec`` says a value is, the document it says it in, whether null is
         allowed): :data:`ANY`'s empty schema when it cannot be told, or when it takes more
-        than ``steps`` steps (references that loop)."""
+        than the steps left (:meth:`resolved`)."""
         nullable = False
-        while (steps := steps - 1) >= 0:
+        while (steps_left := self.steps_left - 1) >= 0:
+            self.steps_left = steps_left
             if not isinstance(spec, dict):
                 return {}, document, nullable  # ``true``: any value
             if "$ref" in spec:
@@ -138,12 +148,12 @@ class _Resolver:
                 merged = {k: v for k, v in spec.items() if k != "allOf"}
                 for part in spec["allOf"]:  # (a part's own ``$ref``s are read from where
                     # ``spec`` is: one in another document may then say any value)
-                    merged = _merged(merged, self.effective(part, document, steps - 1)[0])
+                    merged = _merged(merged, self.effective(part, document)[0])
                 spec = merged
                 continue
             branches = spec.get("anyOf") or spec.get("oneOf")
             if branches:
-                taken = [self.effective(b, document, steps) for b in branches]
+                taken = [self.effective(b, document) for b in branches]
                 values = [t for t in taken if _kind(t[0]) != "null"]
                 nullable = nullable or len(values) < len(taken) or any(t[2] for t in values)
                 rest = {k: v for k, v in spec.items() if k not in ("anyOf", "oneOf")}
