@@ -37,11 +37,11 @@ bench-growth: bootstrap  ## how the write cost grows with the table and its inde
 bench-freshness: bootstrap  ## freshness (p50/p95/p99, cron every minute vs on_data at 2,000 events/s for 5 min), per-run overhead, quiet pipelines' CPU, under the real scheduler; results/freshness.json
 	.venv/bin/kafka-ingest stack up && .venv/bin/python benchmarks/bench_freshness.py --rate 2000 --seconds 300
 
-faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`), on stacks of their own
+faults-full: bootstrap  ## every network and cluster fault test (the quick set is in `make test`) and the soak's short variant, on stacks of their own
 	.venv/bin/kafka-ingest stack up && KAFKA_INGEST_FAULTS_FULL=1 .venv/bin/pytest -m "faults or faults_full" tests/chaos
 
 soak-short: bootstrap  ## the soak as a test: 2 minutes of faults and on until every kind has come once, then checked exactly (also in faults-full)
-	.venv/bin/kafka-ingest stack up && .venv/bin/pytest -m soak tests/chaos/test_soak.py
+	.venv/bin/kafka-ingest stack up && .venv/bin/pytest -m faults_full tests/chaos/test_soak.py
 
 soak: bootstrap  ## 60 minutes of mixed faults (workers, brokers, proxy, Postgres stop and failover) under the real scheduler and Celery, then checked exactly; results/soak.json
 	.venv/bin/python -m kafka_ingest_dev.soak --minutes 60 --report benchmarks/results/soak.json

@@ -2,7 +2,7 @@
 the slow one (marker ``faults_full``: 2 s latency, the default time-outs waited out,
 more places and more brokers, and the soak's short variant) only when asked for, with
 ``KAFKA_INGEST_FAULTS_FULL=1`` or a ``-m`` expression that names ``faults_full`` (``make
-faults-full``), or ``soak`` (``make soak-short``: the soak's alone).
+faults-full``; ``make soak-short`` for the soak's alone).
 
 A slow test is skipped, with the reason, except one whose module has background work
 (:mod:`tests.support.background`: the soak): that one is deselected, since a selected
@@ -18,9 +18,8 @@ from tests.support import background
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    markexpr = config.getoption("markexpr", default="") or ""
-    asked = (os.environ.get("KAFKA_INGEST_FAULTS_FULL") == "1" or "faults_full" in markexpr
-             or "soak" in markexpr)
+    asked = (os.environ.get("KAFKA_INGEST_FAULTS_FULL") == "1"
+             or "faults_full" in (config.getoption("markexpr", default="") or ""))
     if asked:
         return
     skip = pytest.mark.skip(reason="slow fault test: KAFKA_INGEST_FAULTS_FULL=1 or "
