@@ -98,6 +98,8 @@ def writer_field(fields: Fields, path: str) -> WriterField | None:
     found = fields.get(first)
     nullable = False
     for part in rest:
+        if found is not None and found.kind == ANY:
+            return _UNKNOWN  # an object, maybe: the schema does not say
         if found is None or found.kind != OBJECT:
             return None
         if found.fields is None:

@@ -430,6 +430,38 @@ def test_json_schema_refs_that_branch_into_themselves_end_as_any_value() -> None
     assert json_schema_fields(json.dumps({"properties": ["a", "b"]})) == {}
 
 
+@pytest.mark.timeout(60)  # the fan-out below made millions of fields before
+def test_json_schema_odd_shapes_read_safely_and_as_what_they_say() -> None:
+    """Found by a review: a ``$ref`` fanning out into itself, arrays of numbers, an anchor,
+    several types beside ``properties``, odd ``allOf`` parts and ``$ref``/``format``
+    values."""
+    fan = {"$ref": "#/$defs/N", "$defs": {"N": {"type": "object", "properties": {
+        f"p{i}": {"$ref": "#/$defs/N"} for i in range(6)}}}}
+    fields = json_schema_fields(json.dumps(fan))
+    assert set(fields) == {f"p{i}" for i in range(6)}
+    odd = json_schema_fields(json.dumps({"$defs": {"Name": {"$anchor": "name", "type": "string"}},
+                                         "properties": {
+        "nums": {"type": "array", "items": {"type": "number"}},
+        "one": {"anyOf": [{"type": "number"}, {"type": "number", "minimum": 0}]},
+        "name": {"$ref": "#name"},
+        "either": {"type": ["string", "object"], "properties": {"a": {"type": "string"}}},
+        "parts": {"allOf": [{"required": True}, {"properties": ["x"]}]},
+        "ref": {"$ref": 5}, "day": {"type": "string", "format": ["date"]}}}))
+    assert {n: (f.kind, f.items) for n, f in odd.items()} == {
+        "nums": ("array", "float"), "one": ("float", None), "name": ("any", None),
+        "either": ("any", None), "parts": ("object", None), "ref": ("any", None),
+        "day": ("string", None)}
+    # a contract reading a record inside a field the schema leaves open is not refused
+    p = parse_pipelines({"contracts": {"trip": {"version": 1, "fields": {
+        "destination": {"type": "record", "fields": {"city": {"type": "text",
+                                                               "max_length": 40}}}}}},
+        "pipelines": {"p": {"topic": "t", "dlq_topic": "d", "table": "trips",
+                            "format": "json_schema", "schema_registry": {},
+                            "contract": {"event_type": "trip", "version": 1}}}})["p"]
+    assert contract_problems(p, json_schema_fields(json.dumps({"properties": {
+        "event_id": {"type": "string"}, "destination": {}}}))) == []
+
+
 def test_the_plan_check_names_each_field_the_contract_cannot_read() -> None:
     p = pipeline()
     assert contract_problems(p, avro_fields(json.dumps(AVRO))) == []

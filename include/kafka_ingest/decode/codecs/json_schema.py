@@ -57,11 +57,16 @@ def _as_it_is(value: bytes, start: int = 0, /) -> bytes:
 
 _JSON = {"string": STR, "integer": INT, "number": FLOAT, "boolean": BOOL, "object": OBJECT,
          "array": LIST}
+#: A kind -> the JSON type name that says it.
+_JSON_TYPES = {kind: name for name, kind in _JSON.items()}
 _JSON_FORMATS = {"date-time": DATETIME, "date": DATE, "uuid": UUID_}
 #: How many ``$ref`` / ``allOf`` / ``anyOf`` steps, all branches together, one property's
 #: schema may take to say what it is: far beyond any real schema, and a bound on
 #: references that loop or branch into themselves (``A: {anyOf: [A, A]}``).
 _STEPS = 256
+#: How many fields one schema's nested records may hold together: a ``$ref`` that fans out
+#: into itself would otherwise make a tree of millions (deeper records: not described).
+_FIELDS_MAX = 10_000
 
 
 def json_schema_fields(text: str, references: Sequence[Reference] = ()) -> Fields:
@@ -93,6 +98,7 @@ class _Resolver:
     def __init__(self, documents: dict[str, Any]) -> None:
         self.documents = documents
         self.steps_left = _STEPS
+        self.fields_left = _FIELDS_MAX
 
     def resolved(self, spec: Any, document: Any) -> tuple[dict[str, Any], Any, bool]:
         """:meth:`effective` with a budget of :data:`_STEPS` of its own."""
@@ -112,16 +118,18 @@ class _Resolver:
 
     def field(self, name: str, spec: dict[str, Any], document: Any, depth: int,
               nullable: bool) -> WriterField:
+        self.fields_left -= 1
         kind = _kind(spec)
-        if kind == STR and spec.get("format") in _JSON_FORMATS:
-            kind = _JSON_FORMATS[spec["format"]]
+        fmt = spec.get("format")
+        if kind == STR and isinstance(fmt, str) and fmt in _JSON_FORMATS:
+            kind = _JSON_FORMATS[fmt]
         items = None
         if kind == LIST and isinstance(spec.get("items"), dict):
-            item, _, _ = self.resolved(spec["items"], document)
-            items = _JSON.get(_kind(item))
+            item_kind = _kind(self.resolved(spec["items"], document)[0])
+            items = item_kind if item_kind in _JSON_TYPES else None
         nested = (self.properties(spec, document, depth + 1)
                   if kind == OBJECT and spec.get("properties") and depth < FIELDS_DEPTH
-                  else None)
+                  and self.fields_left > 0 else None)
         symbols = spec.get("enum") if kind == STR else None
         longest = (max(map(len, symbols)) if isinstance(symbols, list) and symbols
                    and all(isinstance(s, str) for s in symbols) else None)
@@ -161,20 +169,24 @@ class _Resolver:
                 if len(values) == 1:
                     spec, document = _merged(rest, values[0][0]), values[0][1]
                     continue
-                return ({**rest, "type": kinds.pop()} if len(kinds) == 1 and ANY not in kinds
-                        else {}), document, nullable
+                one = ({**rest, "type": _JSON_TYPES[kinds.pop()]}
+                       if len(kinds) == 1 and kinds <= _JSON_TYPES.keys() else {})
+                return one, document, nullable
             types = spec.get("type")
             if isinstance(types, list):
                 nullable = nullable or "null" in types
                 values = [t for t in types if t != "null"]
-                spec = {**spec, "type": values[0]} if len(values) == 1 else {
-                    k: v for k, v in spec.items() if k != "type"}
+                spec = {**spec, "type": values[0] if len(values) == 1 else values}
             return spec, document, nullable
         return {}, document, nullable
 
     def target(self, ref: str, document: Any) -> tuple[Any, Any] | None:
         """The schema a ``$ref`` names, and its document; None when nothing is there."""
+        if not isinstance(ref, str):
+            return None
         where, _, pointer = ref.partition("#")
+        if pointer and not pointer.startswith("/"):
+            return None  # an anchor (``#name``): not followed, the field says any value
         if where:
             document = self.documents.get(where)
             if document is None:
@@ -215,11 +227,19 @@ def _merged(spec: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     ``required`` joined, any other key the first one's."""
     merged = {**part, **spec}
     if "properties" in spec or "properties" in part:
-        merged["properties"] = {**(part.get("properties") or {}),
-                                **(spec.get("properties") or {})}
+        merged["properties"] = {**_mapping(part.get("properties")),
+                                **_mapping(spec.get("properties"))}
     if "required" in spec or "required" in part:
-        merged["required"] = [*part.get("required", []), *spec.get("required", [])]
+        merged["required"] = [*_listed(part.get("required")), *_listed(spec.get("required"))]
     return merged
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 __all__ = ["JsonSchemaCodec", "json_schema_fields"]
