@@ -16,7 +16,7 @@ import pytest
 
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
-from tests.support.cli import cli
+from tests.support.cli import as_a_user as cli
 from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration

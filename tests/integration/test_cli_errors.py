@@ -5,9 +5,10 @@ topic, a service out of reach) and checks what the user gets: exit status 2, exa
 ``kafka-ingest: ...`` line on stderr naming the problem (and the fix, where there is one),
 no traceback, and, for a service out of reach, no wait beyond the configured time-out.
 
-The matrix calls ``kafka_ingest.cli.main`` in this process (the environment set for the
-call, stdout and stderr captured, an uncaught exception failing the test as a traceback
-would), so a case costs the command's own work, not an interpreter's start and imports.
+The matrix calls ``kafka_ingest.cli.main`` in this process (:func:`tests.support.cli.cli`:
+the environment set for the call, stdout and stderr with the command's log lines captured,
+an uncaught exception a traceback and exit status 1 as in a process), so a case costs the
+command's own work, not an interpreter's start and imports.
 One case of each error class also runs as ``python -m kafka_ingest.cli`` in a subprocess
 (:func:`as_a_user`), as a user runs it: the entry point, the exit status, the one line on
 the real stderr, and librdkafka's logging as the command configures it.
@@ -16,13 +17,9 @@ the real stderr, and librdkafka's logging as the command configures it.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +31,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kafka_ingest.cli import main
 from kafka_ingest.config import Pipeline, load_pipelines, parse_pipelines
 from kafka_ingest.db import grant_runtime
 from kafka_ingest.kafka.clients import KafkaClients
@@ -42,6 +38,7 @@ from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev import stack
 from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
+from tests.support import cli as support_cli
 from tests.support.pipelines import write_pipelines_file
 
 pytestmark = pytest.mark.integration
@@ -74,45 +71,18 @@ class Outcome:
     seconds: float
 
 
-@contextlib.contextmanager
-def environment(env: dict[str, str | None]) -> Iterator[None]:
-    """``env`` on top of this process's environment for the block; ``None`` unsets."""
-    saved = {name: os.environ.get(name) for name in env}
-    try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def cli(env: dict[str, str | None], args: list[str]) -> Outcome:
-    """The command in this process, with ``env`` for the call: its exit status, its stderr,
-    how long it ran."""
-    out, err = io.StringIO(), io.StringIO()
+    """The command in this process (:func:`tests.support.cli.cli`), with ``env`` for the
+    call: its exit status, its stderr, how long it ran."""
     started = time.monotonic()
-    with environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            returncode = main(args)
-        except SystemExit as exc:  # argparse's way out
-            returncode = exc.code if isinstance(exc.code, int) else 1
-    return Outcome(returncode, err.getvalue(), time.monotonic() - started)
+    done = support_cli.cli(env, *args)
+    return Outcome(done.returncode, done.stderr, time.monotonic() - started)
 
 
 def as_a_user(env: dict[str, str | None], args: list[str]) -> Outcome:
     """The command as a user runs it (``python -m kafka_ingest.cli`` in a subprocess)."""
-    full = {**os.environ, **env}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "kafka_ingest.cli", *args],
-                          env={k: v for k, v in full.items() if v is not None},
-                          capture_output=True, text=True, check=False, timeout=300)
+    done = support_cli.as_a_user(env, *args)
     return Outcome(done.returncode, done.stderr, time.monotonic() - started)
 
 

@@ -4,6 +4,8 @@ error naming the variable, never a fallback to a local address or credential."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,33 @@ def test_migrate_grants_to_the_role_the_environment_names_unless_told(
     else:
         monkeypatch.setenv("KAFKA_INGEST_PG_GRANT_TO", env)
     assert grant_target(given) == expected
+
+
+#: Imported only by the commands that use them: together a quarter of every command's start.
+ON_DEMAND = ("confluent_kafka.schema_registry", "authlib", "prometheus_client")
+
+
+def test_a_command_imports_the_registry_client_and_prometheus_only_when_it_uses_them() -> None:
+    """``kafka-ingest`` imports the runtime, not the registry client (0.2 s of
+    CPU with authlib and cryptography) nor prometheus_client: a pipeline without a registry
+    and every command but ``exporter`` never pay for them. A registry client made imports
+    it, and its errors are still told apart from an HTTP library's."""
+    prefixes = tuple(m + "." for m in ON_DEMAND)
+    script = f"""
+import json, sys
+import kafka_ingest, kafka_ingest.cli.main
+start = sorted(m for m in sys.modules if (m + '.').startswith({prefixes!r}))
+from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry, map_registry_error
+before = type(map_registry_error("x", ConnectionRefusedError("refused"))).__name__
+SchemaRegistry(RegistrySettings(config={{"url": "http://127.0.0.1:1"}}))
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+after = type(map_registry_error("x", SchemaRegistryError(503, 50003, "down"))).__name__
+print(json.dumps([start, "confluent_kafka.schema_registry" in sys.modules, before, after]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    start, loaded, before, after = json.loads(done.stdout)
+    assert start == []
+    assert loaded
+    assert (before, after) == ("RegistryUnavailable", "RegistryUnavailable")

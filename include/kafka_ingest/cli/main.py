@@ -17,6 +17,8 @@ from kafka_ingest.kafka.clients import LIBRDKAFKA_LOG, LIBRDKAFKA_ONCE
 #: Libraries whose INFO lines are for ``-v`` only.
 QUIET_UNLESS_VERBOSE = ("httpx", "httpx2", "httpcore", "httpcore2")
 
+#: How a command's log lines look on stderr.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The first line of ``kafka-ingest --help``.
 DESCRIPTION = "kafka-ingest: the operator's command line."
 
@@ -35,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=LOG_FORMAT)
     if args.verbose:  # -v shows every repeat
         LIBRDKAFKA_LOG.removeFilter(LIBRDKAFKA_ONCE)
     else:

@@ -25,28 +25,48 @@ references are fetched is :class:`RegistryUnavailable` like any other request.
 from __future__ import annotations
 
 import base64
+import functools
 import ssl
+import sys
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 from urllib.request import getproxies
-
-with warnings.catch_warnings():
-    # authlib (imported with the client for its OAuth support) asks for httpx2 on import;
-    # the client prefers httpx2 where installed and falls back to httpx: nothing to do.
-    # authlib installs an "always" filter for its warnings when imported: ours goes after.
-    import authlib.deprecate  # noqa: F401
-
-    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
 
 from kafka_ingest.errors import RegistryRefused, RegistryUnavailable, SettingsError
+
+
+@functools.cache
+def _client_api() -> Any:
+    """confluent-kafka's registry client module, imported on first use: with authlib, httpx
+    and cryptography it is a fifth of a command's start (0.2 s of CPU), which a pipeline
+    without a registry, and every ``kafka-ingest`` command that reads none, never pays."""
+    with warnings.catch_warnings():
+        # authlib (imported with the client for its OAuth support) asks for httpx2 on
+        # import; the client prefers httpx2 where installed and falls back to httpx:
+        # nothing to do. authlib installs an "always" filter for its warnings when
+        # imported: ours goes after.
+        import authlib.deprecate  # noqa: F401
+
+        warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+        import confluent_kafka.schema_registry as api
+        from confluent_kafka.schema_registry import error
+
+    return types.SimpleNamespace(client=api.SchemaRegistryClient,
+                                 error=error.SchemaRegistryError)
+
+
+def _is_registry_error(exc: BaseException) -> TypeGuard[Any]:
+    """The client's own error (an HTTP answer); without the client loaded, none can be."""
+    return "confluent_kafka.schema_registry" in sys.modules and \
+        isinstance(exc, _client_api().error)
+
 
 #: Bounded by default: httpx waits forever without a time-out, and the client's own
 #: retries back off up to 20 s each.
@@ -194,7 +214,7 @@ def _refused_tls(exc: BaseException) -> bool:
 
 def map_registry_error(operation: str, exc: Exception) -> Exception:
     """The error tree's error for a failed registry request (not-found is the caller's)."""
-    if isinstance(exc, SchemaRegistryError):
+    if _is_registry_error(exc):
         status = exc.http_status_code
         if status in _PERMANENT_STATUS:
             hint = " (no such API at this URL: check its path, e.g. /apis/ccompat/v7)" \
@@ -232,7 +252,7 @@ class SchemaRegistry:
     def __init__(self, settings: RegistrySettings) -> None:
         self.settings = settings
         try:
-            self._client = SchemaRegistryClient(_client_config(settings.config))
+            self._client = _client_api().client(_client_config(settings.config))
         except ValueError as exc:  # an unknown or malformed setting, named by the client
             raise SettingsError(f"schema registry settings: {exc}") from None
         self._by_id: dict[int, WriterSchema | None] = {}
@@ -324,11 +344,9 @@ class SchemaRegistry:
         """One request: its answer, None for "not found", else the mapped error."""
         try:
             return request(what, fmt=fmt)
-        except SchemaRegistryError as exc:
-            if exc.error_code not in NOT_FOUND:
-                raise map_registry_error(operation, exc) from exc
-            return None
         except Exception as exc:
+            if _is_registry_error(exc) and exc.error_code in NOT_FOUND:
+                return None
             raise map_registry_error(operation, exc) from exc
 
 
