@@ -3,9 +3,10 @@ Prometheus and promtool), with ``go install`` into the user cache, once.
 
 ``${XDG_CACHE_HOME:-~/.cache}/kafka-ingest/<name>-<version>/`` holds the binaries, shared
 by every checkout and state directory (like the Kafka jars). A marker file says the build
-finished; a file lock makes a second process wait for the first's build instead of
-building beside it. The build's output goes to ``install.log`` there; a build that
-overruns its time-out is killed with its compilers (the whole process group).
+finished, and with which flags (a build with others is made again); a file lock makes a
+second process wait for the first's build instead of building beside it. The build's
+output goes to ``install.log`` there; a build that overruns its time-out is killed with its
+compilers (the whole process group).
 """
 
 from __future__ import annotations
@@ -43,14 +44,17 @@ def go(needs: str) -> str:
 
 
 def go_install(name: str, version: str, packages: Sequence[str], binaries: Sequence[str], *,
-               timeout_s: float, needs: str, timeout_hint: str = "") -> Path:
-    """The directory holding ``binaries``, built by ``go install packages`` the first time
-    (later calls only check the marker). Safe to call from several processes."""
+               timeout_s: float, needs: str, timeout_hint: str = "",
+               flags: Sequence[str] = ()) -> Path:
+    """The directory holding ``binaries``, built by ``go install flags packages`` the first
+    time (later calls only check the marker). Safe to call from several processes."""
     target = cache_dir(name, version)
     marker = target / ".complete"
+    built = " ".join([version, *flags]) + "\n"  # the marker's text
 
     def complete() -> bool:
-        return marker.is_file() and all((target / b).is_file() for b in binaries)
+        return marker.is_file() and marker.read_text() == built and \
+            all((target / b).is_file() for b in binaries)
 
     if complete():
         return target
@@ -60,13 +64,13 @@ def go_install(name: str, version: str, packages: Sequence[str], binaries: Seque
         if complete():  # another process built it meanwhile
             return target
         started = time.monotonic()
-        _build(target, [go(needs), "install", *packages], timeout_s,
+        _build(target, [go(needs), "install", *flags, *packages], timeout_s,
                f"{name} {version}", timeout_hint)
         missing = [b for b in binaries if not (target / b).is_file()]
         if missing:
             raise StackError(f"`go install {' '.join(packages)}` built no {', '.join(missing)}"
                              f"; see {target / 'install.log'}")
-        marker.write_text(f"{version}\n")
+        marker.write_text(built)
         log.info("%s %s built into %s in %.1f s", name, version, target,
                  time.monotonic() - started)
     return target
