@@ -24,9 +24,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.procs import child_env
 from tests.support.airflow_api import metadata_dsn
+from tests.support.dag_runs import run_dag
 from tests.support.pipelines import dag_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import pytest
 
 from kafka_ingest.config import Pipeline
 from kafka_ingest.engine.ingest import ingest_range, plan_run
-from kafka_ingest_dev.demo import run_dag
 from tests.support.airflow_api import last_task_state
+from tests.support.dag_runs import run_dag
 from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,6 @@ import pytest
 
 from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest_dev import stack
-from kafka_ingest_dev.demo import run_dag
 from tests.integration.test_registry_formats import (
     AT_1,
     AT_2,
@@ -36,6 +35,7 @@ from tests.integration.test_registry_formats import (
     writer,
 )
 from tests.support.airflow_api import last_task_state
+from tests.support.dag_runs import run_dag
 from tests.support.ingest import query, read_topic, stored_offsets
 from tests.support.pipelines import dag_env
 

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample, produce_state_sample
 from tests.support.airflow_api import last_task_state
+from tests.support.dag_runs import run_dag
 from tests.support.pipelines import dag_env
 
 DAG_ID = "telemetry_metrics_ingest"

@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from kafka_ingest.ops.lineage import OFFSETS_FACET
-from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.support.airflow_api import metadata_dsn
+from tests.support.dag_runs import run_dag
 from tests.support.openlineage import spec_errors
 from tests.support.pipelines import dag_env
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.support.airflow_api import poll
+from tests.support.dag_runs import run_dag
 from tests.support.pipelines import dag_env
 
 pytestmark = pytest.mark.integration

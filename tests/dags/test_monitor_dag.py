@@ -22,10 +22,10 @@ import pytest
 from kafka_ingest.config import parse_pipelines
 from kafka_ingest.db import Database
 from kafka_ingest.ops.monitor import Breach, monitor_groups
-from kafka_ingest_dev.demo import run_dag
 from kafka_ingest_dev.samples import produce_sample
 from tests.dags.notifier_for_tests import FILE_VARIABLE
 from tests.support.airflow_api import last_task_state
+from tests.support.dag_runs import run_dag
 from tests.support.ingest import run
 from tests.support.pipelines import dag_env
 

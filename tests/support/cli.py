@@ -29,18 +29,18 @@ def environment(env: Mapping[str, str | None]) -> Iterator[None]:
     """``env`` on top of this process's environment for the block; ``None`` unsets."""
     saved = {name: os.environ.get(name) for name in env}
     try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _put(env)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _put(saved)
+
+
+def _put(env: Mapping[str, str | None]) -> None:
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @contextlib.contextmanager
