@@ -15,7 +15,7 @@ from tests.support import dag_runs
 def test_a_run_from_the_server_is_a_process_of_its_own_and_settings_pick_the_server(
         tmp_path: Path) -> None:
     home = {"AIRFLOW_HOME": str(tmp_path / "a"), "_AIRFLOW__AS_LIBRARY": ""}
-    script = tmp_path / "check.py"  # nothing Airflow-specific: a command's exit and output
+    dags = tmp_path / "dags"
 
     version = dag_runs.run_airflow(["version"], {**home, "KAFKA_INGEST_MARK": "one"})
     first = dag_runs._server
@@ -30,8 +30,8 @@ def test_a_run_from_the_server_is_a_process_of_its_own_and_settings_pick_the_ser
 
     other = dag_runs.run_airflow(["config", "get-value", "core", "dags_folder"],
                                  {"AIRFLOW_HOME": str(tmp_path / "b"),
-                                  "AIRFLOW__CORE__DAGS_FOLDER": str(script.parent)})
+                                  "AIRFLOW__CORE__DAGS_FOLDER": str(dags)})
     assert other.returncode == 0, other.stderr
-    assert other.stdout.strip() == str(script.parent)  # read at import: a server of its own
+    assert other.stdout.strip() == str(dags)  # read at import: a server of its own
     assert dag_runs._server is not first
     assert first is not None and first.proc.poll() is not None  # the old one stopped

@@ -52,7 +52,6 @@ class _Server:
                                      start_new_session=True)
 
     def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             return self._run(argv, env)
         except BaseException:  # interrupted (a time-out, Ctrl-C) or the server broke: the
@@ -93,6 +92,12 @@ class _Server:
 _server: _Server | None = None
 
 
+@atexit.register
+def _stop_server() -> None:
+    if _server is not None:
+        _server.stop()
+
+
 def run_dag(dag_id: str, env: dict[str, str], *, conf: dict[str, Any] | None = None,
             log_file: Path | None = None) -> subprocess.CompletedProcess[str]:
     """:func:`kafka_ingest_dev.demo.run_dag` (``airflow dags test``, the stack's
@@ -114,10 +119,7 @@ def run_airflow(args: list[str], env: Mapping[str, str]) -> subprocess.Completed
     full = child_env(env)
     if _server is None or _server.proc.poll() is not None or \
             _server.settings != _import_settings(full):
-        if _server is not None:
-            _server.stop()
-        else:
-            atexit.register(lambda: _server.stop() if _server else None)
+        _stop_server()
         _server = _Server(full)
     return _server.run(["airflow", *args], full)
 
