@@ -312,6 +312,32 @@ def test_append_statements(metrics: Pipeline, conn: Any) -> None:
     assert kept == [("a", 0, 9), ("b", 0, 2), ("old", 0, 0)]
 
 
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def test_the_append_outcome_check_probes_each_staged_row_before_making_them_distinct(
+        metrics: Pipeline, conn: Any) -> None:
+    # The check runs on every chunk with a duplicate of a stored event (another
+    # partition's copy, a replay): made distinct first, it sorted or hashed the whole
+    # staging table each time. The probe is the filter of the staging table's own scan,
+    # so DISTINCT sees only the events the table misses.
+    rows = [values(metrics, event_id=f"e{i}", source_partition=0, source_offset=i)
+            for i in range(50)]
+    with UnitOfWork(conn, metrics) as uow:
+        writer = uow.rows
+        assert isinstance(writer, AppendWriter)
+        writer._stage(rows, None)
+        assert writer._scalar(writer._missing) == 50
+        explain = sql.SQL("EXPLAIN (FORMAT JSON) ") + writer._missing
+        [[doc]] = conn.execute(explain).fetchall()
+    stage = writer.stage.as_string(conn).strip('"')
+    [scan] = [n for n in _nodes(doc[0]["Plan"]) if n.get("Relation Name") == stage]
+    assert "SubPlan" in scan.get("Filter", ""), doc
+
+
 # --------------------------------------------------------------------------- two partitions at once
 
 

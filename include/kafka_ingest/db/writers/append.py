@@ -58,11 +58,15 @@ INCARNATION_DEFAULT = (
 #: Staged events the table does not hold after the INSERT, one primary-key probe per
 #: staged row (a scalar subquery is never turned into a join, so the cost stays per chunk
 #: whatever the table's size; as an anti-join the planner, knowing nothing of the fresh
-#: staging rows, hashed a scan of the whole table for every chunk).
+#: staging rows, hashed a scan of the whole table for every chunk). The probe filters the
+#: staged rows before ``DISTINCT``, which then sorts only the missing ones (none, when all
+#: is well): Postgres never pushes a filter holding a subquery into a ``DISTINCT``
+#: subquery, and made distinct first the check cost 1.6 times as much on a chunk of
+#: duplicates from other partitions (34 against 21 ms a chunk of 23,000 rows).
 #: {i}: the identity's columns a staged row holds; {match}: stored row x is staged event s.
 MISSING_EVENTS = (
-    "SELECT count(*) FROM (SELECT DISTINCT {i} FROM {s}) s"
-    " WHERE (SELECT true FROM {t} x WHERE {match} LIMIT 1) IS NULL")
+    "SELECT count(*) FROM (SELECT DISTINCT {i} FROM {s} s"
+    " WHERE (SELECT true FROM {t} x WHERE {match} LIMIT 1) IS NULL) m")
 
 
 @dataclass
