@@ -415,6 +415,31 @@ def test_json_schema_refs_reach_the_schemas_it_references_in_the_registry() -> N
     assert fields["to"].kind == "any"
 
 
+def test_json_schema_all_of_admits_null_only_as_every_part_does_and_ref_siblings_add() -> None:
+    """``allOf`` lets null through when every part does (one saying ``null``, the others
+    nothing of the type); the keys beside a ``$ref`` add to what it names (properties and
+    ``required`` joined) rather than replace it. Both were lost before: an optional field
+    declared required, a record's own fields dropped."""
+    addr = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+    fields = json_schema_fields(json.dumps({
+        "type": "object", "required": ["a", "b", "c", "d", "e", "f"], "$defs": {"Addr": addr},
+        "properties": {
+            "a": {"allOf": [{"type": ["string", "null"]}, {"maxLength": 5}]},
+            "b": {"allOf": [{"type": ["string", "null"]}, {"type": "string"}]},
+            "c": {"allOf": [{"anyOf": [{"$ref": "#/$defs/Addr"}, {"type": "null"}]}]},
+            "d": {"type": "string", "allOf": [{"type": ["string", "null"]}]},
+            "e": {"$ref": "#/$defs/Addr", "required": ["zip"],
+                  "properties": {"zip": {"type": "string", "maxLength": 10}}},
+            "f": {"$ref": "#/$defs/Addr", "description": "where it goes"}}}))
+    said = {n: (f.kind, f.nullable, f.max_length) for n, f in fields.items()}
+    assert said == {"a": ("string", True, 5), "b": ("string", False, None),
+                    "c": ("object", True, None), "d": ("string", False, None),
+                    "e": ("object", False, None), "f": ("object", False, None)}
+    assert {n: (f.kind, f.nullable, f.max_length) for n, f in fields["e"].fields.items()} == {
+        "city": ("string", False, None), "zip": ("string", False, 10)}
+    assert set(fields["f"].fields) == {"city"}
+
+
 @pytest.mark.timeout(60)  # the old resolver branched 3 ways 64 deep: it never ended
 def test_json_schema_refs_that_branch_into_themselves_end_as_any_value() -> None:
     """A definition whose ``anyOf``/``allOf`` branches refer back to it (valid JSON Schema,

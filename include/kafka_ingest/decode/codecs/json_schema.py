@@ -150,13 +150,24 @@ class _Resolver:
                 if target is None:
                     return {}, document, nullable
                 resolved, document = target
-                spec = {**resolved, **{k: v for k, v in spec.items() if k != "$ref"}}
+                # the keys beside a ``$ref`` add to what it names (as an ``allOf`` of the
+                # two would), their own values first
+                spec = _merged({k: v for k, v in spec.items() if k != "$ref"}, resolved)
                 continue
             if spec.get("allOf"):
-                merged = {k: v for k, v in spec.items() if k != "allOf"}
-                for part in spec["allOf"]:  # (a part's own ``$ref``s are read from where
-                    # ``spec`` is: one in another document may then say any value)
-                    merged = _merged(merged, self.effective(part, document)[0])
+                rest = {k: v for k, v in spec.items() if k != "allOf"}
+                # (a part's own ``$ref``s are read from where ``spec`` is: one in another
+                # document may then say any value)
+                parts = [self.effective(part, document) for part in spec["allOf"]]
+                merged = rest
+                for part, _, _ in parts:
+                    merged = _merged(merged, part)
+                # null passes an ``allOf`` that passes it in every part: a part that says
+                # so, or says nothing of the type
+                nullable = nullable or (
+                    any(admits for _, _, admits in parts)
+                    and all(admits or _kind(part) == ANY for part, _, admits in parts)
+                    and _admits_null(rest))
                 spec = merged
                 continue
             branches = spec.get("anyOf") or spec.get("oneOf")
@@ -232,6 +243,12 @@ def _merged(spec: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     if "required" in spec or "required" in part:
         merged["required"] = [*_listed(part.get("required")), *_listed(spec.get("required"))]
     return merged
+
+
+def _admits_null(spec: dict[str, Any]) -> bool:
+    """Whether a schema's own ``type`` lets null through (none said: it does)."""
+    kind = spec.get("type")
+    return kind is None or kind == "null" or (isinstance(kind, list) and "null" in kind)
 
 
 def _mapping(value: Any) -> dict[str, Any]:
