@@ -5,11 +5,14 @@ Usage::
     python benchmarks/bench_identity.py [--events 20000] [--rounds 7]       # validate_chunk
     python benchmarks/bench_identity.py --engine [--events 200000] [--rounds 3]
 
-The same readings (device, epoch-seconds time, value, status, unit) in seven shapes, each
+The same readings (device, epoch-seconds time, value, status, unit) in eight shapes, each
 with its own declared contract and pipeline (:data:`VARIANTS`): ``event_id`` (today's
 path, the default identity; ids rising with the log), ``event_id_unordered`` (the same
 path, ids in no order with the log, as uuid4s are: a chunk is written in key order, so
-this is the cost of the data's order, not of an identity), ``nested`` (the device's id and
+this is the cost of the data's order, not of an identity), ``event_id_like_several``
+(the same path, a text id made of the device and the reading's number,
+``device-0042-0000000017``: keys in the order of ``several``'s, so the two differ only by
+the identity), ``nested`` (the device's id and
 status in a ``type: record`` field, flattened to ``device_id``/``device_status``
 columns), ``other_name`` (the id as ``reading_id``, ``identity: reading_id``),
 ``several`` (``identity: [device_id, seq]``), ``record_key`` (the id in the record key,
@@ -78,6 +81,7 @@ CONTRACTS: dict[str, Any] = {
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "event_id": ("reading", {}),
     "event_id_unordered": ("reading", {}),
+    "event_id_like_several": ("reading", {}),
     "nested": ("reading_nested", {}),
     "other_name": ("reading_named", {"identity": "reading_id"}),
     "several": ("reading_seq", {"identity": ["device_id", "seq"]}),
@@ -103,6 +107,8 @@ def event(variant: str, i: int, rng: random.Random, tag: str) -> tuple[bytes, di
     elif variant == "event_id_unordered":  # ids minted apart from the log's order (uuid4s)
         unordered = hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
         payload = {"event_id": f"{tag}-{unordered}", **base}
+    elif variant == "event_id_like_several":  # in the key order of [device_id, seq]
+        payload = {"event_id": f"{device}-{i:010d}", **base}
     elif variant == "nested":
         payload = {"event_id": ident, "device": {"id": device, "status": status},
                    "timestamp": base["timestamp"], "metric_value": base["metric_value"],

@@ -34,6 +34,16 @@ class Source(NamedTuple):
     incarnation: int
 
 
+class Payload(NamedTuple):
+    """A chunk's rows as a binary ``COPY`` payload, encoded ahead of its transaction (see
+    :class:`~kafka_ingest.db.copy.CopyEncoder`): the bytes, and how many rows they hold.
+    An append chunk's payload holds one row per event (its copies left out), so ``rows``
+    is the number of distinct events the writer checks its counts against."""
+
+    data: bytes
+    rows: int
+
+
 class MessageLike(Protocol):
     """What validation needs of a Kafka message (confluent_kafka.Message fits)."""
 
@@ -255,6 +265,7 @@ __all__ = [
     "CounterInfo",
     "LetterKey",
     "MessageLike",
+    "Payload",
     "Position",
     "Provenance",
     "ProvenanceColumn",

@@ -25,6 +25,7 @@ from kafka_ingest.db import (
     OffsetsRepository,
     UnitOfWork,
 )
+from kafka_ingest.db.tables import stage_table
 from kafka_ingest.db.writers import UpsertResult
 from kafka_ingest.engine import ingest, slices
 from kafka_ingest.engine.ingest import ingest_range, plan_run
@@ -179,6 +180,27 @@ def test_rows_encoded_ahead_load_exactly_as_rows_written_in_the_transaction(
                                        " ORDER BY source_offset").fetchall())
     assert landed[0] == landed[1]
     assert landed[0][3][5:] == ("celsius", TOPIC, 0, 3, None, None)
+
+
+def test_a_payload_encoded_ahead_counts_one_row_per_event_and_goes_straight_in(
+        conn: Any, pipeline: Any, pg_dsn: str) -> None:
+    # Copies of an event in one chunk (a producer's retry) are left out of the payload, and
+    # the payload says how many rows it holds: the writer checks the COPY's row count
+    # against it (no count of the chunk's distinct events made again in the transaction),
+    # so the chunk goes straight into the table, with no staging table made.
+    rows = _rows(20)
+    copies = [(*r[:8], 100 + r[8], *r[9:]) for r in rows[:5]]  # later offsets, same ids
+    payload = CopyEncoder(conn, pipeline).encode(rows + copies)
+    assert payload is not None and payload.rows == 20
+    with UnitOfWork(conn, pipeline) as uow:
+        up = uow.rows.upsert(rows + copies, encoded=payload)
+        assert conn.execute("SELECT to_regclass(%s)",
+                            (f"pg_temp.{stage_table(pipeline)}",)).fetchone() == (None,)
+        uow.commit()
+    assert (up.inserted, up.duplicates, up.missing) == (20, 5, 0)
+    kept = conn.execute("SELECT min(source_offset), max(source_offset) FROM telemetry_metrics"
+                        ).fetchone()
+    assert kept == (0, 19)  # of each event its lowest place in the log
 
 
 def test_compare_and_set_fences_a_zombie(conn: Any, pipeline: Any, pg_dsn: str) -> None:

@@ -37,7 +37,7 @@ from kafka_ingest.config import IdentitySource, Pipeline
 from kafka_ingest.db.copy import row_identity
 from kafka_ingest.db.tables import INCARNATION_COLUMN, TargetShape, row_columns
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
-from kafka_ingest.records import Row, Source
+from kafka_ingest.records import Payload, Row, Source
 
 #: The most chunks a slice skips the new-keys attempt for after a refused one.
 NEW_KEYS_MAX_PAUSE = 64
@@ -123,9 +123,11 @@ class AppendWriter(TableWriter):
                                                   pipeline)
 
     def _upsert_once(self, rows: list[Row], source: Source | None,
-                     encoded: bytes | None) -> UpsertResult:
+                     encoded: Payload | None) -> UpsertResult:
         n = len(rows)
-        distinct = len(set(map(self._identity, rows)))
+        # the payload holds one row per event (write_order); rows encoded here are counted
+        distinct = (encoded.rows if encoded is not None
+                    else len(set(map(self._identity, rows))))
         if self._copies(source) and self.new_keys.attempt():
             inserted = self._copy_new(rows, encoded, distinct)
             if inserted is not None:
@@ -162,7 +164,7 @@ class AppendWriter(TableWriter):
             self._default_incarnation = int(text) if text.isdigit() else 0
         return source is not None and source.incarnation == self._default_incarnation
 
-    def _copy_new(self, rows: list[Row], encoded: bytes | None, distinct: int) -> int | None:
+    def _copy_new(self, rows: list[Row], encoded: Payload | None, distinct: int) -> int | None:
         """The chunk's payload (one copy of each event) copied straight into the table as
         new keys: the rows copied, or ``None`` (nothing written) when a key is stored
         already, when the ``COPY`` wrote another count than one row per event (a trigger),
