@@ -34,7 +34,7 @@ class Source(NamedTuple):
     incarnation: int
 
 
-class Payload(NamedTuple):
+class CopyPayload(NamedTuple):
     """A chunk's rows as a binary ``COPY`` payload, encoded ahead of its transaction (see
     :class:`~kafka_ingest.db.copy.CopyEncoder`): the bytes, and how many rows they hold.
     An append chunk's payload holds one row per event (its copies left out), so ``rows``
@@ -262,10 +262,10 @@ __all__ = [
     "PROVENANCE_COLUMNS",
     "REPLAYED",
     "ChunkCounts",
+    "CopyPayload",
     "CounterInfo",
     "LetterKey",
     "MessageLike",
-    "Payload",
     "Position",
     "Provenance",
     "ProvenanceColumn",

@@ -67,8 +67,8 @@ from kafka_ingest.db import RunRecord, UpsertResult
 from kafka_ingest.errors import DatabaseUnavailable, DataError, FencedError, RejectedByDatabase
 from kafka_ingest.kafka.commits import GroupCommitter
 from kafka_ingest.kafka.dlq import CONNECT, PREFIX, DeadLetter
+from kafka_ingest.records import CopyPayload, Row, Source, row_source, row_values
 from kafka_ingest.records import LetterKey as RecordsLetterKey
-from kafka_ingest.records import Payload, Row, Source, row_source, row_values
 
 TOPIC = "orders"
 PARTITION = 3  # not 0, so a partition mix-up cannot pass by accident
@@ -662,8 +662,8 @@ class FakeEncoder:
     """:class:`kafka_ingest.db.CopyEncoder`: "encodes" rows as their source offsets, so
     the fake table can check that what was encoded is what it is given."""
 
-    def encode(self, rows: Sequence[Row]) -> Payload:
-        return Payload(repr([row_source(r).offset for r in rows]).encode(), len(rows))
+    def encode(self, rows: Sequence[Row]) -> CopyPayload:
+        return CopyPayload(repr([row_source(r).offset for r in rows]).encode(), len(rows))
 
 
 class _Rows:
@@ -676,7 +676,7 @@ class _Rows:
         """Append pipelines only: nothing to hold (see ``TableWriter.serialize``)."""
 
     def upsert(self, rows: Sequence[Row], *, source: Source | None = None,
-               encoded: Payload | None = None) -> UpsertResult:
+               encoded: CopyPayload | None = None) -> UpsertResult:
         if encoded is not None and encoded != FakeEncoder().encode(rows):
             raise AssertionError("the encoded payload is not these rows")
         uow = self.uow

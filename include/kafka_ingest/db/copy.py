@@ -23,7 +23,7 @@ from psycopg.copy import FileWriter
 
 from kafka_ingest.config import Pipeline, UpsertMode
 from kafka_ingest.db.tables import TargetShape, contract_shape, row_columns
-from kafka_ingest.records import Payload, Row
+from kafka_ingest.records import CopyPayload, Row
 
 #: What a single row can make Postgres or the encoder refuse (a value out of the column's
 #: range or encoding, a constraint): the chunk is bisected and the row dead-lettered.
@@ -123,7 +123,7 @@ class CopyEncoder:
         copy.set_types(self.types)
         return copy
 
-    def encode(self, rows: Sequence[Row]) -> Payload | None:
+    def encode(self, rows: Sequence[Row]) -> CopyPayload | None:
         """The rows' ``COPY`` payload; ``None`` when a row is refused (one of
         :data:`ROW_REFUSALS`): the writer then encodes the rows in its savepoints, where
         the refused row is isolated and dead-lettered like one Postgres refuses."""
@@ -132,14 +132,14 @@ class CopyEncoder:
         except ROW_REFUSALS:
             return None
 
-    def _encode(self, rows: Sequence[Row]) -> Payload:
+    def _encode(self, rows: Sequence[Row]) -> CopyPayload:
         buffer = io.BytesIO()
         ordered = self._order(rows)
         with self._copy(buffer) as copy:
             write = copy.write_row
             for row in ordered:
                 write(row)
-        return Payload(buffer.getvalue(), len(ordered))
+        return CopyPayload(buffer.getvalue(), len(ordered))
 
 
 def copy_statement(table: sql.Identifier, columns: Sequence[str]) -> sql.Composed:

@@ -45,8 +45,8 @@ from kafka_ingest.kafka.dlq import DETAIL_MAX, DeadLetter
 from kafka_ingest.records import (
     EVERY_KEY,
     MAX_TIMESTAMP_MS,
+    CopyPayload,
     MessageLike,
-    Payload,
     Row,
     Tombstone,
     kafka_timestamp_ms,
@@ -68,7 +68,7 @@ class ValidationResult:
     rows: list[Row] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     #: The rows as a binary ``COPY`` payload, when encoded ahead of the transaction.
-    encoded: Payload | None = None
+    encoded: CopyPayload | None = None
     tombstones: int = 0
     #: ``on_tombstone: delete``: the tombstones, each a delete of its key's row.
     deletes: list[Tombstone] = field(default_factory=list)

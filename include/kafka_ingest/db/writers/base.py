@@ -15,7 +15,7 @@ from kafka_ingest.config import Pipeline
 from kafka_ingest.db.copy import ROW_REFUSALS, copy_statement, write_order
 from kafka_ingest.db.tables import TargetShape, contract_shape, row_columns, stage_table
 from kafka_ingest.errors import DataError, RejectedByDatabase
-from kafka_ingest.records import Payload, Row, Source, Tombstone
+from kafka_ingest.records import CopyPayload, Row, Source, Tombstone
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class TableWriter:
         partitions, see :func:`~kafka_ingest.db.locks.hold_keys`)."""
 
     def upsert(self, rows: Sequence[Row], *, source: Source | None = None,
-               encoded: Payload | None = None) -> UpsertResult:
+               encoded: CopyPayload | None = None) -> UpsertResult:
         """Upsert ``rows``, all read from ``source`` (one incarnation of one topic; needed
         by tables that order versions by it); rows Postgres rejects are isolated by
         bisection, not fatal.
@@ -115,7 +115,7 @@ class TableWriter:
         return DeleteResult(0)
 
     def _isolating(self, rows: list[Row], source: Source | None,
-                   encoded: Payload | None = None) -> UpsertResult:
+                   encoded: CopyPayload | None = None) -> UpsertResult:
         if not rows:
             return UpsertResult(0, 0, 0, [])
         stage_ready = self._stage_ready
@@ -132,10 +132,10 @@ class TableWriter:
         return self._isolating(rows[:mid], source) + self._isolating(rows[mid:], source)
 
     def _upsert_once(self, rows: list[Row], source: Source | None,
-                     encoded: Payload | None) -> UpsertResult:
+                     encoded: CopyPayload | None) -> UpsertResult:
         raise NotImplementedError
 
-    def _stage(self, rows: list[Row], encoded: Payload | None) -> None:
+    def _stage(self, rows: list[Row], encoded: CopyPayload | None) -> None:
         """The chunk's payload in the staging table (made when this transaction first
         needs it), and nothing else there."""
         if not self._stage_ready:
@@ -144,14 +144,14 @@ class TableWriter:
         self.conn.execute(self._empty_stage)
         self._copy(self._copy_into_stage, rows, encoded)
 
-    def _copy(self, statement: sql.Composed, rows: list[Row], encoded: Payload | None) -> int:
+    def _copy(self, statement: sql.Composed, rows: list[Row], encoded: CopyPayload | None) -> int:
         """``COPY`` the chunk's payload: the rows it copied."""
         with self.conn.cursor() as cur:
             with cur.copy(statement) as copy:
                 self._send(copy, rows, encoded)
             return cur.rowcount
 
-    def _send(self, copy: psycopg.Copy, rows: list[Row], encoded: Payload | None) -> None:
+    def _send(self, copy: psycopg.Copy, rows: list[Row], encoded: CopyPayload | None) -> None:
         """The COPY's data: the payload encoded ahead, or the rows encoded now (in the
         same order, :func:`~kafka_ingest.db.copy.write_order`)."""
         if encoded is not None:

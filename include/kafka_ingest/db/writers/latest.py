@@ -54,7 +54,7 @@ from kafka_ingest.config import (
 from kafka_ingest.db.tables import TargetShape
 from kafka_ingest.db.writers.base import TableWriter, UpsertResult
 from kafka_ingest.errors import DataError, UnavailableValue, Unorderable
-from kafka_ingest.records import Payload, Row, Source, row_source
+from kafka_ingest.records import CopyPayload, Row, Source, row_source
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +429,7 @@ class LatestWriter(TableWriter):
         return sql.Identifier("no marker table")  # used by no statement of this writer
 
     def _upsert_once(self, rows: list[Row], source: Source | None,
-                     encoded: Payload | None) -> UpsertResult:
+                     encoded: CopyPayload | None) -> UpsertResult:
         if source is None:
             raise TypeError("a latest table's upsert needs the rows' source (topic and "
                             "incarnation)")
