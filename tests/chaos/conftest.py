@@ -1,8 +1,8 @@
 """The fault tests' two sets: the quick one runs in the normal suite (marker ``faults``);
 the slow one (marker ``faults_full``: 2 s latency, the default time-outs waited out,
 more places and more brokers, and the soak's short variant) only when asked for, with
-``KAFKA_INGEST_FAULTS_FULL=1`` or a ``-m`` expression that names ``faults_full`` (``make
-faults-full``; ``make soak-short`` for the soak's alone).
+``KAFKA_INGEST_FAULTS_FULL=1`` or a ``-m`` expression that names ``faults_full`` or ``soak``
+(``make faults-full``; ``make soak-short`` or ``pytest -m soak`` for the soak's alone).
 
 A slow test is skipped, with the reason, except one whose module has background work
 (:mod:`tests.support.background`: the soak): that one is deselected, since a selected
@@ -15,12 +15,11 @@ import os
 import pytest
 
 from tests.support import background
+from tests.support.faults import slow_tests_asked
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    asked = (os.environ.get("KAFKA_INGEST_FAULTS_FULL") == "1"
-             or "faults_full" in (config.getoption("markexpr", default="") or ""))
-    if asked:
+    if slow_tests_asked(config.getoption("markexpr", default="") or "", os.environ):
         return
     skip = pytest.mark.skip(reason="slow fault test: KAFKA_INGEST_FAULTS_FULL=1 or "
                                    "-m faults_full runs it")

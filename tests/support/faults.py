@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,17 @@ from tests.support.ingest import Expected, expected_from_sample, run
 #: Whether the slow fault tests run too (``-m faults_full`` also turns this on, see
 #: tests/chaos/conftest.py).
 FULL_ENV = "KAFKA_INGEST_FAULTS_FULL"
+#: The markers of slow fault tests: a ``-m`` expression that asks for one runs them.
+SLOW_MARKERS = ("faults_full", "soak")
+
+
+def slow_tests_asked(markexpr: str, environ: Mapping[str, str]) -> bool:
+    """Whether the slow fault tests run: :data:`FULL_ENV` set to 1, or a ``-m`` expression
+    that names one of :data:`SLOW_MARKERS` other than after ``not`` (``-m soak`` runs the
+    soak's test, ``-m "faults and not soak"`` asks for none)."""
+    return environ.get(FULL_ENV) == "1" or any(
+        re.search(rf"(?<!\bnot )\b{marker}\b", markexpr) for marker in SLOW_MARKERS)
+
 
 @dataclass
 class FaultStack:
