@@ -29,6 +29,7 @@ from kafka_ingest.cli import database, kafka_clients
 from kafka_ingest.config import get_pipeline
 from kafka_ingest.db import TableWriter
 from kafka_ingest.engine import ingest, slices
+from kafka_ingest.records import CopyPayload
 
 STAGE = os.environ["CHAOS_KILL_STAGE"]
 NTH = int(os.environ.get("CHAOS_KILL_NTH", "1"))
@@ -59,14 +60,14 @@ def _counting_produce(producer: Any, letters: Any, *args: Any, **kwargs: Any) ->
 
 
 def _send_then_die(self: TableWriter, copy: Any, rows: list[Any],
-                   encoded: bytes | None) -> None:
+                   encoded: CopyPayload | None) -> None:
     """``TableWriter._send``, killed half way through the nth COPY's data."""
     _state["seen"] += 1
     if _state["seen"] != NTH:
         _real_send(self, copy, rows, encoded)
         return
     if encoded is not None:  # the payload encoded ahead of the transaction
-        copy.write(encoded[: len(encoded) // 2])
+        copy.write(encoded.data[: len(encoded.data) // 2])
     else:
         _real_send(self, copy, rows[: len(rows) // 2], None)
     _die()

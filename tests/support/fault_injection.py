@@ -14,6 +14,7 @@ from typing import Any
 
 from kafka_ingest.db import TableWriter, UnitOfWork
 from kafka_ingest.engine import ingest, slices
+from kafka_ingest.records import CopyPayload
 
 #: The slice engine's own marks (:data:`kafka_ingest.engine.slices.CHUNK_HOOK`).
 HOOK_STAGES = ("validated", "upserted", "dlq_produced", "db_committed", "kafka_committed")
@@ -68,14 +69,16 @@ class Injector:
     def _at_copy(self, setattr_: Patch) -> None:
         real_send = TableWriter._send
 
-        def send(repo: TableWriter, copy: Any, rows: list[Any], encoded: bytes | None) -> None:
+        def send(repo: TableWriter, copy: Any, rows: list[Any],
+                 encoded: CopyPayload | None) -> None:
             if encoded is None:
                 real_send(repo, copy, _HalfWay(rows, self._tick), None)
                 return
-            half = len(encoded) // 2  # the payload encoded ahead: its first half, then
-            copy.write(encoded[:half])
+            data = encoded.data
+            half = len(data) // 2  # the payload encoded ahead: its first half, then
+            copy.write(data[:half])
             self._tick()
-            copy.write(encoded[half:])
+            copy.write(data[half:])
         setattr_(TableWriter, "_send", send)
 
     def _at_commit(self, setattr_: Patch) -> None:
