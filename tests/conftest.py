@@ -27,6 +27,7 @@ import pytest
 from kafka_ingest_dev.databases import fresh_database
 from tests.support import ROOT, background, workers
 from tests.support.pipelines import declarations
+from tests.support.topics import delete_topics
 
 sys.path.insert(0, str(ROOT / "plugins"))
 
@@ -198,12 +199,7 @@ def topics(clients: Any) -> Iterator[Callable[..., str]]:
         return name
 
     yield make
-    if made:
-        admin = clients.admin()
-        for future in admin.delete_topics(made, operation_timeout=30).values():
-            # cleanup is best effort; a leftover topic is harmless
-            with contextlib.suppress(Exception):
-                future.result(30)
+    delete_topics(clients, made)
 
 
 @pytest.fixture

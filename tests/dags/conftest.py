@@ -16,6 +16,7 @@ from kafka_ingest.config import Pipeline, parse_pipelines
 from kafka_ingest.kafka.topics import ensure_topics
 from kafka_ingest_dev.databases import fresh_database
 from tests.support.airflow_api import SharedAirflow
+from tests.support.topics import delete_topics
 
 #: The shared services' object while the package's fixture lives (one, or none).
 _SHARED: list[SharedAirflow] = []
@@ -53,6 +54,4 @@ def shared_airflow(stack_env: dict[str, str], clients: Any,
         finally:
             _SHARED.remove(shared)
             shared.stop()
-            for future in clients.admin().delete_topics([anchor.topic, anchor.dlq_topic]
-                                                        ).values():
-                future.exception(30)  # best effort
+            delete_topics(clients, [anchor.topic, anchor.dlq_topic])

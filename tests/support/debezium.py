@@ -58,6 +58,7 @@ from kafka_ingest.kafka.reader import read_range
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest_dev import kafka_connect, stack
 from kafka_ingest_dev.stack import postgres as stack_postgres
+from tests.support.topics import delete_topics
 
 #: The table whose rows say "everything before me is on Kafka" (see the module's docstring).
 MARKER = "kafka_ingest_marker"
@@ -412,11 +413,8 @@ def _delete_connector(worker_url: str, connector: str) -> None:
 
 
 def _delete_topics(clients: KafkaClients, prefix: str) -> None:
-    admin = clients.admin()
-    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
-    for future in (admin.delete_topics(names, operation_timeout=30).values() if names else []):
-        with contextlib.suppress(Exception):  # cleanup is best effort
-            future.result(30)
+    names = clients.admin().list_topics(timeout=10).topics
+    delete_topics(clients, (t for t in names if t.startswith(f"{prefix}.")))
 
 
 def _delete_subjects(registry_url: str | None, prefix: str) -> None:
