@@ -16,7 +16,6 @@ test has its own pipeline, topics and database (an Airflow connection per pipeli
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 import uuid
@@ -41,6 +40,7 @@ from tests.support.ingest import (
     stored_offsets,
 )
 from tests.support.pipelines import write_pipelines_file
+from tests.support.topics import delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -104,9 +104,7 @@ def celery(stack_env: dict[str, str], clients: Any, tmp_path_factory: pytest.Tem
                 api.unpause(dag_id)
             yield {"api": api, "pipelines": pipelines, "dsns": dsns, "env": env}
     finally:
-        with contextlib.suppress(Exception):  # cleanup is best effort
-            for future in clients.admin().delete_topics(topics, operation_timeout=30).values():
-                future.result(30)
+        delete_topics(clients, topics)
         for dsn in dsns.values():
             drop_database(admin_dsn, dsn)
 

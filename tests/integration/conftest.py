@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import pytest
 
 from kafka_ingest.kafka.clients import KafkaClients
+from tests.support.topics import delete_topics
 
 
 @pytest.fixture
@@ -16,7 +16,4 @@ def dlq_topics(clients: KafkaClients) -> Iterator[list[str]]:
     afterwards (best effort)."""
     made: list[str] = []
     yield made
-    if made:
-        for future in clients.admin().delete_topics(made, operation_timeout=30).values():
-            with contextlib.suppress(Exception):
-                future.result(30)
+    delete_topics(clients, made)

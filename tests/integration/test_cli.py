@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
 from tests.support.cli import as_a_user as cli
 from tests.support.pipelines import write_pipelines_file
+from tests.support.topics import delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +147,4 @@ def test_topics_create_makes_what_is_missing_with_the_pipelines_settings(
         bad = cli(env, "topics", "create", "nope")
         assert bad.returncode == 2 and "unknown pipeline(s) nope" in bad.stderr
     finally:
-        for future in admin.delete_topics([f"src-{tag}", f"dlq-{tag}"]).values():
-            with contextlib.suppress(Exception):
-                future.result(30)
+        delete_topics(clients, [f"src-{tag}", f"dlq-{tag}"])

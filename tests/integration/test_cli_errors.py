@@ -16,7 +16,6 @@ the real stderr, and librdkafka's logging as the command configures it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import socket
@@ -40,6 +39,7 @@ from kafka_ingest_dev.databases import fresh_database
 from kafka_ingest_dev.samples import produce_sample
 from tests.support import cli as support_cli
 from tests.support.pipelines import write_pipelines_file
+from tests.support.topics import delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -140,10 +140,7 @@ def good(stack_env: dict[str, str], clients: KafkaClients,
                    "KAFKA_INGEST_PG_GRANT_TO": None,
                    "KAFKA_INGEST_KAFKA_CONFIG": kafka_config(stack_env["KAFKA_BOOTSTRAP_SERVERS"])}
     finally:
-        for future in clients.admin().delete_topics([pipeline.topic, pipeline.dlq_topic]
-                                                    ).values():
-            with contextlib.suppress(Exception):  # cleanup is best effort
-                future.result(30)
+        delete_topics(clients, [pipeline.topic, pipeline.dlq_topic])
 
 
 def test_the_good_settings_work(good: dict[str, str | None]) -> None:

@@ -27,7 +27,6 @@ the same account beside it: the version guard must hold then too.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
@@ -66,6 +65,7 @@ from tests.support.ingest import (
     run,
     stored_offsets,
 )
+from tests.support.topics import delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -540,10 +540,7 @@ def state_topic(clients: KafkaClients) -> Iterator[str]:
         assert [e.code() if e else None for e in refused] == [KafkaError.INVALID_RECORD]
         yield name
     finally:
-        admin = clients.admin()
-        for future in admin.delete_topics([name], operation_timeout=30).values():
-            with contextlib.suppress(Exception):  # best effort, like the topics fixture
-                future.result(30)
+        delete_topics(clients, [name])
 
 
 def balances(topic: str, dlq_topic: str, **overrides: Any) -> Pipeline:

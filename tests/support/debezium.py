@@ -53,7 +53,7 @@ from kafka_ingest.config import Format
 from kafka_ingest.decode.codecs import PayloadReader, codec_for
 from kafka_ingest.decode.codecs.wire import HEADER_SIZE
 from kafka_ingest.kafka.clients import KafkaClients
-from kafka_ingest.kafka.metadata import watermarks
+from kafka_ingest.kafka.metadata import topic_partitions, watermarks
 from kafka_ingest.kafka.reader import read_range
 from kafka_ingest.kafka.registry import RegistrySettings, SchemaRegistry
 from kafka_ingest_dev import kafka_connect, stack
@@ -413,7 +413,7 @@ def _delete_connector(worker_url: str, connector: str) -> None:
 
 
 def _delete_topics(clients: KafkaClients, prefix: str) -> None:
-    names = clients.admin().list_topics(timeout=10).topics
+    names = topic_partitions(clients.admin(), timeout_s=10)
     delete_topics(clients, (t for t in names if t.startswith(f"{prefix}.")))
 
 

@@ -19,7 +19,7 @@ VISIBLE_POLL_S = 0.1
 def ensure_topics(clients: KafkaClients, topics: dict[str, int], *, replication_factor: int = 1,
                   config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics (name -> partitions); return the ones created, once the
-    cluster's metadata shows them with their partitions.
+    cluster's metadata shows them.
 
     A broker answers a creation once its controller has recorded it and learns of the
     topic a moment later, so a run started right after ``topics create`` could be told
@@ -42,9 +42,9 @@ def ensure_topics(clients: KafkaClients, topics: dict[str, int], *, replication_
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise map_kafka_error("create topics", exc) from exc
-    while True:
+    while True:  # a creation appears in the metadata whole, with all its partitions
         listed = topic_partitions(admin, timeout_s=clients.request_timeout_s)
-        unseen = [t.topic for t in wanted if len(listed.get(t.topic, ())) < t.num_partitions]
+        unseen = [t.topic for t in wanted if t.topic not in listed]
         if not unseen:
             return [t.topic for t in wanted]
         if time.monotonic() >= deadline:
