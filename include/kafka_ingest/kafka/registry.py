@@ -43,10 +43,12 @@ from kafka_ingest.errors import RegistryRefused, RegistryUnavailable, SettingsEr
 
 
 @functools.cache
-def _client_api() -> Any:
+def client_api() -> Any:
     """confluent-kafka's registry client module, imported on first use: with authlib, httpx
     and cryptography it is a fifth of a command's start (0.2 s of CPU), which a pipeline
-    without a registry, and every ``kafka-ingest`` command that reads none, never pays."""
+    without a registry, and every ``kafka-ingest`` command that reads none, never pays. A
+    process that times its runs calls it first, as it imports the engine first (the
+    benchmark's Avro row)."""
     with warnings.catch_warnings():
         # authlib (imported with the client for its OAuth support) asks for httpx2 on
         # import; the client prefers httpx2 where installed and falls back to httpx:
@@ -65,7 +67,7 @@ def _client_api() -> Any:
 def _is_registry_error(exc: BaseException) -> TypeGuard[Any]:
     """The client's own error (an HTTP answer); without the client loaded, none can be."""
     return "confluent_kafka.schema_registry" in sys.modules and \
-        isinstance(exc, _client_api().error)
+        isinstance(exc, client_api().error)
 
 
 #: Bounded by default: httpx waits forever without a time-out, and the client's own
@@ -252,7 +254,7 @@ class SchemaRegistry:
     def __init__(self, settings: RegistrySettings) -> None:
         self.settings = settings
         try:
-            self._client = _client_api().client(_client_config(settings.config))
+            self._client = client_api().client(_client_config(settings.config))
         except ValueError as exc:  # an unknown or malformed setting, named by the client
             raise SettingsError(f"schema registry settings: {exc}") from None
         self._by_id: dict[int, WriterSchema | None] = {}
@@ -377,4 +379,5 @@ def _references(found: Any) -> tuple[Reference, ...]:
 
 
 __all__ = ["DEFAULTS", "MAX_REFERENCE_DEPTH", "Reference", "RegistrySettings", "SchemaRegistry",
-           "WriterSchema", "is_descriptor", "map_registry_error", "registry_settings_from"]
+           "WriterSchema", "client_api", "is_descriptor", "map_registry_error",
+           "registry_settings_from"]
