@@ -701,9 +701,9 @@ def _random_record(rng: Any, fields: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_the_flat_avro_reader_reads_what_fastavro_reads_and_refuses_what_it_refuses() -> None:
     """Records of primitives, unions of them and records of those are read by the
-    project's one-loop reader (fastavro's per-field dispatch was most of the Avro path's
-    cost): on random schemas, records and every cut of their payloads, it must agree with
-    fastavro exactly."""
+    project's reader made per schema (fastavro's per-field dispatch was most of the Avro
+    path's cost): on random schemas, records and every cut of their payloads, it must agree
+    with fastavro exactly."""
     import random
 
     from kafka_ingest.decode.codecs.avro import _avro_reader
@@ -757,6 +757,56 @@ def test_the_flat_avro_reader_refuses_bad_bytes_as_undecodable(payload: bytes) -
             {"name": "s", "type": "string"}, {"name": "u", "type": ["null", "string"]}]})))
     with pytest.raises(Undecodable):
         reader(payload)
+
+
+#: What a flat reader's code may name: the helpers it is given and the builtins it calls.
+_FLAT_READER_NAMES = {"len", "type", "IndexError", "ValueError", "varint", "struct_error",
+                      "Undecodable", "schema_id", "decode", "__name__"}
+
+
+def test_the_flat_avro_reader_takes_any_field_name_as_data_and_calls_only_its_helpers() -> None:
+    """The reader is compiled from source made per schema: a field name is a literal in it,
+    never code, whatever it holds (quotes, backslashes, newlines, braces, Python)."""
+    import inspect
+
+    from kafka_ingest.decode.codecs.avro import _avro_reader
+
+    names = ["a'b", 'q"', "back\\slash", "new\nline", "'}); import os; os._exit(3); ({'",
+             "__import__('os').system('false')", "ünï", "class", "v0", "p", "i", ""]
+    schema = {"type": "record", "name": "H", "fields": [
+        *({"name": n, "type": "string"} for n in names),
+        {"name": "inner", "type": {"type": "record", "name": "I", "fields": [
+            {"name": "'\n}", "type": ["null", "double"]}, {"name": "x", "type": "float"}]}}]}
+    reader = _avro_reader(WriterSchema(5, "AVRO", json.dumps(schema)))
+    assert reader.__qualname__.startswith("_flat_reader")
+    record = {**{n: f"value of {n}" for n in names}, "inner": {"'\n}": 2.5, "x": 0.5}}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    assert reader(out.getvalue()) == record
+    code = reader.__code__  # type: ignore[attr-defined]
+    assert set(code.co_names) - _FLAT_READER_NAMES <= {"unpack_fd", "unpack_d", "unpack_f"}
+    assert "def decode(p, i=0, /):" in inspect.getsource(reader)  # in linecache: steppable
+
+
+def test_the_flat_avro_reader_reads_long_varints_as_fastavro_and_wide_schemas_go_to_it() -> None:
+    from kafka_ingest.decode.codecs.avro import FLAT_MAX_STEPS, _avro_reader
+
+    schema = {"type": "record", "name": "X", "fields": [
+        {"name": "s", "type": "string"}, {"name": "u", "type": ["null", "string"]},
+        {"name": "n", "type": "long"}]}
+    reader = _avro_reader(WriterSchema(1, "AVRO", json.dumps(schema)))
+    parsed = fastavro.parse_schema(schema)
+    for payload in (b"\x82\x00a\x80\x00\x80\x01",  # each varint in two bytes, not one
+                    b"\x02a\x02\x82\x80\x00b\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
+        assert reader(payload) == fastavro.schemaless_reader(io.BytesIO(payload), parsed)
+    wide = {"type": "record", "name": "W", "fields": [
+        {"name": f"f{k}", "type": ["null", "string"]} for k in range(FLAT_MAX_STEPS + 1)]}
+    wide_reader = _avro_reader(WriterSchema(2, "AVRO", json.dumps(wide)))
+    assert not wide_reader.__qualname__.startswith("_flat_reader")  # fastavro's
+    record = {f"f{k}": None if k % 2 else str(k) for k in range(FLAT_MAX_STEPS + 1)}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(wide), record)
+    assert wide_reader(out.getvalue()) == record
 
 
 @pytest.mark.parametrize("schema", [

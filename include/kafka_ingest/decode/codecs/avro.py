@@ -8,12 +8,14 @@ missing optional field's default) the contract does already, and a second schema
 in step with it would be one more thing to drift.
 
 Two readers. A record of primitives, unions of them and records of those defined in place
-(the usual event, flattened or not) is read by a one-loop reader planned once per schema
-(:func:`_flat_reader`); any other schema (a named type used by name, enums, arrays, maps,
-fixed, logical types) by fastavro's ``schemaless_reader``,
-which dispatches on each field's type for every message: on the benchmark's 7-field event
-that dispatch made Avro's ``validate_chunk`` 22 % dearer (fastavro 56,952 instructions a
-message, this reader 46,637; CPU 7.4 against 5.8 µs interleaved on a busy box).
+(the usual event, flattened or not) is read by straight-line code made once per schema id
+(:func:`_flat_reader`: a local per field, no test of a field's type per message); any other
+schema (a named type used by name, enums, arrays, maps, fixed, logical types), or one of
+over :data:`FLAT_MAX_STEPS` fields, by fastavro's ``schemaless_reader``, which dispatches
+on each field's type for every message: on the benchmark's 7-field event that dispatch
+made Avro's ``validate_chunk`` 22 % dearer than a loop over a plan (fastavro 56,952
+instructions a message, the loop 46,637), and the straight-line code reads it in 1.04 µs
+against the loop's 1.49.
 
 Named types from other subjects (the schema's ``references``, as confluent-kafka's
 ``AvroSerializer`` registers them) are defined first, each referenced schema after the
@@ -28,11 +30,13 @@ offers each message.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import linecache
 import struct
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import fastavro
 
@@ -169,8 +173,9 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
         raise SchemaUnreadable(schema.schema_id, f"not an Avro schema fastavro can parse"
                                f"{refs}: {type(exc).__name__}: {exc}") from None
     plan = _flat_plan(json.loads(schema.text))
-    if plan is not None:
-        return _flat_reader(schema.schema_id, plan)
+    flat = None if plan is None else _flat_reader(schema.schema_id, plan)
+    if flat is not None:
+        return flat
     read = fastavro.schemaless_reader
 
     def decode(value: bytes, start: int = 0, /) -> Any:
@@ -186,8 +191,8 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
 
 
 # Flat records: a record of primitives, unions of them (["null", "string"]) and records of
-# those (defined in place) has its fields planned once per schema id and read in one loop
-# to the dict fastavro would make (see the module docstring for what it saves).
+# those (defined in place) has its fields planned once per schema id and read by code made
+# from the plan to the dict fastavro would make (see the module docstring for what it saves).
 
 #: Avro's primitives as the flat reader's codes (int and long are both zigzag varints),
 #: in an order where one comparison picks string or bytes.
@@ -254,81 +259,141 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return (value >> 1) ^ -(value & 1), pos + 1
 
 
-def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader:  # noqa: C901 (decode, below)
-    """The reader of one planned schema: one loop, no call per field but for a varint
-    longer than a byte (a call per field cost as much as fastavro's dispatch). The codes
-    and the unpackers are the closure's (no global lookup per field), and a length or a
-    union index of one byte, as every string of fewer than 64 bytes and every union of
-    fewer than 64 branches has, is read in place without the zigzag arithmetic (the union
-    index in place, and a double unpacked without a table lookup: 1.71 -> 1.44 µs a
-    message on the benchmark's 7-field event)."""
-    union, string, double, float_, varint, null = _UNION, _STRING, _DOUBLE, _FLOAT, _VARINT, _NULL
-    unpack_double, unpack_float = _UNPACK_DOUBLE, _UNPACK_FLOAT
-    boolean, record = _BOOLEAN, _RECORD
+#: The widest plan compiled (fields, and a step at each end of a nested record): compiling
+#: takes about 0.17 ms a field, once per schema id and slice; fastavro reads wider schemas.
+FLAT_MAX_STEPS = 2000
 
-    def decode(payload: bytes, pos: int = 0, /) -> dict[str, Any]:  # noqa: C901 (hot loop)
-        out: dict[str, Any] = {}
-        top = out
-        around: list[dict[str, Any]] = []  # the records a nested record's fields are in
-        try:
-            for name, code, branches in plan:
-                if code == union:  # the branch the writer wrote: its index, then its value
-                    byte = payload[pos]
-                    if byte < 0x80 and not byte & 1:  # 0 to 63: the zigzag of one byte
-                        pos += 1
-                        code = branches[byte >> 1]  # noqa: PLW2901
-                    else:
-                        index, pos = _varint(payload, pos)
-                        if index < 0:
-                            raise IndexError(f"union index {index}")
-                        code = branches[index]  # noqa: PLW2901
-                if code >= string:  # or _BYTES
-                    byte = payload[pos]
-                    if byte < 0x80 and not byte & 1:  # 0 to 63: the zigzag of one byte
-                        pos += 1
-                        end = pos + (byte >> 1)
-                    else:
-                        size, pos = _varint(payload, pos)
-                        end = pos + size
-                        if size < 0:
-                            raise ValueError(f"a length of {size} at byte {pos}")
-                    if end > len(payload):
-                        raise ValueError(f"a length of {end - pos} at byte {pos} of "
-                                         f"{len(payload)}")
-                    out[name] = (payload[pos:end].decode() if code == string
-                                 else payload[pos:end])
-                    pos = end
-                elif code == double:
-                    out[name] = unpack_double(payload, pos)[0]
-                    pos += 8
-                elif code == varint:
-                    byte = payload[pos]
-                    if byte < 0x80:
-                        out[name] = (byte >> 1) ^ -(byte & 1)
-                        pos += 1
-                    else:
-                        out[name], pos = _varint(payload, pos)
-                elif code == float_:
-                    out[name] = unpack_float(payload, pos)[0]
-                    pos += 4
-                elif code == null:
-                    out[name] = None
-                elif code == boolean:  # any byte but 0 is true, as fastavro reads it
-                    out[name] = payload[pos] != 0
-                    pos += 1
-                elif code == record:  # its fields' steps follow: into a dict of its own
-                    inner: dict[str, Any] = {}
-                    out[name] = inner
-                    around.append(out)
-                    out = inner
-                else:  # _END_RECORD: on with the fields of the record around it
-                    out = around.pop()
-        except (IndexError, ValueError, struct.error) as exc:  # cut short, not UTF-8, ...
-            raise Undecodable(f"Avro payload does not decode with schema id {schema_id}: "
-                              f"{type(exc).__name__}: {exc}") from None
-        return top
 
-    return decode
+def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader | None:
+    """The reader of one planned schema: straight-line code made for it (:class:`_FlatSource`),
+    with no loop over the fields, no test of a field's type per message, and each record's
+    dict made whole once its fields are read. None, for fastavro's reader to take the
+    schema, when it has over :data:`FLAT_MAX_STEPS` fields or Python cannot compile it.
+
+    The one function of the package compiled from source it makes (rows and validators are
+    plain Python, #32), for what it saves: the benchmark's 7-field event read in 1.04 µs
+    against 1.49 by a loop over the plan, the Avro path's ``validate_chunk`` 14 % cheaper
+    (docs/performance.md). The source holds the codes of :data:`_PRIMITIVES` and each field
+    name as a ``repr`` literal: no text of the schema runs, and the code calls only the
+    names it is given here and builtins. Its lines are in :mod:`linecache` under the name
+    its code carries, so a traceback shows them and a debugger steps through them.
+    """
+    if len(plan) > FLAT_MAX_STEPS:
+        return None
+    names: dict[str, Any] = {"varint": _varint, "struct_error": struct.error,
+                             "Undecodable": Undecodable, "schema_id": schema_id}
+    try:
+        source = _FlatSource(plan, names).source()
+        digest = hashlib.blake2b(source.encode(), digest_size=6).hexdigest()
+        filename = f"<avro reader of schema id {schema_id} ({digest})>"
+        code = compile(source, filename, "exec")
+    except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
+        return None
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(code, names)  # noqa: S102 (source made above from codes and repr literals only)
+    decode = names["decode"]
+    decode.__qualname__ = f"_flat_reader.<schema id {schema_id}>"
+    return cast(PayloadReader, decode)
+
+
+class _FlatSource:
+    """The source of ``decode(payload, pos=0, /)`` for a plan: each field read into a local
+    of its own in wire order, runs of floats and doubles unpacked by one struct each, and a
+    length or union index of one byte (every string shorter than 64 bytes, every union)
+    read in place (``not byte & 0x81``: under 0x80 and even, a zigzag of 0 to 63); the
+    struct unpackers it calls go into ``names``. The function raises
+    :class:`~kafka_ingest.errors.Undecodable` for a payload cut short, a length or union
+    index out of range, or text that is not UTF-8."""
+
+    INDENT = " " * 8  # inside the function's ``try``
+
+    def __init__(self, plan: FlatPlan, names: dict[str, Any]) -> None:
+        self.plan, self.names = plan, names
+        self.body: list[str] = []
+        #: The records being made, innermost last: their fields' (name, local).
+        self.records: list[list[tuple[str, str]]] = [[]]
+        #: A run of floats and doubles not unpacked yet: (struct code, local).
+        self.fixed: list[tuple[str, str]] = []
+
+    def source(self) -> str:
+        for n, (name, code, branches) in enumerate(self.plan):
+            local = f"v{n}"
+            if code == _END_RECORD:  # the record's dict, into the local its step named
+                fields = self.records.pop()
+                self.flush(self.INDENT)
+                self.body.append(f"{self.INDENT}{self.records[-1][-1][1]} = {_display(fields)}")
+                continue
+            self.records[-1].append((name, local))
+            if code == _RECORD:
+                self.records.append([])
+            elif code == _UNION:
+                self.union(local, branches)
+            else:
+                self.read(code, local, self.INDENT)
+        self.flush(self.INDENT)
+        return "\n".join([
+            "def decode(p, i=0, /):",
+            "    size = len(p)",
+            "    try:",
+            *(self.body or [self.INDENT + "pass"]),
+            "    except (IndexError, ValueError, struct_error) as exc:  # cut short, not UTF-8",
+            "        raise Undecodable(f'Avro payload does not decode with schema id "
+            "{schema_id}: '",
+            "                          f'{type(exc).__name__}: {exc}') from None",
+            f"    return {_display(self.records[0])}",
+            ""])
+
+    def flush(self, indent: str) -> None:
+        """The run of floats and doubles so far, unpacked by one struct."""
+        if not self.fixed:
+            return
+        fmt = "".join(f for f, _ in self.fixed)
+        self.names.setdefault(f"unpack_{fmt}", struct.Struct("<" + fmt).unpack_from)
+        targets = ", ".join(v for _, v in self.fixed) + ("," if len(self.fixed) == 1 else "")
+        self.body += [f"{indent}{targets} = unpack_{fmt}(p, i)",
+                      f"{indent}i += {struct.calcsize('<' + fmt)}"]
+        self.fixed.clear()
+
+    def union(self, local: str, branches: tuple[int, ...]) -> None:
+        """The branch's index, then its value into ``local``."""
+        indent = self.INDENT
+        self.flush(indent)
+        self.body += [f"{indent}{line}" for line in (
+            "b = p[i]", "if not b & 0x81:", "    i += 1", "    x = b >> 1", "else:",
+            "    x, i = varint(p, i)")]
+        for index, branch in enumerate(branches):
+            self.body.append(f"{indent}{'if' if index == 0 else 'elif'} x == {index}:")
+            self.read(branch, local, indent + "    ")
+            self.flush(indent + "    ")
+        self.body += [f"{indent}else:", f"{indent}    raise IndexError(f'union index {{x}}')"]
+
+    def read(self, code: int, local: str, indent: str) -> None:
+        """One value of primitive ``code`` into ``local``."""
+        if code in (_FLOAT, _DOUBLE):
+            self.fixed.append(("f" if code == _FLOAT else "d", local))
+            return
+        self.flush(indent)
+        if code == _NULL:
+            lines = [f"{local} = None"]
+        elif code == _BOOLEAN:  # any byte but 0 is true, as fastavro reads it
+            lines = [f"{local} = p[i] != 0", "i += 1"]
+        elif code == _VARINT:
+            lines = ["b = p[i]", "if b < 0x80:", f"    {local} = (b >> 1) ^ -(b & 1)",
+                     "    i += 1", "else:", f"    {local}, i = varint(p, i)"]
+        else:  # _STRING, _BYTES: a length, then the bytes
+            lines = ["b = p[i]", "if not b & 0x81:", "    i += 1", "    e = i + (b >> 1)",
+                     "else:", "    e, i = varint(p, i)", "    if e < 0:",
+                     "        raise ValueError(f'a length of {e} at byte {i}')",
+                     "    e += i", "if e > size:",
+                     "    raise ValueError(f'a length of {e - i} at byte {i} of {size}')",
+                     f"{local} = {'p[i:e].decode()' if code == _STRING else 'p[i:e]'}",
+                     "i = e"]
+        self.body += [indent + line for line in lines]
+
+
+def _display(fields: list[tuple[str, str]]) -> str:
+    """A dict display of a record's fields: each name as a ``repr`` literal, its local."""
+    return "{" + ", ".join(f"{name!r}: {local}" for name, local in fields) + "}"
 
 
 # --------------------------------------------------------------------------- the writer's fields
