@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kafka_ingest.kafka.clients import KafkaClients
 from tests.integration.test_registry_formats import _cli, subjects  # noqa: F401
@@ -163,14 +164,15 @@ def test_a_schemaless_json_topic_is_onboarded_with_the_declaration_from_topic_pr
     topic = topics(2, "payments")
     _produce(clients, topic, [(b"same-key", json.dumps(_payment(i)).encode())
                               for i in range(N)], partitions=2)
-    shown = _cli(env, "schema", "from-topic", topic, "--sample", "1000", "--event-type",
-                 "payment")
+    shown = _cli(env, "schema", "from-topic", topic, "--sample", "1000")
     assert shown.returncode == 0, shown.stderr
+    pipeline = topic.replace("-", "_")  # and the contract, without --event-type
+    assert yaml.safe_load(shown.stdout)["pipelines"][pipeline]["contract"] == {
+        "event_type": pipeline, "version": 1}
     assert f"guessed from {N} records" in _comments(shown.stdout)
     assert "\n    identity: payment_id\n" in shown.stdout
     assert ("identity: payment_id, because 'payment_id' is named as the records' own id "
             "(payment;") in _comments(shown.stdout)
-    pipeline = topic.replace("-", "_")
     _onboard(env, shown.stdout, tmp_path, pipeline, pg_dsn, topic, 2, dlq_topics)
     assert query(pg_dsn, f"SELECT payment_id, amount, customer_id, settled, note, lines FROM "
                          f"{pipeline} WHERE payment_id IN ('pay-00004', 'pay-00005') ORDER BY 1"

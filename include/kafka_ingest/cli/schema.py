@@ -201,9 +201,6 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
                          f"{schema.schema_id}", *comments])
         print(yaml.safe_dump(document, sort_keys=False), end="")
         return 0
-    if not args.event_type:
-        raise SettingsError("--event-type: the contract's name is needed for a schema of "
-                            "plain records")
     body, skipped = contract_from_schema(codec.format, schema,
                                          text_max_length=args.text_max_length,
                                          record=args.record)
@@ -216,7 +213,7 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
         skipped.append(f"the subject is not {topic}-value: set schema_registry's "
                        "subject_strategy and record")
     document = declaration(
-        event_type=args.event_type, contract=body, pipeline=pipeline,
+        event_type=args.event_type or pipeline, contract=body, pipeline=pipeline,
         topic=topic, identity=identity,
         extra={"format": codec.format.value, "schema_registry": registry_keys})
     _refused_by_schema(document, schema)
@@ -277,23 +274,20 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
     if any(c in args.topic for c in "*?["):
         return _from_topics(args, clients)
     values, records = _sampled(clients, args.topic, args.sample)
+    pipeline = args.pipeline or _pipeline(args.topic)
     if _is_change_event(records[0]):
-        pipeline = args.pipeline or _pipeline(args.topic)
         document, comments = _sampled_mirror(args.topic, values, records, pipeline=pipeline,
                                              event_type=args.event_type or pipeline,
                                              table=column_name(pipeline))
         _print_checked(document, values, comments)
         return 0
-    if not args.event_type:
-        raise SettingsError("--event-type: the contract's name is needed for a topic of plain "
-                            "JSON records")
     inferred = infer_fields(records)
     if not inferred.fields:
         raise SettingsError(f"topic {args.topic!r}: no field of the {len(records)} sampled "
                             f"records has a type to guess ({_short('; '.join(inferred.left_out))})")
     identity = sample_identity(inferred, [m.key() for m in values], topic=args.topic)
     document = declaration(
-        event_type=args.event_type, pipeline=args.pipeline or _pipeline(args.topic),
+        event_type=args.event_type or pipeline, pipeline=pipeline,
         topic=args.topic, identity=identity,
         contract={"version": 1, "doc": f"Guessed from {len(records)} records of topic "
                   f"{args.topic!r}.", "fields": inferred.fields})
@@ -590,8 +584,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("subject")
     p.add_argument("--format", choices=[f.value for f in Format if f.registry],
                    default=Format.AVRO.value)
-    p.add_argument("--event-type", help="the contract's name (Debezium's change events: the "
-                   "pipeline's name by default)")
+    p.add_argument("--event-type", help="the contract's name (default: the pipeline's)")
     p.add_argument("--text-max-length", type=int, default=256,
                    help="the bound of text fields whose schema gives none")
     p.add_argument("--record", help="Protobuf: the message of the file to read (its full "
@@ -606,8 +599,7 @@ def add_commands(sub: Any) -> None:
                    "'pg.public.*': a pipeline per matching topic")
     p.add_argument("--sample", type=int, default=1000, metavar="N",
                    help="how many records to read (the oldest, spread over the partitions)")
-    p.add_argument("--event-type", help="the contract's name (needed for plain JSON; change "
-                   "events: the pipeline's name by default)")
+    p.add_argument("--event-type", help="the contract's name (default: the pipeline's)")
     p.add_argument("--pipeline", help="the pipeline's name (default: the topic's)")
     p.set_defaults(func=cmd_schema_from_topic)
     for name, func, doc in (
