@@ -194,8 +194,7 @@ def _avro_reader(schema: WriterSchema) -> PayloadReader:
 # those (defined in place) has its fields planned once per schema id and read by code made
 # from the plan to the dict fastavro would make (see the module docstring for what it saves).
 
-#: Avro's primitives as the flat reader's codes (int and long are both zigzag varints),
-#: in an order where one comparison picks string or bytes.
+#: Avro's primitives as the flat reader's codes (int and long are both zigzag varints).
 _NULL, _BOOLEAN, _VARINT, _FLOAT, _DOUBLE, _STRING, _BYTES = range(7)
 _PRIMITIVES = {"null": _NULL, "boolean": _BOOLEAN, "int": _VARINT, "long": _VARINT,
                "float": _FLOAT, "double": _DOUBLE, "string": _STRING, "bytes": _BYTES}
@@ -205,8 +204,6 @@ _UNION = -1
 _RECORD = -2
 #: The step after a record's last field: on with the fields of the record around it.
 _END_RECORD = -3
-#: Avro's float (4 bytes) and double (8 bytes): little-endian IEEE 754.
-_UNPACK_FLOAT, _UNPACK_DOUBLE = struct.Struct("<f").unpack_from, struct.Struct("<d").unpack_from
 #: (field name, its code, a union's branch codes) per step, in the order the fields are
 #: on the wire: a record's fields between its own step and an :data:`_END_RECORD` step.
 FlatPlan = tuple[tuple[str, int, tuple[int, ...]], ...]
@@ -272,11 +269,12 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader | None:
 
     The one function of the package compiled from source it makes (rows and validators are
     plain Python, #32), for what it saves: the benchmark's 7-field event read in 1.04 µs
-    against 1.49 by a loop over the plan, the Avro path's ``validate_chunk`` 14 % cheaper
-    (docs/performance.md). The source holds the codes of :data:`_PRIMITIVES` and each field
-    name as a ``repr`` literal: no text of the schema runs, and the code calls only the
-    names it is given here and builtins. Its lines are in :mod:`linecache` under the name
-    its code carries, so a traceback shows them and a debugger steps through them.
+    against 1.49 by a loop over the plan, the Avro path's ``validate_chunk`` 11 % cheaper
+    in an interleaved A/B (benchmarks/README.md). The source holds the codes of
+    :data:`_PRIMITIVES` and each field name as a ``repr`` literal: no text of the schema
+    runs, and the code calls only the names it is given here and builtins. Its lines are in
+    :mod:`linecache` under the name its code carries, so a traceback shows them and a
+    debugger steps through them.
     """
     if len(plan) > FLAT_MAX_STEPS:
         return None
