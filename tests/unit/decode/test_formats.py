@@ -807,7 +807,7 @@ def test_the_flat_avro_reader_takes_any_field_name_as_data_and_calls_only_its_he
 
 
 def test_the_flat_avro_reader_reads_long_varints_as_fastavro_and_wide_schemas_go_to_it() -> None:
-    from kafka_ingest.decode.codecs.avro import FLAT_MAX_STEPS, _avro_reader
+    from kafka_ingest.decode.codecs.avro import FLAT_MAX_LINES, _avro_reader
 
     schema = {"type": "record", "name": "X", "fields": [
         {"name": "s", "type": "string"}, {"name": "u", "type": ["null", "string"]},
@@ -817,14 +817,56 @@ def test_the_flat_avro_reader_reads_long_varints_as_fastavro_and_wide_schemas_go
     for payload in (b"\x82\x00a\x80\x00\x80\x01",  # each varint in two bytes, not one
                     b"\x02a\x02\x82\x80\x00b\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
         assert reader(payload) == fastavro.schemaless_reader(io.BytesIO(payload), parsed)
+    for payload in (b"\x02a\x00\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x11",  # over 64 bits
+                    b"\x02a\x00" + b"\x80" * 10 + b"\x00"):  # over 10 bytes
+        with pytest.raises(Undecodable, match="varint"):  # fastavro reads them, wrapped
+            reader(payload)
+    # a reader of over FLAT_MAX_LINES lines (13 a text field) is fastavro's
     wide = {"type": "record", "name": "W", "fields": [
-        {"name": f"f{k}", "type": ["null", "string"]} for k in range(FLAT_MAX_STEPS + 1)]}
+        {"name": f"f{k}", "type": "string"} for k in range(FLAT_MAX_LINES // 13 + 1)]}
     wide_reader = _avro_reader(WriterSchema(2, "AVRO", json.dumps(wide)))
-    assert not wide_reader.__qualname__.startswith("_flat_reader")  # fastavro's
-    record = {f"f{k}": None if k % 2 else str(k) for k in range(FLAT_MAX_STEPS + 1)}
+    assert not wide_reader.__qualname__.startswith("_flat_reader")
+    record = {f["name"]: f["name"] for f in wide["fields"]}
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(wide), record)
     assert wide_reader(out.getvalue()) == record
+    narrower = {**wide, "fields": wide["fields"][:FLAT_MAX_LINES // 14]}
+    assert _avro_reader(WriterSchema(3, "AVRO", json.dumps(narrower))).__qualname__.startswith(
+        "_flat_reader")
+
+
+@pytest.mark.parametrize(("fields", "record"), [
+    # a union naming a type twice: not Avro, read by fastavro (64 branches of one type
+    # made 5.7 GB of source to compile for 2,000 such fields)
+    ([{"name": "u", "type": ["null", "string", "string"]}], {"u": "x"}),
+    ([{"name": 1, "type": "int"}], {1: 5}),  # a name that is not text
+])
+def test_what_avro_does_not_allow_and_fastavro_reads_stays_with_fastavro(
+        fields: list[dict[str, Any]], record: dict[Any, Any]) -> None:
+    from kafka_ingest.decode.codecs.avro import _avro_reader
+
+    schema = {"type": "record", "name": "N", "fields": fields}
+    reader = _avro_reader(WriterSchema(4, "AVRO", json.dumps(schema)))
+    assert not reader.__qualname__.startswith("_flat_reader")
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    assert reader(out.getvalue()) == fastavro.schemaless_reader(
+        io.BytesIO(out.getvalue()), fastavro.parse_schema(schema))
+
+
+def test_a_writer_schema_nested_past_the_parsers_depth_is_unreadable_not_a_crash() -> None:
+    """Its records are dead-lettered (schema_unreadable) and the rest load; a
+    RecursionError failed the task at that offset, every retry."""
+    from kafka_ingest.decode.codecs.avro import _avro_reader
+    from kafka_ingest.errors import SchemaUnreadable
+
+    depth = 1200
+    text = "".join(f'{{"type": "record", "name": "L{k}", "fields": [{{"name": "r", "type": '
+                   for k in range(depth, 0, -1))
+    text += '{"type": "record", "name": "L0", "fields": [{"name": "x", "type": "int"}]}'
+    text += "}]}" * depth
+    with pytest.raises(SchemaUnreadable, match="RecursionError"):
+        _avro_reader(WriterSchema(9, "AVRO", text))
 
 
 @pytest.mark.parametrize("schema", [

@@ -10,9 +10,10 @@ in step with it would be one more thing to drift.
 Two readers. A record of primitives, unions of them and records of those defined in place
 (the usual event, flattened or not) is read by straight-line code made once per schema id
 (:func:`_flat_reader`: a local per field, no test of a field's type per message); any other
-schema (a named type used by name, enums, arrays, maps, fixed, logical types), or one of
-over :data:`FLAT_MAX_STEPS` fields, by fastavro's ``schemaless_reader``, which dispatches
-on each field's type for every message: on the benchmark's 7-field event that dispatch
+schema (a named type used by name, enums, arrays, maps, fixed, logical types), or one
+whose reader would be over :data:`FLAT_MAX_LINES` lines, by fastavro's
+``schemaless_reader``, which dispatches on each field's type for every message: on the
+benchmark's 7-field event that dispatch
 made Avro's ``validate_chunk`` 22 % dearer than a loop over a plan (fastavro 56,952
 instructions a message, the loop 46,637), and the straight-line code reads it in 1.04 µs
 against the loop's 1.49.
@@ -34,6 +35,7 @@ import hashlib
 import io
 import json
 import linecache
+import logging
 import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -67,6 +69,8 @@ from kafka_ingest.errors import SchemaUnreadable, Undecodable
 
 if TYPE_CHECKING:
     from kafka_ingest.kafka.registry import WriterSchema
+
+log = logging.getLogger(__name__)
 
 
 class AvroCodec(Codec):
@@ -126,7 +130,7 @@ def _parsed(schema: WriterSchema) -> Any:
         return None
 
 #: What fastavro raises for a schema it cannot parse (UnknownType is a ValueError).
-_UNPARSABLE = (ValueError, TypeError, KeyError, AttributeError,
+_UNPARSABLE = (ValueError, TypeError, KeyError, AttributeError, RecursionError,
                fastavro.schema.SchemaParseException)
 
 
@@ -219,21 +223,25 @@ def _primitive(avro_type: Any) -> int | None:
 
 def _flat_plan(schema: Any) -> FlatPlan | None:
     """The plan of a record whose fields are primitives, unions of primitives or records
-    (defined in place) of those; None for any other schema."""
+    (defined in place) of those; None for any other schema, and for what Avro does not
+    allow but fastavro reads (a name that is not text, a union naming a type twice)."""
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return None
     plan: list[tuple[str, int, tuple[int, ...]]] = []
     for field in schema.get("fields", ()):
-        kind = field["type"]
+        kind, name = field["type"], field["name"]
+        if not isinstance(name, str):
+            return None
         if isinstance(kind, list):
             branches = [_primitive(branch) for branch in kind]
-            if not branches or None in branches:
+            types = [b.get("type") if isinstance(b, dict) else b for b in kind]
+            if not branches or None in branches or len(set(map(str, types))) < len(types):
                 return None
-            plan.append((str(field["name"]), _UNION, tuple(b for b in branches if b is not None)))
+            plan.append((name, _UNION, tuple(b for b in branches if b is not None)))
         elif (code := _primitive(kind)) is not None:
-            plan.append((str(field["name"]), code, ()))
+            plan.append((name, code, ()))
         elif (inner := _flat_plan(kind)) is not None:
-            plan += [(str(field["name"]), _RECORD, ()), *inner, ("", _END_RECORD, ())]
+            plan += [(name, _RECORD, ()), *inner, ("", _END_RECORD, ())]
         else:
             return None
     return tuple(plan)
@@ -241,7 +249,8 @@ def _flat_plan(schema: Any) -> FlatPlan | None:
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     """The zigzag varint at ``pos`` (an int, a long, a length, a union index) and the
-    position after it; IndexError past the end."""
+    position after it; IndexError past the end, ValueError for more than 10 bytes or 64
+    bits (as Avro's Java decoder refuses them)."""
     byte = data[pos]
     if byte < 0x80:  # one byte: every short string's length, every union index
         return (byte >> 1) ^ -(byte & 1), pos + 1
@@ -253,39 +262,51 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         byte = data[pos]
         value |= (byte & 0x7F) << shift
         shift += 7
+    if value >> 64:  # a tenth byte over 1: no long of Avro's (fastavro keeps the low bits)
+        raise ValueError("a varint of over 64 bits")
     return (value >> 1) ^ -(value & 1), pos + 1
 
 
-#: The widest plan compiled (fields, and a step at each end of a nested record): compiling
-#: takes about 0.17 ms a field, once per schema id and slice; fastavro reads wider schemas.
-FLAT_MAX_STEPS = 2000
+#: The most lines of source compiled for one schema (a string field takes 13, a union 6
+#: and its branches'): compiling takes about 10 µs and 4 KB a line, once per schema id
+#: and slice, so at most about 0.1 s and 45 MB for the while; fastavro reads a wider
+#: schema (over about 770 text fields).
+FLAT_MAX_LINES = 10_000
+
+
+class _TooLong(Exception):
+    """The source of a plan would be over :data:`FLAT_MAX_LINES`."""
 
 
 def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader | None:
     """The reader of one planned schema: straight-line code made for it (:class:`_FlatSource`),
     with no loop over the fields, no test of a field's type per message, and each record's
     dict made whole once its fields are read. None, for fastavro's reader to take the
-    schema, when it has over :data:`FLAT_MAX_STEPS` fields or Python cannot compile it.
+    schema, when its source would be over :data:`FLAT_MAX_LINES` or Python cannot
+    compile it (logged: not expected).
 
     The one function of the package compiled from source it makes (rows and validators are
     plain Python, #32), for what it saves: the benchmark's 7-field event read in 1.04 µs
     against 1.49 by a loop over the plan, the Avro path's ``validate_chunk`` 11 % cheaper
-    in an interleaved A/B (benchmarks/README.md). The source holds the codes of
-    :data:`_PRIMITIVES` and each field name as a ``repr`` literal: no text of the schema
-    runs, and the code calls only the names it is given here and builtins. Its lines are in
+    in an interleaved A/B (benchmarks/README.md). Of the schema's text the source holds
+    each field name, as a ``repr`` literal: no text of the schema runs, and the code calls
+    only the names it is given here and builtins. Its lines are in
     :mod:`linecache` under the name its code carries, so a traceback shows them and a
     debugger steps through them.
     """
-    if len(plan) > FLAT_MAX_STEPS:
-        return None
     names: dict[str, Any] = {"varint": _varint, "struct_error": struct.error,
                              "Undecodable": Undecodable, "schema_id": schema_id}
     try:
         source = _FlatSource(plan, names).source()
-        digest = hashlib.blake2b(source.encode(), digest_size=6).hexdigest()
-        filename = f"<avro reader of schema id {schema_id} ({digest})>"
+    except _TooLong:
+        return None
+    digest = hashlib.blake2b(source.encode(), digest_size=6).hexdigest()
+    filename = f"<avro reader of schema id {schema_id} ({digest})>"
+    try:
         code = compile(source, filename, "exec")
-    except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError):
+    except (SyntaxError, RecursionError, MemoryError, ValueError, OverflowError) as exc:
+        log.warning("schema id %d: its Avro reader does not compile (%s: %s); fastavro "
+                    "reads it", schema_id, type(exc).__name__, exc)
         return None
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(code, names)  # noqa: S102 (source made above from codes and repr literals only)
@@ -297,11 +318,12 @@ def _flat_reader(schema_id: int, plan: FlatPlan) -> PayloadReader | None:
 class _FlatSource:
     """The source of ``decode(payload, pos=0, /)`` for a plan: each field read into a local
     of its own in wire order, runs of floats and doubles unpacked by one struct each, and a
-    length or union index of one byte (every string shorter than 64 bytes, every union)
-    read in place (``not byte & 0x81``: under 0x80 and even, a zigzag of 0 to 63); the
-    struct unpackers it calls go into ``names``. The function raises
+    length or union index of one byte (every string shorter than 64 bytes, every union
+    index under 64) read in place (``not byte & 0x81``: under 0x80 and even, a zigzag of 0
+    to 63); the struct unpackers it calls go into ``names``. The function raises
     :class:`~kafka_ingest.errors.Undecodable` for a payload cut short, a length or union
-    index out of range, or text that is not UTF-8."""
+    index out of range, or text that is not UTF-8. :class:`_TooLong` past
+    :data:`FLAT_MAX_LINES`."""
 
     INDENT = " " * 8  # inside the function's ``try``
 
@@ -318,8 +340,9 @@ class _FlatSource:
             local = f"v{n}"
             if code == _END_RECORD:  # the record's dict, into the local its step named
                 fields = self.records.pop()
+                _, record_local = self.records[-1][-1]  # the record's own step: last around it
                 self.flush(self.INDENT)
-                self.body.append(f"{self.INDENT}{self.records[-1][-1][1]} = {_display(fields)}")
+                self.body.append(f"{self.INDENT}{record_local} = {_display(fields)}")
                 continue
             self.records[-1].append((name, local))
             if code == _RECORD:
@@ -328,6 +351,8 @@ class _FlatSource:
                 self.union(local, branches)
             else:
                 self.read(code, local, self.INDENT)
+            if len(self.body) > FLAT_MAX_LINES:
+                raise _TooLong
         self.flush(self.INDENT)
         return "\n".join([
             "def decode(p, i=0, /):",
