@@ -13,10 +13,9 @@ Two readers. A record of primitives, unions of them and records of those defined
 schema (a named type used by name, enums, arrays, maps, fixed, logical types), or one
 whose reader would be over :data:`FLAT_MAX_LINES` lines, by fastavro's
 ``schemaless_reader``, which dispatches on each field's type for every message: on the
-benchmark's 7-field event that dispatch
-made Avro's ``validate_chunk`` 22 % dearer than a loop over a plan (fastavro 56,952
-instructions a message, the loop 46,637), and the straight-line code reads it in 1.04 µs
-against the loop's 1.49.
+benchmark's 7-field event that dispatch made Avro's ``validate_chunk`` 22 % dearer than a
+loop over a plan (fastavro 56,952 instructions a message, the loop 46,637), and the
+straight-line code reads it in 1.04 µs against the loop's 1.49.
 
 Named types from other subjects (the schema's ``references``, as confluent-kafka's
 ``AvroSerializer`` registers them) are defined first, each referenced schema after the
