@@ -123,6 +123,8 @@ def schema_problems(pipeline: Pipeline, schema: WriterSchema) -> list[str]:
         candidates = codec_for(pipeline.format).record_fields(schema, record)
     except NoSuchRecord as exc:
         return [str(exc)]
+    except RecursionError:  # its records are dead-lettered as schema_unreadable
+        return [f"schema id {schema.schema_id} is nested deeper than it can be read"]
     found = [contract_problems(pipeline, fields) for fields in candidates]
     return [] if not found or any(not problems for problems in found) else found[0]
 

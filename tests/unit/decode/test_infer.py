@@ -131,6 +131,22 @@ def _from_registry(schema: dict[str, Any], topic: str, key: ProposedIdentity | N
     return document["pipelines"]["p"]
 
 
+def test_a_writer_schema_nested_past_the_parsers_depth_is_a_problem_named_not_a_crash() -> None:
+    # the plan's check of the subject's latest schema: a ContractMismatch naming it, where a
+    # RecursionError's traceback failed the plan
+    depth = 1200
+    text = "".join(f'{{"type": "record", "name": "L{k}", "fields": [{{"name": "r", "type": '
+                   for k in range(depth, 0, -1))
+    text += '{"type": "record", "name": "L0", "fields": [{"name": "x", "type": "int"}]}'
+    text += "}]}" * depth
+    document = declaration(event_type="e", contract={"version": 1, "fields": {
+        "x": {"type": "integer"}}}, pipeline="p", topic="t", identity=ProposedIdentity(
+        "source_position", "t"), extra={"format": "avro", "schema_registry": {}})
+    (pipeline,) = parse_pipelines(document).values()
+    assert schema_problems(pipeline, WriterSchema(8, "AVRO", text)) == [
+        "schema id 8 is nested deeper than it can be read"]
+
+
 def test_a_contract_from_a_schema_without_event_id_is_identified_and_reads_the_schema() -> None:
     assert _from_registry(ORDERS, "orders")["identity"] == "orderid"
     assert _from_registry(TRANSACTIONS, "transactions")["identity"] == "transaction_id"
