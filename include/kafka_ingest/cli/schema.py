@@ -191,10 +191,10 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
     finally:
         registry.close()
     pipeline = args.pipeline or _pipeline(topic)
+    event_type = args.event_type or pipeline
     if envelopes:  # Debezium's change events, through a Connect converter
         document, comments = _registry_mirror(codec, topic, args.subject, envelopes, key,
-                                              pipeline=pipeline,
-                                              event_type=args.event_type or pipeline,
+                                              pipeline=pipeline, event_type=event_type,
                                               table=column_name(pipeline))
         _print_comments([f"kafka-ingest schema from-registry {args.subject} --format "
                          f"{codec.format.value}: subject version {schema.version}, schema id "
@@ -213,7 +213,7 @@ def cmd_schema_from_registry(args: argparse.Namespace) -> int:
         skipped.append(f"the subject is not {topic}-value: set schema_registry's "
                        "subject_strategy and record")
     document = declaration(
-        event_type=args.event_type or pipeline, contract=body, pipeline=pipeline,
+        event_type=event_type, contract=body, pipeline=pipeline,
         topic=topic, identity=identity,
         extra={"format": codec.format.value, "schema_registry": registry_keys})
     _refused_by_schema(document, schema)
@@ -275,9 +275,10 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
         return _from_topics(args, clients)
     values, records = _sampled(clients, args.topic, args.sample)
     pipeline = args.pipeline or _pipeline(args.topic)
+    event_type = args.event_type or pipeline
     if _is_change_event(records[0]):
         document, comments = _sampled_mirror(args.topic, values, records, pipeline=pipeline,
-                                             event_type=args.event_type or pipeline,
+                                             event_type=event_type,
                                              table=column_name(pipeline))
         _print_checked(document, values, comments)
         return 0
@@ -287,8 +288,7 @@ def cmd_schema_from_topic(args: argparse.Namespace) -> int:
                             f"records has a type to guess ({_short('; '.join(inferred.left_out))})")
     identity = sample_identity(inferred, [m.key() for m in values], topic=args.topic)
     document = declaration(
-        event_type=args.event_type or pipeline, pipeline=pipeline,
-        topic=args.topic, identity=identity,
+        event_type=event_type, pipeline=pipeline, topic=args.topic, identity=identity,
         contract={"version": 1, "doc": f"Guessed from {len(records)} records of topic "
                   f"{args.topic!r}.", "fields": inferred.fields})
     _print_checked(document, values, [

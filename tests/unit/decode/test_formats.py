@@ -44,6 +44,7 @@ from kafka_ingest.kafka.registry import (
     registry_settings_from,
 )
 from kafka_ingest.records import row_values
+from tests.support.datagen import nested_past_parser_depth
 from tests.support.fakes import Msg
 
 AVRO: dict[str, Any] = {"type": "record", "name": "Reading", "namespace": "com.acme", "fields": [
@@ -853,11 +854,7 @@ def test_a_writer_schema_nested_past_the_parsers_depth_is_unreadable_not_a_crash
     from kafka_ingest.decode.codecs.avro import _avro_reader
     from kafka_ingest.errors import SchemaUnreadable
 
-    depth = 1200
-    text = "".join(f'{{"type": "record", "name": "L{k}", "fields": [{{"name": "r", "type": '
-                   for k in range(depth, 0, -1))
-    text += '{"type": "record", "name": "L0", "fields": [{"name": "x", "type": "int"}]}'
-    text += "}]}" * depth
+    text = nested_past_parser_depth()
     with pytest.raises(SchemaUnreadable, match="RecursionError"):
         _avro_reader(WriterSchema(9, "AVRO", text))
 

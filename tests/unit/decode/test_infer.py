@@ -25,7 +25,7 @@ from kafka_ingest.decode.schemas import (
 )
 from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.kafka.registry import WriterSchema
-from tests.support.datagen import ORDERS, PAGEVIEWS, TRANSACTIONS
+from tests.support.datagen import ORDERS, PAGEVIEWS, TRANSACTIONS, nested_past_parser_depth
 from tests.support.fakes import Msg
 
 
@@ -134,11 +134,7 @@ def _from_registry(schema: dict[str, Any], topic: str, key: ProposedIdentity | N
 def test_a_writer_schema_nested_past_the_parsers_depth_is_a_problem_named_not_a_crash() -> None:
     # the plan's check of the subject's latest schema: a ContractMismatch naming it, where a
     # RecursionError's traceback failed the plan
-    depth = 1200
-    text = "".join(f'{{"type": "record", "name": "L{k}", "fields": [{{"name": "r", "type": '
-                   for k in range(depth, 0, -1))
-    text += '{"type": "record", "name": "L0", "fields": [{"name": "x", "type": "int"}]}'
-    text += "}]}" * depth
+    text = nested_past_parser_depth()
     document = declaration(event_type="e", contract={"version": 1, "fields": {
         "x": {"type": "integer"}}}, pipeline="p", topic="t", identity=ProposedIdentity(
         "source_position", "t"), extra={"format": "avro", "schema_registry": {}})

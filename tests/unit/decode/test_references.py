@@ -28,6 +28,7 @@ from kafka_ingest.decode.validate import validate_chunk
 from kafka_ingest.errors import RegistryUnavailable
 from kafka_ingest.kafka.registry import Reference, RegistrySettings, SchemaRegistry, WriterSchema
 from kafka_ingest.records import row_values
+from tests.support.datagen import nested_past_parser_depth
 from tests.support.fakes import Msg
 from tests.unit.decode.test_formats import OneSchema, pipeline
 
@@ -258,3 +259,21 @@ def test_the_registry_unreachable_while_references_are_fetched_is_transient() ->
     p = pipeline(contract=CONTRACT)
     with pytest.raises(RegistryUnavailable):
         validate_chunk([Msg(0, value_=payment_value(5, PAY))], p, RegistryDecoder(p, registry))
+
+
+def test_a_writer_schema_nested_past_the_parsers_depth_dead_letters_its_records_only() -> None:
+    """Schema 9 is a record nested 1,200 deep: Python's parser cannot read it, so its
+    records are ``schema_unreadable`` dead letters (replayable once it can be read), and
+    schema 5's records in the same chunk load; the chunk does not fail."""
+    text = nested_past_parser_depth()
+    registry = OneSchema(
+        WriterSchema(5, "AVRO", json.dumps(PAYMENT), references=(CUSTOMER_REF, TIER_REF)),
+        WriterSchema(9, "AVRO", text))
+    p = pipeline(contract=CONTRACT)
+    messages = [Msg(0, value_=b"\x00\x00\x00\x00\x09\x02"),
+                Msg(1, value_=payment_value(5, {**PAY, "event_id": "p-2"})),
+                Msg(2, value_=b"\x00\x00\x00\x00\x09\x04")]
+    result = validate_chunk(messages, p, RegistryDecoder(p, registry))  # type: ignore[arg-type]
+    assert [row_values(r)[0] for r in result.rows] == ["p-2"]
+    assert [(d.source_offset, d.error_class, d.schema_id) for d in result.dead] == [
+        (0, "schema_unreadable", 9), (2, "schema_unreadable", 9)]
